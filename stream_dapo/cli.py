@@ -1,0 +1,101 @@
+"""The `stream-dapo` command line.
+
+Heavy libraries (torch, vLLM, DeepSpeed) are imported only inside the command that needs them,
+so `stream-dapo --help` and `stream-dapo config show` return at once. Each command lives in the
+module that owns it and exposes `add_arguments(parser)` and `run(args) -> int`; this file only
+wires them up and resolves the configuration into `args.cfg`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# command name -> (module, one-line help). Modules are imported lazily.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("stream_dapo.launcher", "start buffer, learner and generators on this machine"),
+    "generator": ("stream_dapo.generator.service", "run one vLLM generator service"),
+    "buffer": ("stream_dapo.buffer.service", "run the replay-buffer service"),
+    "learner": ("stream_dapo.learner.service", "run the DeepSpeed learner service"),
+    "config": ("stream_dapo.config_cli", "show the resolved configuration or its reference"),
+    "verify": ("stream_dapo.verifier.cli", "score one response against a gold answer"),
+    "init-model": ("stream_dapo.model.tiny", "build the tiny Qwen2 model and tokenizer offline"),
+    "warmup": ("stream_dapo.model.warmup", "supervised warm-up of the tiny model (cached)"),
+    "eval": ("stream_dapo.evaluation", "avg@k / pass@k of a model on an eval set with vLLM"),
+}
+
+# Commands that do not take --config/--set (they need no configuration).
+_NO_CONFIG = {"verify"}
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="TOML config file; repeat to layer several (later files win)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, e.g. --set algo.eps_high=0.28 (repeatable; wins over files and env)",
+    )
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """Build the parser; only the chosen subcommand's module is imported."""
+    parser = argparse.ArgumentParser(
+        prog="stream-dapo",
+        description="Asynchronous off-policy streaming DAPO trainer: vLLM generators -> ZeroMQ -> "
+        "replay buffer -> DeepSpeed learner -> weight broadcast.",
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = next((a for a in (argv or []) if a in COMMANDS), None)
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name not in _NO_CONFIG:
+            _add_config_options(p)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    from stream_dapo.logs import setup_logging
+
+    setup_logging(args.log_level)
+    if args.command not in _NO_CONFIG:
+        from stream_dapo.config import ConfigError, load_config
+
+        try:
+            args.cfg = load_config(args.config, args.overrides)
+        except ConfigError as exc:
+            print(f"stream-dapo {args.command}: {exc}", file=sys.stderr)
+            return 2
+        if args.cfg.metrics.json_logs:
+            setup_logging(args.log_level, json_logs=True)
+    try:
+        return int(args._module.run(args) or 0)
+    except KeyboardInterrupt:
+        logging.getLogger("stream_dapo").warning("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,570 @@
+"""Typed, layered configuration for every stream-dapo service.
+
+Layers, later ones win:
+
+1. the defaults written below (they are the embedded tiny CPU default);
+2. TOML files, in the order given (``--config a.toml --config b.toml``);
+3. environment variables ``STREAM_DAPO__SECTION__KEY=value`` (for systemd ``EnvironmentFile``
+   and Kubernetes ``env``), nested sections joined with ``__``;
+4. dotted overrides ``--set section.key=value``.
+
+Values from the environment and ``--set`` are parsed as TOML values (``3``, ``0.28``, ``true``,
+``"text"``, ``[1, 2]``); anything that is not valid TOML is taken as a plain string.
+
+Every field is documented once, by the docstring under it (pydantic turns those docstrings into
+field descriptions, which ``stream-dapo config docs`` renders). Unknown keys are errors that name
+the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ENV_PREFIX = "STREAM_DAPO__"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that says how to fix it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------------
+
+
+class ModelConfig(_Section):
+    path: str = "runs/tiny-model/warm"
+    """Hugging Face model directory (config.json + safetensors + tokenizer) the policy starts from.
+    The tiny default is built by `stream-dapo init-model` and `stream-dapo warmup`."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights and compute dtype for learner and generators. float32 on CPU: vLLM and transformers
+    then agree on log-probs to ~1e-5, so importance ratios measure staleness, not numerics."""
+    max_prompt_len: int = Field(256, ge=8)
+    """Prompts longer than this many tokens (after the chat template) are skipped and counted."""
+
+
+class SyntheticTaskConfig(_Section):
+    num_train: int = Field(20000, ge=1)
+    """Number of training problems generated."""
+    num_eval: int = Field(200, ge=1)
+    """Number of held-out evaluation problems (a disjoint seed stream)."""
+    min_ops: int = Field(2, ge=1, le=8)
+    """Fewest arithmetic operations per problem."""
+    max_ops: int = Field(3, ge=1, le=8)
+    """Most arithmetic operations per problem."""
+    max_operand: int = Field(20, ge=2, le=10_000)
+    """Operands are drawn from [1, max_operand]."""
+    max_result: int = Field(999, ge=1)
+    """Problems with an intermediate result above this (or below 0) are redrawn."""
+
+    @model_validator(mode="after")
+    def _ops_range(self) -> SyntheticTaskConfig:
+        if self.min_ops > self.max_ops:
+            raise ValueError(
+                f"data.synthetic.min_ops ({self.min_ops}) > max_ops ({self.max_ops}): "
+                "set data.synthetic.max_ops >= min_ops"
+            )
+        return self
+
+
+class DataConfig(_Section):
+    train_path: str | None = None
+    """Training prompts in the DAPO-Math-17k schema (.parquet or .jsonl). None: the synthetic task,
+    written to `run.out_dir/data/` on first use."""
+    eval_path: str | None = None
+    """Evaluation prompts in the same schema. None: the synthetic task's eval split."""
+    seed: int = 0
+    """Seed for shuffling and for the synthetic task."""
+    synthetic: SyntheticTaskConfig = SyntheticTaskConfig()
+    """The synthetic arithmetic task used when no paths are given."""
+
+
+class AlgoConfig(_Section):
+    preset: (
+        Literal["naive-grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo"] | None
+    ) = None
+    """An ablation preset of the paper's Table 1. It sets eps_high, overlong_filter, soft_overlong,
+    agg_mode and dynamic_sampling; explicit settings of those keys in a file, the environment or
+    --set still win."""
+    group_size: int = Field(8, ge=2, le=1024)
+    """G: samples per prompt."""
+    eps_low: float = Field(0.2, gt=0.0, lt=1.0)
+    """Lower clip range of the ratio (1 - eps_low)."""
+    eps_high: float = Field(0.28, gt=0.0, le=10.0)
+    """Upper clip range (1 + eps_high). Clip-Higher: eps_high > eps_low keeps exploration alive."""
+    dual_clip_c: float | None = Field(10.0, gt=1.0)
+    """Dual-clip bound c for negative advantages; null turns it off."""
+    ratio_mode: Literal["decoupled", "behaviour"] = "decoupled"
+    """decoupled: ratio against the learner's proximal log-probs plus a truncated importance weight
+    on proximal/behaviour; behaviour: vLLM's behaviour log-probs play the old policy."""
+    is_cap: float = Field(2.0, gt=1.0)
+    """C: cap of the behaviour importance weight (truncate) or the [1/C, C] band (mask)."""
+    is_mode: Literal["truncate", "mask"] = "truncate"
+    """How the behaviour importance weight is bounded."""
+    agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """Loss aggregation. token-mean over the global token count is DAPO's token-level loss."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """k3 KL penalty to the initial policy (DAPO drops it: 0)."""
+    entropy_coef: float = Field(0.0, ge=0.0)
+    """Entropy bonus coefficient (off by default)."""
+    adv_scale_by_std: bool = True
+    """Divide group-centred rewards by the group's std (GRPO/DAPO); false: centre only."""
+    dynamic_sampling: bool = True
+    """Drop groups whose samples are all correct or all wrong (decided on accuracy)."""
+    overlong_filter: bool = False
+    """Mask truncated samples out of the loss."""
+    soft_overlong: bool = True
+    """Soft overlong punishment of responses inside the last overlong_cache_len tokens."""
+    max_response_len: int = Field(96, ge=1)
+    """L_max: generation stops at this many response tokens (truncated flag set)."""
+    overlong_cache_len: int = Field(24, ge=0)
+    """L_cache: the punishment ramps from 0 to -overlong_factor over the last L_cache tokens."""
+    overlong_factor: float = Field(1.0, ge=0.0)
+    """Scale of the soft overlong punishment."""
+    max_staleness: int = Field(4, ge=0)
+    """Largest allowed (learner version at the gradient step - behaviour version) of any token;
+    admission control keeps it below this, the buffer drops what exceeds it."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AlgoConfig:
+        if self.eps_high < self.eps_low:
+            raise ValueError(
+                f"algo.eps_high ({self.eps_high}) < algo.eps_low ({self.eps_low}): Clip-Higher needs "
+                "eps_high >= eps_low; set algo.eps_high to at least algo.eps_low"
+            )
+        if self.soft_overlong and self.overlong_cache_len >= self.max_response_len:
+            raise ValueError(
+                f"algo.overlong_cache_len ({self.overlong_cache_len}) must be < algo.max_response_len "
+                f"({self.max_response_len}); the paper uses 4096 of 20480"
+            )
+        return self
+
+
+class VerifierConfig(_Section):
+    workers: int = Field(1, ge=1, le=256)
+    """Verifier worker processes per generator."""
+    timeout_s: float = Field(5.0, gt=0.0)
+    """Wall-clock limit of one check; a timeout scores -1 and is counted."""
+    max_input_chars: int = Field(10_000, ge=16)
+    """Responses longer than this are scored -1 without parsing."""
+    pattern: str | None = None
+    """Optional regex with one capture group that extracts the answer (instead of `Answer:`/boxed)."""
+
+
+class GeneratorConfig(_Section):
+    num_generators: int = Field(1, ge=1, le=1024)
+    """Generator processes `stream-dapo run` starts (one per GPU or replica in production)."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature for training rollouts."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling for training rollouts."""
+    max_groups_in_flight: int = Field(16, ge=1)
+    """Most prompts (groups) a generator keeps in its engine at once; credits bound it further."""
+    max_num_seqs: int = Field(128, ge=1)
+    """vLLM's max_num_seqs: sequences scheduled together."""
+    kv_cache_gib: float = Field(1.0, gt=0.0)
+    """KV cache size in GiB on the CPU backend (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    """vLLM's GPU memory fraction (GPU only)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """vLLM tensor parallelism (GPU only)."""
+    enforce_eager: bool = True
+    """Skip graph capture/compilation: faster start, and the only sensible choice on CPU."""
+    threads: int = Field(1, ge=1)
+    """OpenMP threads of the vLLM CPU worker."""
+    weight_poll_s: float = Field(0.5, gt=0.0)
+    """How often the generator asks for a newer weight version."""
+    seed: int = 0
+    """Sampling seed (each generator adds its index)."""
+
+
+class BufferConfig(_Section):
+    capacity_groups: int = Field(256, ge=1)
+    """Hard cap on groups held (waiting + leased); credits never exceed it."""
+    max_reuse: int = Field(1, ge=1)
+    """Times a group may be served for training (1: each group once)."""
+    persist_path: str | None = None
+    """File the buffer persists its state to (default: run.out_dir/buffer/state.msgpack)."""
+    persist_every_s: float = Field(10.0, gt=0.0)
+    """Periodic persistence interval; the buffer also persists on SIGTERM."""
+
+
+class LearnerConfig(_Section):
+    zero_stage: int = Field(0, ge=0, le=3)
+    """DeepSpeed ZeRO stage."""
+    lr: float = Field(1e-5, gt=0.0)
+    """AdamW learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear LR warm-up, in optimizer steps; constant afterwards."""
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Gradient-norm clip."""
+    rollout_batch_prompts: int = Field(16, ge=1)
+    """Groups (prompts) consumed per rollout step; proximal log-probs are computed once per step."""
+    mini_batch_samples: int = Field(64, ge=1)
+    """Samples per optimizer step (one version)."""
+    micro_batch_tokens: int = Field(8192, ge=64)
+    """Token budget of one forward/backward micro-batch (sequences are length-sorted and packed)."""
+    total_steps: int = Field(40, ge=1)
+    """Optimizer steps (versions) to train."""
+    sync_every: int = Field(1, ge=1)
+    """Publish weights every this many optimizer steps."""
+    checkpoint_every: int = Field(20, ge=1)
+    """Checkpoint (DeepSpeed state + HF export) every this many optimizer steps."""
+    torch_threads: int = Field(1, ge=1)
+    """Intra-op threads of the learner process on CPU."""
+    seed: int = 0
+    """Learner seed."""
+
+
+class WeightsConfig(_Section):
+    method: Literal["zmq", "shared_dir", "nccl"] = "zmq"
+    """How generators get weights: chunked over ZeroMQ, a shared directory, or NCCL (GPU)."""
+    shared_dir: str | None = None
+    """Directory for method=shared_dir (default: run.out_dir/weights)."""
+    chunk_bytes: int = Field(4 * 1024 * 1024, ge=4096)
+    """Chunk size of the ZeroMQ weight transfer."""
+
+
+class TransportConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address the buffer and learner bind and generators connect to."""
+    samples_port: int = Field(5555, ge=1, le=65535)
+    """Buffer's port for generators (groups, credits, acks)."""
+    batches_port: int = Field(5556, ge=1, le=65535)
+    """Buffer's port for the learner (batches, commits)."""
+    weights_port: int = Field(5557, ge=1, le=65535)
+    """Learner's port for weight transfer."""
+    hwm: int = Field(1000, ge=1)
+    """ZeroMQ high-water mark (messages) on every socket."""
+    timeout_s: float = Field(30.0, gt=0.0)
+    """Request timeout before a retry."""
+    max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    """Messages larger than this are rejected before decoding."""
+    curve_dir: str | None = None
+    """Directory with CurveZMQ keys (`stream-dapo keys generate`); null: no authentication."""
+
+
+class MetricsConfig(_Section):
+    host: str = "127.0.0.1"
+    """Address of the /metrics and /healthz HTTP servers."""
+    buffer_port: int = Field(9101, ge=0, le=65535)
+    """Buffer's metrics port (0: pick a free one)."""
+    learner_port: int = Field(9102, ge=0, le=65535)
+    """Learner's metrics port."""
+    generator_port: int = Field(9110, ge=0, le=65535)
+    """First generator's metrics port; generator i uses generator_port + i."""
+    json_logs: bool = False
+    """Structured JSON logs instead of plain text."""
+
+
+class EvalConfig(_Section):
+    k: int = Field(4, ge=1)
+    """Samples per prompt for avg@k / pass@k (the paper: 32)."""
+    temperature: float = Field(1.0, ge=0.0)
+    """Eval sampling temperature (the paper: 1.0)."""
+    top_p: float = Field(0.7, gt=0.0, le=1.0)
+    """Eval nucleus sampling (the paper: 0.7)."""
+    max_prompts: int = Field(200, ge=1)
+    """Evaluate at most this many prompts of the eval set."""
+
+
+class RunConfig(_Section):
+    out_dir: str = "runs/tiny-cpu"
+    """Run directory: resolved config, metrics, checkpoints, summary.json."""
+    mode: Literal["async", "sync"] = "async"
+    """async: streaming; sync: generate a batch with the current weights, train, sync (baseline)."""
+    eval_before_after: bool = True
+    """Evaluate the start and final policy on the eval set and record both in summary.json."""
+
+
+class Config(_Section):
+    """The whole configuration. Tables mirror the classes above."""
+
+    model: ModelConfig = ModelConfig()
+    """The policy model."""
+    data: DataConfig = DataConfig()
+    """Training and evaluation data."""
+    algo: AlgoConfig = AlgoConfig()
+    """The DAPO recipe and its switches."""
+    verifier: VerifierConfig = VerifierConfig()
+    """The rule-based verifier."""
+    generator: GeneratorConfig = GeneratorConfig()
+    """vLLM generator services."""
+    buffer: BufferConfig = BufferConfig()
+    """The replay buffer service."""
+    learner: LearnerConfig = LearnerConfig()
+    """The DeepSpeed learner service."""
+    weights: WeightsConfig = WeightsConfig()
+    """Weight publication."""
+    transport: TransportConfig = TransportConfig()
+    """ZeroMQ sockets."""
+    metrics: MetricsConfig = MetricsConfig()
+    """Prometheus metrics and logging."""
+    eval: EvalConfig = EvalConfig()
+    """Evaluation."""
+    run: RunConfig = RunConfig()
+    """The run as a whole."""
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> Config:
+        g = self.algo.group_size
+        mb = self.learner.mini_batch_samples
+        rollout = self.learner.rollout_batch_prompts * g
+        if mb % g:
+            raise ValueError(
+                f"learner.mini_batch_samples ({mb}) must be a multiple of algo.group_size ({g}) so "
+                f"groups are never split; try {max(g, mb // g * g)}"
+            )
+        if rollout % mb:
+            raise ValueError(
+                f"learner.mini_batch_samples ({mb}) must divide the rollout batch "
+                f"(learner.rollout_batch_prompts * algo.group_size = {rollout})"
+            )
+        if self.admission_capacity < self.learner.rollout_batch_prompts:
+            s, lag = rollout // mb, self.learner.sync_every - 1
+            need = 2 * s - 1 + lag
+            raise ValueError(
+                f"algo.max_staleness ({self.algo.max_staleness}) leaves room for only "
+                f"{self.admission_capacity} groups in line, fewer than one rollout batch "
+                f"(learner.rollout_batch_prompts = {self.learner.rollout_batch_prompts}): the run would "
+                f"stall. With {s} optimizer steps per rollout batch and learner.sync_every = "
+                f"{self.learner.sync_every}, set algo.max_staleness >= {need}"
+            )
+        if self.learner.micro_batch_tokens < self.model.max_prompt_len + self.algo.max_response_len:
+            raise ValueError(
+                f"learner.micro_batch_tokens ({self.learner.micro_batch_tokens}) cannot hold one "
+                f"sequence of model.max_prompt_len + algo.max_response_len "
+                f"({self.model.max_prompt_len + self.algo.max_response_len}) tokens; raise it"
+            )
+        ports = {
+            "transport.samples_port": self.transport.samples_port,
+            "transport.batches_port": self.transport.batches_port,
+            "transport.weights_port": self.transport.weights_port,
+        }
+        if len(set(ports.values())) != len(ports):
+            raise ValueError(f"transport ports must differ: {ports}")
+        return self
+
+    @property
+    def groups_per_version(self) -> int:
+        """B_v: groups consumed by one optimizer step."""
+        return self.learner.mini_batch_samples // self.algo.group_size
+
+    @property
+    def admission_capacity(self) -> int:
+        """Most groups allowed in line (waiting in the buffer + credited to generators).
+
+        A group at position k of the line is trained at most S + floor(k / B_v) versions after the
+        learner version at which it started (S = steps per rollout batch: the learner may have just
+        taken a batch), and a generator's weights lag the learner by at most sync_every - 1
+        versions. Keeping k < (max_staleness - S - (sync_every - 1) + 1) * B_v therefore keeps every
+        token's staleness <= max_staleness: admission paces generators instead of discarding work.
+        """
+        slack = self.algo.max_staleness - self.steps_per_rollout - (self.learner.sync_every - 1) + 1
+        return max(0, slack * self.groups_per_version)
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps (versions) per rollout batch."""
+        return self.learner.rollout_batch_prompts * self.algo.group_size // self.learner.mini_batch_samples
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------
+
+
+def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for name, field in model.model_fields.items():
+        dotted = f"{prefix}{name}"
+        keys.append(dotted)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys.extend(_valid_keys(ann, dotted + "."))
+    return keys
+
+
+def _nearest(key: str) -> str:
+    keys = _valid_keys(Config)
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+    if not close:
+        leaf = key.rsplit(".", 1)[-1]
+        close = [k for k in keys if k.rsplit(".", 1)[-1] == leaf] or difflib.get_close_matches(
+            leaf, [k.rsplit(".", 1)[-1] for k in keys], n=1, cutoff=0.6
+        )
+        close = [k for k in keys if k.rsplit(".", 1)[-1] in close]
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    parts = [p for p in dotted.split(".") if p]
+    if not parts:
+        raise ConfigError(f"{source}: empty key; write section.key=value")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: '{dotted}' goes through '{part}', which is a value, not a table")
+        node = child
+    node[parts[-1]] = value
+
+
+def _deep_merge(base: dict[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in other.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+        _set_dotted(tree, dotted, _parse_value(raw), f"environment variable {name}")
+    return tree
+
+
+def _apply_preset(tree: dict[str, Any]) -> dict[str, Any]:
+    """Expand algo.preset into its keys, under anything set explicitly."""
+    preset = tree.get("algo", {}).get("preset")
+    if preset is None:
+        return tree
+    from stream_dapo.core.presets import preset_overrides
+
+    try:
+        overrides = preset_overrides(preset)
+    except ValueError as exc:
+        raise ConfigError(f"algo.preset: {exc}") from None
+    expanded: dict[str, Any] = {}
+    for dotted, value in overrides.items():
+        _set_dotted(expanded, dotted, value, f"preset {preset}")
+    return _deep_merge(expanded, tree)
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            value = err.get("input")
+            # A misspelt table: suggest the full key of its first entry, e.g. generator.temperature.
+            probe = f"{loc}.{next(iter(value))}" if isinstance(value, dict) and value else loc
+            lines.append(f"unknown key '{loc}'{_nearest(probe)}")
+        else:
+            where = f"{loc}: " if loc else ""
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}{msg} (got {err.get('input')!r})" if loc else msg)
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_config(
+    files: Sequence[str | Path] = (),
+    overrides: Iterable[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Resolve the configuration: defaults <- TOML files <- environment <- ``--set`` overrides."""
+    tree: dict[str, Any] = {}
+    for file in files:
+        path = Path(file)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} not found; pass an existing TOML file to --config")
+        try:
+            _deep_merge(tree, tomllib.loads(path.read_text()))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    _deep_merge(tree, _env_overrides(os.environ if environ is None else environ))
+    set_tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set algo.eps_high=0.28")
+        _set_dotted(set_tree, key.strip(), _parse_value(raw.strip()), f"--set {item}")
+    _deep_merge(tree, set_tree)
+    tree = _apply_preset(tree)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None
+
+
+def config_to_toml(cfg: Config) -> str:
+    """Render a resolved config as TOML (None values are omitted: TOML has no null)."""
+    data = cfg.model_dump(mode="json")
+    out: list[str] = []
+
+    def emit(table: Mapping[str, Any], name: str) -> None:
+        scalars = {k: v for k, v in table.items() if not isinstance(v, Mapping) and v is not None}
+        if name:
+            out.append(f"\n[{name}]")
+        for key, value in scalars.items():
+            out.append(f"{key} = {json.dumps(value)}")
+        for key, value in table.items():
+            if isinstance(value, Mapping):
+                emit(value, f"{name}.{key}" if name else key)
+
+    emit(data, "")
+    return "\n".join(out).lstrip("\n") + "\n"
+
+
+def config_docs() -> str:
+    """Markdown reference of every key, generated from the field docstrings."""
+    lines = ["# Configuration reference", "", "Generated by `stream-dapo config docs`.", ""]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        rows = []
+        subs = []
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                subs.append((f"{prefix}{name}", ann))
+                continue
+            default = field.get_default(call_default_factory=True)
+            desc = " ".join((field.description or "").split())
+            rows.append(f"| `{prefix}{name}` | `{json.dumps(default, default=str)}` | {desc} |")
+        if rows:
+            lines.extend([f"## `[{prefix.rstrip('.')}]`", "", "| key | default | meaning |", "|---|---|---|"])
+            lines.extend(rows)
+            lines.append("")
+        for sub_prefix, sub in subs:
+            walk(sub, sub_prefix + ".")
+
+    walk(Config, "")
+    return "\n".join(lines)

@@ -1,0 +1,72 @@
+"""DAPO dynamic sampling: drop prompt groups that carry no gradient.
+
+With group-relative advantages, a group whose samples are all correct or all wrong has zero advantage
+everywhere and so contributes nothing but noise to the batch size. The decision uses the verifier's
+accuracy, never the shaped reward: overlong shaping can make an all-correct group's rewards differ,
+which would let a useless group through.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+__all__ = ["FilterDecision", "FilterReason", "dynamic_sampling_filter"]
+
+
+class FilterReason(str, Enum):
+    """Why a group was kept or dropped; also the label of the filtered-groups metric."""
+
+    MIXED = "mixed"
+    ALL_CORRECT = "all_correct"
+    ALL_WRONG = "all_wrong"
+
+
+@dataclass(frozen=True)
+class FilterDecision:
+    """Verdict on one group.
+
+    Attributes:
+        keep: send the group to the buffer.
+        reason: the group's accuracy class (reported even when filtering is off).
+        num_correct: samples the verifier accepted.
+        group_size: G, samples in the group.
+    """
+
+    keep: bool
+    reason: FilterReason
+    num_correct: int
+    group_size: int
+
+
+def dynamic_sampling_filter(correct: np.ndarray, enabled: bool = True) -> FilterDecision:
+    """Keep a group iff 0 < #correct < G (when ``enabled``); otherwise keep it and report its class.
+
+    Args:
+        correct: [G] bool (or 0/1 integers), the verifier's verdict per sample of one prompt.
+        enabled: dynamic sampling on.
+    """
+    arr = np.asarray(correct)
+    if arr.ndim != 1:
+        raise ValueError(f"correct must be 1-D (one prompt's group), got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("empty group: dynamic sampling needs at least one sample per prompt")
+    if arr.dtype != np.bool_:
+        if not np.issubdtype(arr.dtype, np.integer) or not np.isin(arr, (0, 1)).all():
+            raise TypeError(
+                f"correct must be bool (or 0/1 integers), got dtype {arr.dtype}; filter on the verifier's "
+                "verdict, not on the shaped reward"
+            )
+        arr = arr.astype(np.bool_)
+    group_size = int(arr.size)
+    num_correct = int(arr.sum())
+    if num_correct == 0:
+        reason = FilterReason.ALL_WRONG
+    elif num_correct == group_size:
+        reason = FilterReason.ALL_CORRECT
+    else:
+        reason = FilterReason.MIXED
+    keep = reason is FilterReason.MIXED or not enabled
+    return FilterDecision(keep=keep, reason=reason, num_correct=num_correct, group_size=group_size)

@@ -1,0 +1,171 @@
+"""Methods injected into every vLLM worker (``EngineArgs(worker_extension_cls=WORKER_EXTENSION)``).
+
+vLLM mixes this class into its worker class, so ``self`` below is the worker (CPU or GPU) and each
+method is callable from the engine with ``engine.collective_rpc("method", args=(...))``. The engine
+runs its worker in another process and msgpacks RPC arguments, so everything that crosses is a plain
+value: a file path, names, dtypes as strings, shapes as lists. Tensors never go through the RPC.
+
+Three facts about vLLM 0.32 shape the loading code:
+
+- ``model.load_weights()`` alone is wrong on the CPU backend: after start-up each linear weight is
+  repacked for oneDNN/sgl kernels and the ``.weight`` parameter is emptied. The worker's
+  ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` restores the layers, loads the
+  checkpoint-format tensors and re-runs the per-layer post-processing (the repacking) correctly.
+- With tied embeddings the LM head shares ``embed_tokens.weight`` but keeps its own packed copy for
+  the logits GEMM, made at start-up; nothing re-packs it on reload, so it would keep the old
+  weights. ``_repack_tied_lm_head`` redoes it.
+- The worker does not invalidate the engine's prefix cache; the caller (``RolloutEngine``) does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["WORKER_EXTENSION", "WeightUpdateExtension"]
+
+logger = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "stream_dapo.generator.worker_ext.WeightUpdateExtension"
+"""The qualified name to pass as ``worker_extension_cls``."""
+
+_EMBED_NAME = "model.embed_tokens.weight"
+
+
+class WeightUpdateExtension:
+    """Weight loading entry points for the generator (mixed into vLLM's worker class).
+
+    Attribute names are prefixed ``sd_`` where they could collide with the worker's own: vLLM
+    refuses an extension whose attributes shadow the worker's.
+    """
+
+    # ---------------------------------------------------------------- file / bytes (CPU default)
+
+    def update_weights_from_file(self, path: str) -> bool:
+        """Load a full safetensors state dict (checkpoint names) into the running model.
+
+        Returns True once the weights are in place and the spot check passed; raises with the
+        reason otherwise (the caller keeps sampling from the old weights only if this raises before
+        the reload started, so it treats any error as fatal for the engine).
+        """
+        from safetensors import safe_open
+
+        start = time.perf_counter()
+        with safe_open(path, framework="pt", device="cpu") as f:
+            names = list(f.keys())
+            if not names:
+                raise ValueError(f"{path} holds no tensors; the learner published an empty state dict")
+
+            def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+                for name in names:
+                    yield name, f.get_tensor(name)
+
+            self._sd_reload(tensors())
+            expected = f.get_tensor(_EMBED_NAME) if _EMBED_NAME in names else None
+        self._sd_verify_embedding(expected, path)
+        logger.info("loaded %d tensors from %s in %.2f s", len(names), path, time.perf_counter() - start)
+        return True
+
+    def weights_checksum(self) -> str:
+        """A cheap fingerprint of the weights the worker holds (hex, 16 characters).
+
+        Hashes a float64 sum and absolute sum of every non-empty parameter. On the CPU backend the
+        repacked linear weights are empty parameters, so this covers embeddings (and through the tie,
+        the LM head), norms and biases: enough to see that an update landed; the end-to-end check is
+        that greedy output matches transformers on the new weights.
+        """
+        import torch
+
+        digest = hashlib.sha256()
+        with torch.no_grad():
+            for name, param in sorted(self._sd_model().named_parameters()):
+                if param.numel() == 0:
+                    continue
+                p = param.detach().to(torch.float64)
+                digest.update(f"{name}:{p.sum().item():.12e}:{p.abs().sum().item():.12e};".encode())
+        return digest.hexdigest()[:16]
+
+    # ---------------------------------------------------------------- NCCL (GPU)
+
+    def init_weight_update_group(
+        self, master_address: str, master_port: int, rank_offset: int, world_size: int
+    ) -> bool:
+        """Join the learner's NCCL group for weight broadcasts (GPU only).
+
+        The learner's rank 0 is rank 0 of a ``world_size`` group made with vLLM's
+        ``StatelessProcessGroup``; this worker takes rank ``rank_offset + its rank in the engine``.
+        """
+        import torch
+        from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
+
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "weights.method = 'nccl' needs GPUs; on the CPU set weights.method = 'zmq' or 'shared_dir'"
+            )
+        rank = rank_offset + int(self.rank)  # type: ignore[attr-defined]
+        self.sd_weight_group = stateless_init_process_group(
+            master_address, master_port, rank, world_size, self.device  # type: ignore[attr-defined]
+        )
+        return True
+
+    def update_weights_from_nccl(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> bool:
+        """Receive one broadcast per tensor from the learner (rank 0) and reload them (GPU only).
+
+        The learner broadcasts the tensors in exactly the order of ``names`` after sending this RPC
+        (its manifest), with the dtype names of ``torch`` (``"float32"``, ``"bfloat16"``).
+        """
+        import torch
+
+        group = getattr(self, "sd_weight_group", None)
+        if group is None:
+            raise RuntimeError("call init_weight_update_group before update_weights_from_nccl")
+        if not len(names) == len(dtypes) == len(shapes):
+            raise ValueError(f"names/dtypes/shapes lengths differ: {len(names)}, {len(dtypes)}, {len(shapes)}")
+
+        def received() -> Iterator[tuple[str, torch.Tensor]]:
+            stream = torch.cuda.current_stream()
+            for name, dtype, shape in zip(names, dtypes, shapes):
+                buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)  # type: ignore[attr-defined]
+                group.broadcast(buf, src=0, stream=stream)
+                yield name, buf
+
+        self._sd_reload(received())
+        torch.cuda.synchronize()
+        return True
+
+    # ---------------------------------------------------------------- helpers
+
+    def _sd_model(self) -> torch.nn.Module:
+        return self.model_runner.get_model()  # type: ignore[attr-defined, no-any-return]
+
+    def _sd_reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
+        self._sd_repack_tied_lm_head()
+
+    def _sd_repack_tied_lm_head(self) -> None:
+        model = self._sd_model()
+        config: Any = getattr(model, "config", None)
+        lm_head = getattr(model, "lm_head", None)
+        if not getattr(config, "tie_word_embeddings", False) or lm_head is None:
+            return
+        method = getattr(lm_head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(lm_head)
+
+    def _sd_verify_embedding(self, expected: torch.Tensor | None, path: str) -> None:
+        """The embedding is never repacked, so it can be compared exactly with the file."""
+        import torch
+
+        if expected is None:
+            return
+        embed = self._sd_model().get_submodule("model.embed_tokens").weight
+        rows = min(expected.shape[0], embed.shape[0])
+        got = embed[:rows].detach().to("cpu", expected.dtype)
+        if not torch.equal(got, expected[:rows]):
+            raise RuntimeError(f"after loading {path} the embedding differs from the file: the reload did not apply")

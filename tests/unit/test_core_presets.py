@@ -1,0 +1,79 @@
+"""The Table 1 ablation presets."""
+
+from __future__ import annotations
+
+import pytest
+
+from stream_dapo.core.presets import PAPER_AIME, PRESETS, preset_overrides
+
+_KEYS = {
+    "algo.eps_high",
+    "algo.overlong_filter",
+    "algo.soft_overlong",
+    "algo.agg_mode",
+    "algo.dynamic_sampling",
+}
+
+
+def test_presets_are_the_table_1_rows_in_order_with_the_paper_scores() -> None:
+    assert list(PRESETS) == [
+        "naive-grpo",
+        "+overlong-filter",
+        "+clip-higher",
+        "+soft-overlong",
+        "+token-loss",
+        "dapo",
+    ]
+    assert PAPER_AIME == {
+        "naive-grpo": 30,
+        "+overlong-filter": 36,
+        "+clip-higher": 38,
+        "+soft-overlong": 41,
+        "+token-loss": 42,
+        "dapo": 50,
+    }
+    assert all(set(overrides) == _KEYS for overrides in PRESETS.values())
+
+
+def test_naive_grpo_and_dapo_values() -> None:
+    assert PRESETS["naive-grpo"] == {
+        "algo.eps_high": 0.2,
+        "algo.overlong_filter": False,
+        "algo.soft_overlong": False,
+        "algo.agg_mode": "seq-mean-token-mean",
+        "algo.dynamic_sampling": False,
+    }
+    assert PRESETS["dapo"] == {
+        "algo.eps_high": 0.28,
+        "algo.overlong_filter": True,
+        "algo.soft_overlong": True,
+        "algo.agg_mode": "token-mean",
+        "algo.dynamic_sampling": True,
+    }
+
+
+def test_each_row_changes_exactly_one_switch_from_the_previous() -> None:
+    names = list(PRESETS)
+    expected_change = [
+        "algo.overlong_filter",
+        "algo.eps_high",
+        "algo.soft_overlong",
+        "algo.agg_mode",
+        "algo.dynamic_sampling",
+    ]
+    for prev, cur, key in zip(names[:-1], names[1:], expected_change, strict=True):
+        changed = {k for k in _KEYS if PRESETS[prev][k] != PRESETS[cur][k]}
+        assert changed == {key}, (prev, cur)
+
+
+def test_preset_overrides_returns_a_copy() -> None:
+    overrides = preset_overrides("dapo")
+    overrides["algo.eps_high"] = 0.5
+    assert PRESETS["dapo"]["algo.eps_high"] == 0.28
+
+
+def test_unknown_preset_lists_the_valid_names() -> None:
+    with pytest.raises(
+        ValueError, match=r"unknown preset 'grpo'; valid presets: naive-grpo, \+overlong-filter"
+    ):
+        preset_overrides("grpo")
