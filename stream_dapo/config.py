@@ -284,6 +284,21 @@ class EvalConfig(_Section):
     """Evaluate at most this many prompts of the eval set."""
 
 
+class WarmupConfig(_Section):
+    steps: int = Field(600, ge=1)
+    """Optimizer steps of the supervised warm-up of the tiny model (`stream-dapo warmup`)."""
+    batch_size: int = Field(32, ge=1)
+    """Worked solutions per warm-up step."""
+    lr: float = Field(2e-3, gt=0.0)
+    """Peak AdamW learning rate (linear warm-up over 5% of the steps, cosine decay to 10%)."""
+    seed: int = 0
+    """Seed of the tiny model's initialisation and of the warm-up's batch order."""
+    eval_prompts: int = Field(128, ge=1)
+    """Eval-split prompts on which the warm-up reports pass@1 (greedy and temperature 1.0)."""
+    threads: int = Field(2, ge=1)
+    """torch intra-op threads during the warm-up."""
+
+
 class RunConfig(_Section):
     out_dir: str = "runs/tiny-cpu"
     """Run directory: resolved config, metrics, checkpoints, summary.json."""
@@ -318,6 +333,8 @@ class Config(_Section):
     """Prometheus metrics and logging."""
     eval: EvalConfig = EvalConfig()
     """Evaluation."""
+    warmup: WarmupConfig = WarmupConfig()
+    """Supervised warm-up of the tiny default model."""
     run: RunConfig = RunConfig()
     """The run as a whole."""
 

@@ -25,6 +25,7 @@ one of `REASONS`, short enough to be a metric label.
 from __future__ import annotations
 
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -92,7 +93,7 @@ def _pack_array(arr: np.ndarray) -> msgpack.ExtType:
     dtype_str = le.str.encode("ascii")
     header = struct.pack(f"<B{len(dtype_str)}sB{arr.ndim}q", len(dtype_str), dtype_str, arr.ndim, *arr.shape)
     # bytes.join copies the elements once, straight from the array's buffer.
-    return msgpack.ExtType(EXT_NDARRAY, b"".join((header, data.reshape(-1).view(np.uint8))))
+    return msgpack.ExtType(EXT_NDARRAY, b"".join((header, data.reshape(-1).view(np.uint8).data)))
 
 
 class _ExtError(Exception):
@@ -147,14 +148,29 @@ def _default(obj: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
+# A Packer per thread, reused: msgpack.packb allocates a fresh 256 KiB buffer per call, which
+# costs more than packing a 200 KB message into a warm one (~170 us vs ~10 us measured).
+# Packers are not thread-safe, hence thread-local. After a large message (a weight chunk) the
+# packer is dropped so its grown buffer is not held for the life of the thread.
+_KEEP_PACKER_BELOW = 8 << 20
+_packers = threading.local()
+
+
 def pack_value(obj: Any) -> bytes:
     """msgpack-encode maps, lists, str, bytes, int, float, bool, None and numpy arrays."""
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = _packers.packer = msgpack.Packer(default=_default, use_bin_type=True, autoreset=True)
     try:
-        return msgpack.packb(obj, default=_default, use_bin_type=True, strict_types=False)
+        # On error the Packer discards what it had written (autoreset), so it stays reusable.
+        data: bytes = packer.pack(obj)
     except CodecError:
         raise
     except (TypeError, ValueError, OverflowError) as e:
         raise CodecError("bad_schema", f"cannot encode value: {e}") from None
+    if len(data) >= _KEEP_PACKER_BELOW:
+        _packers.packer = None
+    return data
 
 
 def _size(data: bytes | bytearray | memoryview) -> int:
@@ -240,7 +256,8 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Message:
             "upgrade the older side so both run the same stream-dapo release",
         )
     if set(env) != {"v", "t", "b"}:
-        raise CodecError("malformed", f"envelope keys must be ['b', 't', 'v'], got {sorted(env)}")
+        # repr: keys may mix str and bytes, which do not sort together.
+        raise CodecError("malformed", f"envelope keys must be 'v', 't', 'b', got {sorted(map(repr, env))}")
     schema = _schema_for(env["t"])
     body = env["b"]
     try:

@@ -221,7 +221,7 @@ class Struct(Spec):
         if extra:
             raise SchemaError(
                 path,
-                f"{self.name} has unknown field(s) {sorted(map(str, extra))}; allowed: {list(self.fields)}",
+                f"{self.name} has unknown field(s) {sorted(map(repr, extra))}; allowed: {list(self.fields)}",
             )
         for key, spec in self.fields.items():
             if key not in skip:
@@ -528,7 +528,10 @@ class Group:
 
     @classmethod
     def from_wire(cls, d: Any, path: str = "Group") -> Group:
-        """Validate a wire map strictly (exact dtypes, no conversion) and build a Group."""
+        """Validate a wire map strictly (exact dtypes, no conversion) and build a Group.
+
+        The Group shares the map's arrays; after `decode` they are read-only views.
+        """
         GROUP.check(d, path)
         self = cls.__new__(cls)
         self.group_id, self.prompt_id, self.generator_id = d["group_id"], d["prompt_id"], d["generator_id"]

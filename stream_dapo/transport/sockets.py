@@ -211,7 +211,10 @@ class Endpoint:
     `peer` names the service on the other side ("buffer", "learner", "generator") for error
     messages. `max_bytes` caps accepted message size: large for weight-chunk endpoints (e.g.
     256 MiB), small elsewhere. `reply_errors` makes a ROUTER answer a bad message with an
-    `error` message so the sender learns what it did wrong.
+    `error` message so the sender learns what it did wrong. `send_timeout_ms` bounds how long a
+    send may wait for room in a full queue (0: fail at once).
+
+    Like the ZeroMQ socket it wraps, an Endpoint belongs to one thread.
     """
 
     def __init__(
@@ -232,8 +235,10 @@ class Endpoint:
         self.max_bytes = max_bytes
         self.peer = peer
         self.reply_errors = reply_errors
-        self.routing = sock.socket_type == zmq.ROUTER
-        self.address: str = sock.last_endpoint.decode() or "<unbound>"
+        self.routing = sock.type == zmq.ROUTER
+        # For a bind to port * this is the port actually chosen; for a connect, the peer's address.
+        last = sock.getsockopt(zmq.LAST_ENDPOINT)
+        self.address: str = (last.decode() if isinstance(last, bytes) else str(last)) or "<unbound>"
         self.curve = sock.mechanism == zmq.CURVE
         self.rejected: Counter[str] = Counter()
         """Bad messages received, by CodecError reason (a wrong frame count counts as "malformed")."""

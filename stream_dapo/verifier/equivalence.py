@@ -99,7 +99,11 @@ def _values_agree(a: sympy.Expr, b: sympy.Expr) -> bool | None:
         subs = {s: sympy.Rational(rng.randint(1_100, 2_900), 1_000) for s in symbols}
         va = a.evalf(30, subs=subs)
         vb = b.evalf(30, subs=subs)
-        if not (va.is_number and vb.is_number) or va.has(sympy.zoo, sympy.nan) or vb.has(sympy.zoo, sympy.nan):
+        if (
+            not (va.is_number and vb.is_number)
+            or va.has(sympy.zoo, sympy.nan)
+            or vb.has(sympy.zoo, sympy.nan)
+        ):
             continue
         scale = max(1, abs(va), abs(vb))
         if not bool(abs(va - vb) <= _SYMBOLIC_REL_TOL * scale):

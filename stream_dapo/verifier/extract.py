@@ -100,7 +100,9 @@ def _clean(answer: str) -> str:
     return answer.strip().strip("*").strip()
 
 
-def extract_answer(response: str, *, pattern: re.Pattern[str] | None = None, tail_chars: int = 300) -> str | None:
+def extract_answer(
+    response: str, *, pattern: re.Pattern[str] | None = None, tail_chars: int = 300
+) -> str | None:
     """Return the final answer text of ``response`` (see the module docstring), or ``None``.
 
     Args:

@@ -68,7 +68,9 @@ _SQRT_BARE_RE = re.compile(r"\\sqrt(\[[^\[\]]*\])?([^{}\[\\])")
 _WHITESPACE_RE = re.compile(r"\s+")
 
 # Unicode spellings of symbols that models mix with LaTeX.
-_UNICODE = str.maketrans({"\u2212": "-", "\u2013": "-", "\u00d7": r"\times ", "\u00b7": r"\cdot ", "\u03c0": r"\pi "})
+_UNICODE = str.maketrans(
+    {"\u2212": "-", "\u2013": "-", "\u00d7": r"\times ", "\u00b7": r"\cdot ", "\u03c0": r"\pi "}
+)
 
 
 def _unwrap_text_commands(s: str) -> str:

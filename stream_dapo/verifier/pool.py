@@ -64,10 +64,12 @@ def _run_test_hook(gold: str) -> None:
         os._exit(17)
 
 
-def _check_one(response: str, gold: str, pattern: str | None, tail_chars: int, max_input_chars: int) -> _ResultTuple:
+def _check_one(
+    response: str, gold: str, pattern: str | None, tail_chars: int, max_input_chars: int
+) -> _ResultTuple:
     try:
         r = verify(response, gold, pattern=pattern, tail_chars=tail_chars, max_input_chars=max_input_chars)
-    except Exception:  # noqa: BLE001 - a verifier bug on one item must not take the worker down
+    except Exception:  # a verifier bug on one item must not take the worker down
         r = VerifyResult.scored("parse_error", None)
     return (r.correct, r.reward, r.extracted, r.reason)
 
@@ -209,7 +211,9 @@ class VerifierPool:
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
-            raise ValueError(f"timeout_s must be a positive number of seconds (default 5.0), got {timeout_s!r}")
+            raise ValueError(
+                f"timeout_s must be a positive number of seconds (default 5.0), got {timeout_s!r}"
+            )
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise ValueError(f"chunk_size must be a positive integer or None (automatic), got {chunk_size!r}")
         check_limits(tail_chars, max_input_chars)
@@ -220,7 +224,8 @@ class VerifierPool:
         self._chunk_size = chunk_size
         self._worker_args = (pattern, tail_chars, max_input_chars)
         self._ctx = multiprocessing.get_context("spawn")
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one batch at a time
+        self._counters_lock = threading.Lock()  # so a metrics thread can read counters mid-batch
         self._counters: dict[str, int] = dict.fromkeys(REASONS, 0)
         self._next_chunk_id = 0
         self._failed_starts = 0
@@ -240,7 +245,7 @@ class VerifierPool:
     @property
     def counters(self) -> dict[str, int]:
         """Results so far by reason (every reason is present, zero included)."""
-        with self._lock:
+        with self._counters_lock:
             return dict(self._counters)
 
     def verify_batch(self, items: Sequence[tuple[str, str]]) -> list[VerifyResult]:
@@ -252,7 +257,9 @@ class VerifierPool:
             todo: list[int] = []
             for index, item in enumerate(items):
                 if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item)):
-                    raise TypeError(f"item {index} must be a (response, gold) tuple of two str, got {item!r:.80}")
+                    raise TypeError(
+                        f"item {index} must be a (response, gold) tuple of two str, got {item!r:.80}"
+                    )
                 # Refuse over-long inputs here: shipping a megabyte to a worker only to refuse it is waste.
                 if len(item[0]) > self._max_input_chars or len(item[1]) > self._max_input_chars:
                     results[index] = VerifyResult.scored("too_long", None)
@@ -263,8 +270,9 @@ class VerifierPool:
                 self._dispatch(pending)
                 self._service(results, pending)
             done = [r for r in results if r is not None]
-            for r in done:
-                self._counters[r.reason] += 1
+            with self._counters_lock:
+                for r in done:
+                    self._counters[r.reason] += 1
             return done
 
     def close(self) -> None:
@@ -281,7 +289,9 @@ class VerifierPool:
 
     # -- scheduling ----------------------------------------------------------------------------------
     def _make_chunks(self, todo: list[int], items: Sequence[tuple[str, str]]) -> deque[_Chunk]:
-        size = self._chunk_size or max(1, min(_MAX_CHUNK, math.ceil(len(todo) / (self._num_workers * _CHUNKS_PER_WORKER))))
+        size = self._chunk_size or max(
+            1, min(_MAX_CHUNK, math.ceil(len(todo) / (self._num_workers * _CHUNKS_PER_WORKER)))
+        )
         chunks: deque[_Chunk] = deque()
         for start in range(0, len(todo), size):
             indices = todo[start : start + size]
@@ -340,8 +350,12 @@ class VerifierPool:
             worker.ready = True
             self._failed_starts = 0
         elif message[0] == "done" and worker.chunk is not None and message[1] == worker.chunk.chunk_id:
-            for index, (correct, reward, extracted, reason) in zip(worker.chunk.indices, message[2]):
-                results[index] = VerifyResult(correct=correct, reward=reward, extracted=extracted, reason=reason)
+            for index, (correct, reward, extracted, reason) in zip(
+                worker.chunk.indices, message[2], strict=True
+            ):
+                results[index] = VerifyResult(
+                    correct=correct, reward=reward, extracted=extracted, reason=reason
+                )
             worker.chunk = None
 
     def _blame_and_replace(
@@ -354,7 +368,9 @@ class VerifierPool:
         results[chunk.indices[position]] = VerifyResult.scored(reason, None)
         rest = [i for i in range(len(chunk.indices)) if i != position]
         if rest:
-            pending.appendleft(self._new_chunk([chunk.indices[i] for i in rest], [chunk.items[i] for i in rest]))
+            pending.appendleft(
+                self._new_chunk([chunk.indices[i] for i in rest], [chunk.items[i] for i in rest])
+            )
         self._replace(worker)
 
     def _replace(self, worker: _Worker, *, failed_start: bool = False) -> None:

@@ -355,6 +355,7 @@ def test_wrong_version_names_both_versions_and_says_to_upgrade() -> None:
         msgpack.packb({"t": "hello", "b": HELLO_BODY}),
         raw_envelope(HELLO_BODY, v=True),
         raw_envelope(HELLO_BODY, extra="x"),
+        msgpack.packb({"v": 1, "t": "hello", "b": HELLO_BODY, b"x": 1}),  # str and bytes keys mixed
         raw_envelope(HELLO_BODY, t=7),
         msgpack.packb({"v": 1, "t": "hello", "b": {1: 2}}),  # non-string map key
         raw_envelope({"generator_id": "x" * (MAX_STR_LEN + 1), "policy_version": 1}),
@@ -382,7 +383,8 @@ def _bad_group_wire(**sample_changes: Any) -> dict[str, Any]:
     ("msg_type", "body", "where"),
     [
         ("hello", {"generator_id": "gen-0"}, "missing field(s) ['policy_version']"),
-        ("hello", {**HELLO_BODY, "extra": 1}, "unknown field(s) ['extra']"),
+        ("hello", {**HELLO_BODY, "extra": 1}, "unknown field(s) [\"'extra'\"]"),
+        ("hello", {**HELLO_BODY, b"raw": 1}, "unknown field(s) [\"b'raw'\"]"),
         ("hello", {**HELLO_BODY, "policy_version": "3"}, "hello.policy_version: expected int, got str"),
         ("hello", {**HELLO_BODY, "policy_version": True}, "hello.policy_version: expected int, got bool"),
         ("hello", {**HELLO_BODY, "policy_version": -1}, "hello.policy_version: must be >= 0"),
@@ -532,6 +534,47 @@ def decodes_or_codec_error(data: bytes) -> Message | None:
 @given(st.binary(max_size=512))
 def test_random_bytes_only_ever_raise_codec_error(data: bytes) -> None:
     decodes_or_codec_error(data)
+
+
+wire_trees = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=5)
+        | st.dictionaries(st.text(max_size=12) | st.binary(max_size=4), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(m.SCHEMAS) + ["nope"]), wire_trees, st.sampled_from([0, 1, 2, "1"]))
+def test_random_msgpack_trees_in_an_envelope_only_ever_raise_codec_error(
+    msg_type: str, body: Any, version: Any
+) -> None:
+    decodes_or_codec_error(msgpack.packb({"v": version, "t": msg_type, "b": body}))
+    decodes_or_codec_error(msgpack.packb(body))
+
+
+@st.composite
+def near_valid_bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    """A valid body with one field replaced by a random tree: exercises every field's check."""
+    msg_type, body = draw(st.sampled_from(sorted(STRATEGIES)).flatmap(STRATEGIES.__getitem__))
+    key = draw(st.sampled_from(sorted(body)))
+    return msg_type, {**body, key: draw(wire_trees)}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(near_valid_bodies())
+def test_valid_bodies_with_one_random_field_only_ever_raise_codec_error(
+    out: tuple[str, dict[str, Any]],
+) -> None:
+    msg_type, body = out
+    decodes_or_codec_error(msgpack.packb({"v": 1, "t": msg_type, "b": body}, default=pack_value_default))
 
 
 @settings(max_examples=400, deadline=None)

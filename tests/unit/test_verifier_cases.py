@@ -335,7 +335,9 @@ def test_cli_text_argument(capsys: pytest.CaptureFixture[str]) -> None:
     }
 
 
-def test_cli_reads_stdin_and_uses_pattern(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_reads_stdin_and_uses_pattern(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("#### 9\nAnswer: 8\n"))
     assert run(_cli_args(["--gold", "9", "--pattern", r"####\s*(\d+)"])) == 0
     assert json.loads(capsys.readouterr().out) == {

@@ -1,0 +1,39 @@
+"""The replay buffer: a pure state machine (`replay`), its durable journal (`journal`), and the
+`stream-dapo buffer` service around them (`service`, not imported here: the CLI loads it)."""
+
+from stream_dapo.buffer.journal import Journal, JournalError
+from stream_dapo.buffer.replay import (
+    AckResult,
+    AdmissionPolicy,
+    BufferInputError,
+    CommitResult,
+    GroupState,
+    MemoryLog,
+    Persistence,
+    ReplayBuffer,
+    ServeResult,
+    admission_capacity,
+    check_admission,
+    groups_per_version,
+    min_capacity_groups,
+    min_max_staleness,
+)
+
+__all__ = [
+    "AckResult",
+    "AdmissionPolicy",
+    "BufferInputError",
+    "CommitResult",
+    "GroupState",
+    "Journal",
+    "JournalError",
+    "MemoryLog",
+    "Persistence",
+    "ReplayBuffer",
+    "ServeResult",
+    "admission_capacity",
+    "check_admission",
+    "groups_per_version",
+    "min_capacity_groups",
+    "min_max_staleness",
+]

@@ -1,0 +1,381 @@
+"""Durable persistence of the replay buffer: an append-only journal plus compacted snapshots.
+
+Files (both in the directory of `buffer.persist_path`)::
+
+    state.msgpack            snapshot: the whole state, replaced atomically (write temp, fsync, rename)
+    state.msgpack.journal    every state change since that snapshot, appended and fsynced
+
+Both files start with an 8-byte magic and then hold frames::
+
+    u64 seq | u32 length | u32 crc32(seq bytes + payload) | payload (msgpack, arrays as raw bytes)
+
+Payloads are encoded with the transport codec's `pack_value` (numpy arrays as dtype + shape + raw
+bytes, never pickle). Sequence numbers grow across compactions; the snapshot's first frame
+records the last sequence number it contains, so journal frames it already covers (left behind
+by a crash between the rename and the journal reset) are skipped on load.
+
+Crash behaviour: the service calls `sync()` (flush + fsync) before it acknowledges anything, so
+every acknowledged change is in complete frames. A kill -9 or power loss can leave a torn or
+garbled frame at the end of the journal; `load()` stops there, logs a warning with the number
+of bytes skipped, and truncates the file so that new frames follow the last good one. A damaged
+snapshot is different (it was fsynced before the rename): that is an error naming the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import struct
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+from stream_dapo.transport.codec import CodecError, pack_value, unpack_value
+
+__all__ = ["JOURNAL_MAGIC", "SNAPSHOT_MAGIC", "Journal", "JournalError", "LoadReport"]
+
+logger = logging.getLogger(__name__)
+
+JOURNAL_MAGIC = b"SDAPOJ1\n"
+SNAPSHOT_MAGIC = b"SDAPOS1\n"
+_FRAME = struct.Struct("<QII")
+_SEQ = struct.Struct("<Q")
+_META = "_snapshot"
+_END = "_end"
+
+Record = dict[str, Any]
+
+
+class JournalError(RuntimeError):
+    """The state files cannot be read or written; the message names the file and the fix."""
+
+
+class _BadFrame(Exception):
+    """A frame that is torn or corrupt; `offset` is where it starts."""
+
+    def __init__(self, offset: int, problem: str) -> None:
+        super().__init__(problem)
+        self.offset = offset
+        self.problem = problem
+
+
+class LoadReport:
+    """What `Journal.load` found."""
+
+    def __init__(self) -> None:
+        self.snapshot_records = 0
+        self.journal_records = 0
+        self.journal_skipped_covered = 0
+        self.skipped_tail_bytes = 0
+        self.last_seq = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"LoadReport(snapshot_records={self.snapshot_records}, journal_records={self.journal_records}, "
+            f"skipped_tail_bytes={self.skipped_tail_bytes}, last_seq={self.last_seq})"
+        )
+
+
+def _encode_frame(seq: int, record: Record) -> bytes:
+    try:
+        payload = pack_value(record)
+    except CodecError as exc:
+        raise JournalError(f"cannot encode a buffer record of kind {record.get('k')!r}: {exc}") from exc
+    crc = zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq)))
+    return _FRAME.pack(seq, len(payload), crc) + payload
+
+
+def _read_frames(f: BinaryIO, start: int, size: int) -> Iterator[tuple[int, Record, int]]:
+    """Yield (seq, record, end offset) from `start` of a file of `size` bytes; raise _BadFrame at
+    the first bad frame."""
+    offset = start
+    while True:
+        header = f.read(_FRAME.size)
+        if not header:
+            return
+        if len(header) < _FRAME.size:
+            raise _BadFrame(offset, f"torn frame header ({len(header)} of {_FRAME.size} bytes)")
+        seq, length, crc = _FRAME.unpack(header)
+        if offset + _FRAME.size + length > size:
+            # Checked before reading: a garbled length must not make us allocate gigabytes.
+            raise _BadFrame(offset, f"torn frame: {length} payload bytes announced, the file ends first")
+        payload = f.read(length)
+        if len(payload) < length:
+            raise _BadFrame(offset, f"torn frame: {len(payload)} of {length} payload bytes")
+        if zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq))) != crc:
+            raise _BadFrame(offset, "checksum mismatch")
+        try:
+            record = unpack_value(payload, max_bytes=max(1, length))
+        except CodecError as exc:
+            raise _BadFrame(offset, f"undecodable payload ({exc})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("k"), str):
+            raise _BadFrame(offset, "payload is not a record")
+        offset += _FRAME.size + length
+        yield seq, record, offset
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Journal:
+    """Write-ahead journal + snapshot of the buffer's records (see the module docstring).
+
+    Use: `records = journal.load()` once (it also takes an exclusive lock, so two buffers
+    cannot share state files), then `append` records as they happen, `sync()` before replying
+    to the message that caused them, and `compact(buffer.snapshot_records())` now and then.
+    """
+
+    def __init__(self, snapshot_path: str | Path, journal_path: str | Path | None = None) -> None:
+        self.snapshot_path = Path(snapshot_path)
+        self.journal_path = Path(journal_path) if journal_path is not None else Path(f"{self.snapshot_path}.journal")
+        self._tmp_path = self.snapshot_path.with_name(self.snapshot_path.name + ".tmp")
+        self._file: IO[bytes] | None = None
+        self._seq = 0
+        self._dirty = False
+        self._size = 0
+        self.records_since_compaction = 0
+        self.report = LoadReport()
+
+    # ---------------------------------------------------------------------------------- load
+
+    def load(self) -> list[Record]:
+        """Open the files (creating them if needed) and return the records to restore from:
+        the snapshot's, then the journal's newer ones. Call once, before `append`."""
+        if self._file is not None:
+            raise JournalError(f"{self.journal_path} is already loaded; load() is called once per Journal")
+        self.report = LoadReport()
+        try:
+            self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise JournalError(
+                f"cannot create {self.snapshot_path.parent}: {exc.strerror}; set buffer.persist_path to a "
+                "writable location"
+            ) from exc
+        if self._tmp_path.exists():
+            # A compaction was interrupted before its rename: the old snapshot + journal are intact.
+            self._tmp_path.unlink()
+        records, covered = self._load_snapshot()
+        self._open_journal()
+        records.extend(self._load_journal(covered))
+        self._seq = max(covered, self.report.last_seq)
+        self.report.last_seq = self._seq
+        return records
+
+    def _load_snapshot(self) -> tuple[list[Record], int]:
+        if not self.snapshot_path.exists():
+            return [], 0
+        fix = (
+            f"move {self.snapshot_path} and {self.journal_path} aside to start an empty buffer (the groups "
+            "they hold are then lost), or restore them from a backup"
+        )
+        try:
+            with open(self.snapshot_path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if f.read(len(SNAPSHOT_MAGIC)) != SNAPSHOT_MAGIC:
+                    raise JournalError(f"{self.snapshot_path} is not a stream-dapo buffer snapshot; {fix}")
+                frames = list(_read_frames(f, len(SNAPSHOT_MAGIC), size))
+        except _BadFrame as bad:
+            raise JournalError(
+                f"snapshot {self.snapshot_path} is damaged at byte {bad.offset} ({bad.problem}); {fix}"
+            ) from None
+        except OSError as exc:
+            raise JournalError(f"cannot read {self.snapshot_path}: {exc.strerror}") from exc
+        if len(frames) < 2 or frames[0][1]["k"] != _META or frames[-1][1]["k"] != _END:
+            raise JournalError(f"snapshot {self.snapshot_path} is incomplete (no header or end marker); {fix}")
+        body = [record for _, record, _ in frames[1:-1]]
+        if frames[-1][1].get("n") != len(body):
+            raise JournalError(
+                f"snapshot {self.snapshot_path} holds {len(body)} records, its end marker says "
+                f"{frames[-1][1].get('n')}; {fix}"
+            )
+        self.report.snapshot_records = len(body)
+        return body, int(frames[0][1]["seq"])
+
+    def _open_journal(self) -> None:
+        try:
+            f = open(self.journal_path, "a+b")  # noqa: SIM115 (kept open; closed in close())
+        except OSError as exc:
+            raise JournalError(
+                f"cannot open {self.journal_path}: {exc.strerror}; set buffer.persist_path to a writable location"
+            ) from exc
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            f.close()
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise JournalError(
+                    f"{self.journal_path} is locked by another process: another buffer is using this state. "
+                    "Stop it, or give this one its own buffer.persist_path"
+                ) from exc
+            raise
+        self._file = f
+
+    def _load_journal(self, covered: int) -> list[Record]:
+        f = self._file
+        assert f is not None
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(0)
+        magic = f.read(len(JOURNAL_MAGIC))
+        if size < len(JOURNAL_MAGIC) and JOURNAL_MAGIC.startswith(magic):
+            # New, or torn while its header was being written: nothing in it was acknowledged.
+            self._truncate(0)
+            self._write_raw(JOURNAL_MAGIC)
+            self._sync_raw()
+            self._size = len(JOURNAL_MAGIC)
+            return []
+        if magic != JOURNAL_MAGIC:
+            raise JournalError(
+                f"{self.journal_path} is not a stream-dapo buffer journal; move it aside or set "
+                "buffer.persist_path to another file"
+            )
+        records: list[Record] = []
+        good = len(JOURNAL_MAGIC)
+        last_seq = covered
+        try:
+            for seq, record, end in _read_frames(f, good, size):
+                if seq <= last_seq and seq > covered:
+                    raise _BadFrame(good, f"sequence number {seq} after {last_seq}")
+                good = end
+                if seq <= covered:
+                    self.report.journal_skipped_covered += 1
+                    continue
+                last_seq = seq
+                records.append(record)
+        except _BadFrame as bad:
+            skipped = size - bad.offset
+            logger.warning(
+                "%s: dropping a torn or corrupt tail of %d bytes at byte %d (%s); a crash mid-write "
+                "leaves one, and everything acknowledged was synced before it",
+                self.journal_path,
+                skipped,
+                bad.offset,
+                bad.problem,
+            )
+            self.report.skipped_tail_bytes = skipped
+            self._truncate(bad.offset)
+            self._sync_raw()
+            good = bad.offset
+        self._size = good
+        self.report.journal_records = len(records)
+        self.report.last_seq = last_seq
+        self.records_since_compaction = len(records)
+        return records
+
+    # ---------------------------------------------------------------------------------- append
+
+    def append(self, record: Record) -> None:
+        """Buffer one record; it is durable after the next `sync()`."""
+        if self._file is None:
+            raise JournalError("Journal.append before load(): call load() first (it opens and checks the files)")
+        self._seq += 1
+        frame = _encode_frame(self._seq, record)
+        self._write_raw(frame)
+        self._size += len(frame)
+        self._dirty = True
+        self.records_since_compaction += 1
+
+    def sync(self) -> None:
+        """Flush and fsync what was appended. Call before acknowledging it to anyone."""
+        if self._dirty:
+            self._sync_raw()
+            self._dirty = False
+
+    @property
+    def dirty(self) -> bool:
+        """Records appended but not yet synced."""
+        return self._dirty
+
+    @property
+    def journal_bytes(self) -> int:
+        return self._size
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    # ---------------------------------------------------------------------------------- compact
+
+    def compact(self, records: Iterable[Record]) -> int:
+        """Write `records` (the whole current state) as the new snapshot, atomically, then empty
+        the journal. Returns the snapshot's size in bytes."""
+        if self._file is None:
+            raise JournalError("Journal.compact before load(): call load() first")
+        self.sync()
+        covered = self._seq
+        n = 0
+        try:
+            with open(self._tmp_path, "wb") as f:
+                f.write(SNAPSHOT_MAGIC)
+                f.write(_encode_frame(covered, {"k": _META, "seq": covered, "created": time.time()}))
+                for record in records:
+                    f.write(_encode_frame(covered, record))
+                    n += 1
+                f.write(_encode_frame(covered, {"k": _END, "n": n}))
+                f.flush()
+                os.fsync(f.fileno())
+                size = f.tell()
+            os.replace(self._tmp_path, self.snapshot_path)
+            _fsync_dir(self.snapshot_path.parent)
+        except OSError as exc:
+            raise JournalError(
+                f"cannot write snapshot {self.snapshot_path}: {exc.strerror}; free disk space or fix "
+                "permissions (the journal still holds everything)"
+            ) from exc
+        # The snapshot covers every frame up to `covered`: the journal can start over. A crash
+        # before this truncation is harmless: load() skips frames the snapshot covers.
+        self._truncate(len(JOURNAL_MAGIC))
+        self._sync_raw()
+        self._size = len(JOURNAL_MAGIC)
+        self.records_since_compaction = 0
+        return size
+
+    def close(self) -> None:
+        """Sync and close (releases the lock). Safe to call twice."""
+        if self._file is not None:
+            try:
+                self.sync()
+            finally:
+                self._file.close()
+                self._file = None
+
+    # ---------------------------------------------------------------------------------- raw I/O
+
+    def _write_raw(self, data: bytes) -> None:
+        assert self._file is not None
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            raise JournalError(self._io_problem("write", exc)) from exc
+
+    def _sync_raw(self) -> None:
+        assert self._file is not None
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            raise JournalError(self._io_problem("fsync", exc)) from exc
+
+    def _truncate(self, size: int) -> None:
+        assert self._file is not None
+        try:
+            self._file.flush()
+            os.ftruncate(self._file.fileno(), size)
+            self._file.seek(size)
+        except OSError as exc:
+            raise JournalError(self._io_problem("truncate", exc)) from exc
+
+    def _io_problem(self, what: str, exc: OSError) -> str:
+        return (
+            f"cannot {what} {self.journal_path}: {exc.strerror}; free disk space or fix permissions and "
+            "restart the buffer: it recovers everything it acknowledged from the journal"
+        )

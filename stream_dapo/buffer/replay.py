@@ -1,0 +1,729 @@
+"""The replay buffer as a pure state machine: admission credits, the lifecycle of a group,
+the staleness gate at dequeue, and an effect log that makes it durable.
+
+No sockets, no threads, no files: the service feeds it decoded messages, a `Persistence` sink
+receives one record per state change, and `ReplayBuffer.restore` rebuilds the exact state from
+those records (a snapshot followed by the journal tail). Every mutation goes through the same
+`_apply_*` methods live and on replay, so "what was logged" and "what the buffer holds" cannot
+drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from stream_dapo.config import Config, ConfigError
+from stream_dapo.transport.messages import Group
+
+__all__ = [
+    "AckResult",
+    "AdmissionPolicy",
+    "BufferInputError",
+    "CommitResult",
+    "GroupState",
+    "MemoryLog",
+    "Persistence",
+    "ReplayBuffer",
+    "ServeResult",
+    "admission_capacity",
+    "check_admission",
+    "groups_per_version",
+    "min_capacity_groups",
+    "min_max_staleness",
+    "wire_bytes",
+]
+
+SNAPSHOT_FORMAT = 1
+SEEN_IDS_PER_RECORD = 10_000
+"""Seen ids are snapshotted in chunks so that no single record grows with the length of the run."""
+
+Record = dict[str, Any]
+
+
+class BufferInputError(ValueError):
+    """A caller passed something the buffer cannot act on; the message says what to pass."""
+
+
+class GroupState(enum.Enum):
+    """Where a group is in its life. COMMITTED groups are forgotten except for their id."""
+
+    WAITING = "waiting"
+    """Accepted, acknowledged and durable; queued for the learner."""
+    LEASED = "leased"
+    """Served to the learner, not yet in one of its checkpoints."""
+    COMMITTED = "committed"
+    """In a learner checkpoint (or dropped as stale): only the id is kept, to drop resends."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Admission capacity
+# --------------------------------------------------------------------------------------------------
+
+
+def groups_per_version(cfg: Config) -> int:
+    """B_v: groups consumed by one optimizer step (one policy version)."""
+    return cfg.learner.mini_batch_samples // cfg.algo.group_size
+
+
+def admission_capacity(cfg: Config) -> int:
+    """Most groups allowed in the admission line (waiting groups + outstanding credits).
+
+    capacity = (max_staleness - S - (sync_every - 1) + 1) * B_v, with S optimizer steps per
+    rollout batch and B_v groups per step. A group started when the line holds k groups ahead of
+    it is trained at most S + floor(k / B_v) versions after the learner version of its start, and
+    the generator's weights lag the learner by at most sync_every - 1 versions, so no token
+    exceeds max_staleness. Never negative; `check_admission` rejects values that deadlock.
+    """
+    per_version = groups_per_version(cfg)
+    versions = cfg.algo.max_staleness - cfg.steps_per_rollout - (cfg.learner.sync_every - 1) + 1
+    return max(0, versions * per_version)
+
+
+def min_max_staleness(cfg: Config) -> int:
+    """The smallest algo.max_staleness whose admission capacity holds one rollout batch."""
+    per_version = groups_per_version(cfg)
+    rollout = cfg.learner.rollout_batch_prompts
+    return math.ceil(rollout / per_version) + cfg.steps_per_rollout + cfg.learner.sync_every - 2
+
+
+def min_capacity_groups(cfg: Config) -> int:
+    """The smallest buffer.capacity_groups that cannot deadlock the learner.
+
+    Leased groups stay in the buffer until the learner commits them at a checkpoint, so when it
+    asks for a new rollout batch up to (checkpoint_every + S - 1) * B_v groups can still be leased,
+    and the batch itself needs rollout_batch_prompts more.
+    """
+    per_version = groups_per_version(cfg)
+    leased = (cfg.learner.checkpoint_every + cfg.steps_per_rollout - 1) * per_version
+    return cfg.learner.rollout_batch_prompts + leased
+
+
+def check_admission(cfg: Config) -> int:
+    """Fail at start-up, naming the fix, if admission would deadlock; return the capacity."""
+    capacity = admission_capacity(cfg)
+    rollout = cfg.learner.rollout_batch_prompts
+    if capacity < rollout:
+        raise ConfigError(
+            f"admission capacity {capacity} groups = (algo.max_staleness {cfg.algo.max_staleness} - "
+            f"{cfg.steps_per_rollout} steps per rollout - (learner.sync_every {cfg.learner.sync_every} - 1) + 1) "
+            f"* {groups_per_version(cfg)} groups per step is below learner.rollout_batch_prompts ({rollout}): "
+            "the learner could never fill a rollout batch and the run would deadlock. Set "
+            f"algo.max_staleness >= {min_max_staleness(cfg)} (or lower learner.sync_every or "
+            "learner.rollout_batch_prompts)"
+        )
+    need = min_capacity_groups(cfg)
+    if cfg.buffer.capacity_groups < need:
+        raise ConfigError(
+            f"buffer.capacity_groups ({cfg.buffer.capacity_groups}) is too small: up to "
+            f"{need - rollout} groups stay leased until a learner checkpoint "
+            f"(learner.checkpoint_every {cfg.learner.checkpoint_every}) and a rollout batch needs {rollout} more, "
+            f"so the run would deadlock. Set buffer.capacity_groups >= {need} (or checkpoint more often)"
+        )
+    return capacity
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """The numbers the buffer decides with, taken from the config once."""
+
+    line_capacity: int
+    """admission_capacity(cfg): waiting groups + outstanding credits never exceed it."""
+    capacity_groups: int
+    """buffer.capacity_groups: hard cap on waiting + leased; credits never exceed it either."""
+    groups_per_version: int
+    """B_v: the i-th group of a rollout is trained at learner version v + floor(i / B_v)."""
+    max_staleness: int
+    max_reuse: int
+    group_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("capacity_groups", "groups_per_version", "max_reuse", "group_size"):
+            if getattr(self, name) < 1:
+                raise BufferInputError(f"AdmissionPolicy.{name} must be >= 1, got {getattr(self, name)}")
+        if self.line_capacity < 0 or self.max_staleness < 0:
+            raise BufferInputError("AdmissionPolicy.line_capacity and max_staleness must be >= 0")
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> AdmissionPolicy:
+        """Check the config (raises ConfigError naming the fix) and take its numbers."""
+        return cls(
+            line_capacity=check_admission(cfg),
+            capacity_groups=cfg.buffer.capacity_groups,
+            groups_per_version=groups_per_version(cfg),
+            max_staleness=cfg.algo.max_staleness,
+            max_reuse=cfg.buffer.max_reuse,
+            group_size=cfg.algo.group_size,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Persistence sink and results
+# --------------------------------------------------------------------------------------------------
+
+
+class Persistence(Protocol):
+    """Receives one record per state change, in order. The service makes them durable (the
+    journal's `sync`) before it replies to the message that caused them."""
+
+    def append(self, record: Record) -> None: ...
+
+
+@dataclass
+class MemoryLog:
+    """An in-memory `Persistence`: for tests, and for a buffer that need not survive restarts."""
+
+    records: list[Record] = field(default_factory=list)
+
+    def append(self, record: Record) -> None:
+        self.records.append(record)
+
+
+@dataclass
+class AckResult:
+    """What to acknowledge for one `groups` message."""
+
+    accepted: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    rejected: list[tuple[str, str]] = field(default_factory=list)
+    """(group_id, reason) pairs."""
+
+
+@dataclass
+class ServeResult:
+    """One batch: the groups in training order, what the staleness gate dropped, and the
+    staleness (versions) each served group will have at its gradient step."""
+
+    groups: list[Group]
+    dropped_stale: list[str]
+    staleness: list[int]
+
+
+@dataclass
+class CommitResult:
+    committed: list[str]
+    """Groups now in a checkpoint and forgotten (except their id)."""
+    reused: list[str]
+    """Committed groups that went back to WAITING because buffer.max_reuse allows another use."""
+    unknown: list[str]
+    """Ids that were not waiting or leased (already committed, or never seen): ignored."""
+
+
+@dataclass
+class _Entry:
+    group: Group
+    accepted_at: float
+    uses: int = 0
+    """Times the group was committed (trained into a checkpoint)."""
+
+
+_COUNTERS = (
+    "accepted",
+    "duplicates",
+    "uncredited",
+    "served",
+    "committed",
+    "reused",
+    "commit_unknown",
+    "requeued",
+    "dropped_stale",
+    "credits_granted",
+    "credits_released",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# The buffer
+# --------------------------------------------------------------------------------------------------
+
+
+class ReplayBuffer:
+    """FIFO of whole groups with admission credits, leases, commits and a staleness gate.
+
+    Admission and back-pressure: a generator starts a group only with a credit, and credits are
+    granted only while waiting groups + outstanding credits stay within
+    `AdmissionPolicy.line_capacity` (and waiting + leased + credits within capacity_groups). The
+    queue therefore never holds more than the learner consumes within max_staleness versions, so
+    generators are paced instead of their work being thrown away; the gate in `serve` is only a
+    backstop.
+
+    Lifecycle (see `GroupState`), for example with B_v = 2 and max_staleness = 1, where groups
+    a and b were generated at version 4 and c at version 3::
+
+        add_groups("gen-0", [a, b, c])   a, b, c WAITING (each redeems a credit of gen-0)
+        serve(v=5, max_groups=2)         a, b LEASED, both trained at version 5 (staleness 1)
+        learner_hello(v=4, through=4)    the learner restarted from its step-4 checkpoint:
+                                         a, b back to the front, in order: a, b, c WAITING
+        serve(v=4, max_groups=3)         a, b trained at version 4; c would be trained at 5,
+                                         2 > 1 versions after its oldest token: dropped, counted
+        commit(v=6, [a, b])              a, b COMMITTED (only their ids are kept)
+        add_groups("gen-0", [a])         a is a duplicate: acknowledged again, stored once
+
+    Every state change is one record handed to `persistence`; `restore` replays them.
+    """
+
+    def __init__(
+        self,
+        policy: AdmissionPolicy,
+        persistence: Persistence | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self._sink: Persistence = persistence if persistence is not None else MemoryLog()
+        self._clock = clock
+        self._waiting: OrderedDict[str, _Entry] = OrderedDict()
+        self._leased: OrderedDict[str, _Entry] = OrderedDict()
+        self._seen: set[str] = set()
+        self._credits: dict[str, int] = {}
+        self._counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
+        self._rejected_messages: dict[str, int] = {}
+        self._rejected_groups: dict[str, int] = {}
+        self._max_staleness_served: int | None = None
+        self.learner_version = 0
+        self.committed_through = 0
+        # Groups served so far at learner version _pos_version: a rollout batch fetched in several
+        # requests keeps counting positions, so the gate knows when each group will be trained.
+        self._pos_version = -1
+        self._pos = 0
+
+    # ---------------------------------------------------------------------------------- restore
+
+    @classmethod
+    def restore(
+        cls,
+        policy: AdmissionPolicy,
+        records: Iterable[Record],
+        persistence: Persistence | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> ReplayBuffer:
+        """Rebuild a buffer from a snapshot's records followed by the journal's, in order."""
+        buf = cls(policy, None, clock)
+        for i, record in enumerate(records):
+            try:
+                buf._replay(record)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise BufferInputError(
+                    f"persisted record #{i} (kind {record.get('k')!r}) cannot be applied: {exc!r}; the state "
+                    "files were written by another version or edited by hand"
+                ) from exc
+        buf._sink = persistence if persistence is not None else MemoryLog()
+        return buf
+
+    def _replay(self, r: Record) -> None:
+        kind = r["k"]
+        if kind == "accept":
+            self._apply_accept(Group.from_wire(r["g"]), float(r["t"]))
+        elif kind == "duplicate":
+            self._counters["duplicates"] += int(r["n"])
+        elif kind == "reject_groups":
+            self._apply_rejected(self._rejected_groups, r["reason"], int(r["n"]))
+        elif kind == "reject_message":
+            self._apply_rejected(self._rejected_messages, r["reason"], int(r["n"]))
+        elif kind == "credit":
+            self._apply_credit(r["gen"], int(r["out"]), int(r["granted"]), int(r["uncredited"]), int(r["released"]))
+        elif kind == "lease":
+            self._apply_lease(int(r["v"]), list(r["ids"]), list(r["drop"]), r["smax"])
+        elif kind == "commit":
+            self._apply_commit(int(r["v"]), list(r["done"]), list(r["reuse"]), int(r["unknown"]))
+        elif kind == "requeue":
+            self._apply_requeue(int(r["v"]), int(r["through"]))
+        elif kind == "version":
+            self.learner_version = int(r["v"])
+        elif kind == "state":
+            self._apply_state(r)
+        elif kind == "seen":
+            self._seen.update(r["ids"])
+        elif kind == "group":
+            self._apply_snapshot_group(r)
+        else:
+            raise ValueError(f"unknown record kind {kind!r}")
+
+    def _log(self, record: Record) -> None:
+        self._sink.append(record)
+
+    # ---------------------------------------------------------------------------------- generators
+
+    def generator_hello(self, generator_id: str) -> int:
+        """A generator (re)started: it holds no credits any more, so its outstanding ones are
+        released back to the line. Returns the learner version to tell it."""
+        _check_id(generator_id, "generator_id")
+        held = self._credits.get(generator_id, 0)
+        if held:
+            self._log_credit(generator_id, 0, granted=0, uncredited=0, released=held)
+        return self.learner_version
+
+    def grant_credits(self, generator_id: str, want: int) -> int:
+        """Grant up to `want` credits, as many as the admission line has room for."""
+        _check_id(generator_id, "generator_id")
+        if not isinstance(want, int) or want < 0:
+            raise BufferInputError(f"want must be an int >= 0 (credits the generator could use now), got {want!r}")
+        granted = min(want, self.room)
+        if granted:
+            out = self._credits.get(generator_id, 0) + granted
+            self._log_credit(generator_id, out, granted=granted, uncredited=0, released=0)
+        return granted
+
+    def add_groups(self, generator_id: str, groups: Sequence[Group], filtered: int = 0) -> AckResult:
+        """Accept new groups, recognise resends, and redeem credits.
+
+        Every group that is not a duplicate redeems one credit of `generator_id`, and so does
+        each of the `filtered` groups the generator dropped by dynamic sampling since its last
+        message. Groups with a wrong sample count, or beyond capacity_groups, are rejected.
+        """
+        _check_id(generator_id, "generator_id")
+        if not isinstance(filtered, int) or filtered < 0:
+            raise BufferInputError(f"filtered must be an int >= 0, got {filtered!r}")
+        result = AckResult()
+        seen_now: set[str] = set()
+        reasons: dict[str, int] = {}
+        for group in groups:
+            gid = group.group_id
+            if gid in self._seen or gid in seen_now:
+                result.duplicates.append(gid)
+                continue
+            reason = self._rejection_reason(group, len(result.accepted))
+            if reason is not None:
+                result.rejected.append((gid, reason))
+                reasons[reason] = reasons.get(reason, 0) + 1
+                continue
+            seen_now.add(gid)
+            at = self._clock()
+            self._log({"k": "accept", "g": group.to_wire(), "t": at})
+            self._apply_accept(group, at)
+            result.accepted.append(gid)
+        if result.duplicates:
+            self._log({"k": "duplicate", "n": len(result.duplicates)})
+            self._counters["duplicates"] += len(result.duplicates)
+        for reason, n in reasons.items():
+            self._log({"k": "reject_groups", "reason": reason, "n": n})
+            self._apply_rejected(self._rejected_groups, reason, n)
+        redeemed = len(result.accepted) + len(result.rejected) + filtered
+        if redeemed:
+            held = self._credits.get(generator_id, 0)
+            self._log_credit(
+                generator_id, max(0, held - redeemed), granted=0, uncredited=max(0, redeemed - held), released=0
+            )
+        return result
+
+    def _rejection_reason(self, group: Group, accepted_so_far: int) -> str | None:
+        if group.num_samples != self.policy.group_size:
+            return "wrong_group_size"
+        if self.held + accepted_so_far >= self.policy.capacity_groups:
+            # Only reachable by groups sent without a credit: credits never exceed the cap.
+            return "buffer_full"
+        return None
+
+    def _log_credit(self, gen: str, out: int, *, granted: int, uncredited: int, released: int) -> None:
+        self._log(
+            {"k": "credit", "gen": gen, "out": out, "granted": granted, "uncredited": uncredited, "released": released}
+        )
+        self._apply_credit(gen, out, granted, uncredited, released)
+
+    # ---------------------------------------------------------------------------------- learner
+
+    def learner_hello(self, learner_version: int, committed_through: int) -> int:
+        """The learner (re)started from its checkpoint at `learner_version`: whatever it had
+        leased is lost with its process, so every LEASED group returns to the front of the
+        queue, in the order it was served. Returns how many were requeued."""
+        _check_version(learner_version, "learner_version")
+        _check_version(committed_through, "committed_through")
+        n = len(self._leased)
+        self._log({"k": "requeue", "v": learner_version, "through": committed_through})
+        self._apply_requeue(learner_version, committed_through)
+        return n
+
+    def serve(self, learner_version: int, max_groups: int, max_tokens: int = 0, max_bytes: int = 0) -> ServeResult:
+        """Lease up to `max_groups` waiting groups, front first, for the learner at `learner_version`.
+
+        With `max_tokens` > 0 the batch stops before its `Group.num_tokens` would exceed it, and
+        with `max_bytes` > 0 before its estimated wire size (`wire_bytes`) would; either way it
+        always holds at least one group. The i-th group served at this learner version is trained
+        at v + floor(i / B_v); a group whose oldest token is more than max_staleness versions
+        older than that is dropped (kept only as a seen id) and counted, never served.
+        """
+        _check_version(learner_version, "learner_version")
+        if not isinstance(max_groups, int) or max_groups < 1:
+            raise BufferInputError(f"max_groups must be an int >= 1, got {max_groups!r}")
+        if not isinstance(max_tokens, int) or max_tokens < 0:
+            raise BufferInputError(f"max_tokens must be an int >= 0 (0: no token budget), got {max_tokens!r}")
+        if not isinstance(max_bytes, int) or max_bytes < 0:
+            raise BufferInputError(f"max_bytes must be an int >= 0 (0: no size budget), got {max_bytes!r}")
+        pos = self._pos if self._pos_version == learner_version else 0
+        chosen: list[str] = []
+        dropped: list[str] = []
+        staleness: list[int] = []
+        tokens = 0
+        nbytes = 0
+        for gid, entry in self._waiting.items():
+            if len(chosen) >= max_groups:
+                break
+            trained_at = learner_version + (pos + len(chosen)) // self.policy.groups_per_version
+            stale = trained_at - entry.group.min_version
+            if stale > self.policy.max_staleness:
+                dropped.append(gid)
+                continue
+            n = entry.group.num_tokens
+            size = wire_bytes(entry.group)
+            if chosen and ((max_tokens and tokens + n > max_tokens) or (max_bytes and nbytes + size > max_bytes)):
+                break
+            chosen.append(gid)
+            staleness.append(stale)
+            tokens += n
+            nbytes += size
+        groups = [self._waiting[gid].group for gid in chosen]
+        if chosen or dropped:
+            smax = max(staleness) if staleness else None
+            self._log({"k": "lease", "v": learner_version, "ids": chosen, "drop": dropped, "smax": smax})
+            self._apply_lease(learner_version, chosen, dropped, smax)
+        else:
+            self._note_version(learner_version)
+        return ServeResult(groups, dropped, staleness)
+
+    def commit(self, learner_version: int, group_ids: Sequence[str]) -> CommitResult:
+        """The learner checkpointed these groups. Waiting ones count too: a commit resent after
+        a `learner_hello` must still retire groups that the hello requeued."""
+        _check_version(learner_version, "learner_version")
+        done: list[str] = []
+        reuse: list[str] = []
+        unknown: list[str] = []
+        for gid in dict.fromkeys(group_ids):  # ordered de-duplication
+            entry = self._leased.get(gid) or self._waiting.get(gid)
+            if entry is None:
+                unknown.append(gid)
+            elif entry.uses + 1 < self.policy.max_reuse:
+                reuse.append(gid)
+            else:
+                done.append(gid)
+        if done or reuse or unknown:
+            record = {"k": "commit", "v": learner_version, "done": done, "reuse": reuse, "unknown": len(unknown)}
+            self._log(record)
+            self._apply_commit(learner_version, done, reuse, len(unknown))
+        else:
+            self._note_version(learner_version)
+        return CommitResult(done, reuse, unknown)
+
+    def count_rejected_message(self, reason: str, n: int = 1) -> None:
+        """Count malformed or misdirected messages (the service forwards the endpoint's counts)."""
+        if n <= 0:
+            return
+        self._log({"k": "reject_message", "reason": reason, "n": n})
+        self._apply_rejected(self._rejected_messages, reason, n)
+
+    def _note_version(self, v: int) -> None:
+        if v != self.learner_version:
+            self._log({"k": "version", "v": v})
+            self.learner_version = v
+
+    # ---------------------------------------------------------------------------------- apply
+
+    def _apply_accept(self, group: Group, at: float) -> None:
+        self._waiting[group.group_id] = _Entry(group, at)
+        self._seen.add(group.group_id)
+        self._counters["accepted"] += 1
+
+    def _apply_rejected(self, table: dict[str, int], reason: str, n: int) -> None:
+        table[reason] = table.get(reason, 0) + n
+
+    def _apply_credit(self, gen: str, out: int, granted: int, uncredited: int, released: int) -> None:
+        if out:
+            self._credits[gen] = out
+        else:
+            self._credits.pop(gen, None)
+        self._counters["credits_granted"] += granted
+        self._counters["uncredited"] += uncredited
+        self._counters["credits_released"] += released
+
+    def _apply_lease(self, v: int, ids: list[str], drop: list[str], smax: int | None) -> None:
+        self.learner_version = v
+        if self._pos_version != v:
+            self._pos_version, self._pos = v, 0
+        self._pos += len(ids)
+        for gid in ids:
+            self._leased[gid] = self._waiting.pop(gid)
+        for gid in drop:
+            del self._waiting[gid]
+        self._counters["served"] += len(ids)
+        self._counters["dropped_stale"] += len(drop)
+        if smax is not None:
+            best = self._max_staleness_served
+            self._max_staleness_served = smax if best is None else max(best, smax)
+
+    def _apply_commit(self, v: int, done: list[str], reuse: list[str], unknown: int) -> None:
+        self.learner_version = v
+        for gid in done:
+            self._leased.pop(gid, None) or self._waiting.pop(gid)
+        for gid in reuse:
+            entry = self._leased.pop(gid, None) or self._waiting.pop(gid)
+            entry.uses += 1
+            self._waiting[gid] = entry  # to the back: a reused group is the least urgent
+        self._counters["committed"] += len(done) + len(reuse)
+        self._counters["reused"] += len(reuse)
+        self._counters["commit_unknown"] += unknown
+
+    def _apply_requeue(self, v: int, through: int) -> None:
+        leased = list(self._leased.items())
+        self._leased.clear()
+        for gid, entry in reversed(leased):
+            self._waiting[gid] = entry
+            self._waiting.move_to_end(gid, last=False)
+        self._counters["requeued"] += len(leased)
+        self.learner_version = v
+        self.committed_through = through
+        self._pos_version, self._pos = -1, 0
+
+    # ---------------------------------------------------------------------------------- snapshot
+
+    def snapshot_records(self) -> Iterator[Record]:
+        """The whole state as records that `restore` accepts: state, seen ids, then groups in
+        queue order (waiting front to back, then leased in serve order)."""
+        yield {
+            "k": "state",
+            "format": SNAPSHOT_FORMAT,
+            "counters": dict(self._counters),
+            "rejected_messages": dict(self._rejected_messages),
+            "rejected_groups": dict(self._rejected_groups),
+            # A list of pairs, not a map: there may be more generators than a map may have keys.
+            "credits": [[gen, n] for gen, n in self._credits.items()],
+            "v": self.learner_version,
+            "through": self.committed_through,
+            "pos": [self._pos_version, self._pos],
+            "smax": self._max_staleness_served,
+        }
+        ids = sorted(self._seen)
+        for start in range(0, len(ids), SEEN_IDS_PER_RECORD):
+            yield {"k": "seen", "ids": ids[start : start + SEEN_IDS_PER_RECORD]}
+        for state, table in ((GroupState.WAITING, self._waiting), (GroupState.LEASED, self._leased)):
+            for entry in table.values():
+                yield {
+                    "k": "group",
+                    "state": state.value,
+                    "uses": entry.uses,
+                    "t": entry.accepted_at,
+                    "g": entry.group.to_wire(),
+                }
+
+    def _apply_state(self, r: Record) -> None:
+        if r["format"] != SNAPSHOT_FORMAT:
+            raise ValueError(f"snapshot format {r['format']} is not {SNAPSHOT_FORMAT}")
+        for name, value in r["counters"].items():
+            if name in self._counters:
+                self._counters[name] = int(value)
+        self._rejected_messages = {str(k): int(v) for k, v in r["rejected_messages"].items()}
+        self._rejected_groups = {str(k): int(v) for k, v in r["rejected_groups"].items()}
+        self._credits = {str(gen): int(n) for gen, n in r["credits"] if int(n) > 0}
+        self.learner_version = int(r["v"])
+        self.committed_through = int(r["through"])
+        self._pos_version, self._pos = (int(x) for x in r["pos"])
+        self._max_staleness_served = None if r["smax"] is None else int(r["smax"])
+
+    def _apply_snapshot_group(self, r: Record) -> None:
+        group = Group.from_wire(r["g"])
+        entry = _Entry(group, float(r["t"]), int(r["uses"]))
+        table = self._waiting if GroupState(r["state"]) is GroupState.WAITING else self._leased
+        table[group.group_id] = entry
+        self._seen.add(group.group_id)
+
+    # ---------------------------------------------------------------------------------- views
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_leased(self) -> int:
+        return len(self._leased)
+
+    @property
+    def held(self) -> int:
+        """Groups stored: waiting + leased."""
+        return len(self._waiting) + len(self._leased)
+
+    @property
+    def credits_outstanding(self) -> int:
+        return sum(self._credits.values())
+
+    def credits_of(self, generator_id: str) -> int:
+        return self._credits.get(generator_id, 0)
+
+    @property
+    def line(self) -> int:
+        """The admission line: waiting groups + credits that may still turn into groups."""
+        return len(self._waiting) + self.credits_outstanding
+
+    @property
+    def line_limit(self) -> int:
+        return max(0, min(self.policy.line_capacity, self.policy.capacity_groups - len(self._leased)))
+
+    @property
+    def room(self) -> int:
+        """Credits that may be granted now."""
+        return max(0, self.line_limit - self.line)
+
+    def waiting_ids(self) -> list[str]:
+        return list(self._waiting)
+
+    def leased_ids(self) -> list[str]:
+        return list(self._leased)
+
+    def state_of(self, group_id: str) -> GroupState | None:
+        if group_id in self._waiting:
+            return GroupState.WAITING
+        if group_id in self._leased:
+            return GroupState.LEASED
+        if group_id in self._seen:
+            return GroupState.COMMITTED
+        return None
+
+    def oldest_waiting_age_s(self) -> float:
+        """Seconds since the group at the front of the queue was accepted (0 when empty)."""
+        if not self._waiting:
+            return 0.0
+        front = next(iter(self._waiting.values()))
+        return max(0.0, self._clock() - front.accepted_at)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and depths for the run summary and the metrics exporter (plain JSON types)."""
+        return {
+            **self._counters,
+            "rejected_messages": dict(self._rejected_messages),
+            "rejected_groups": dict(self._rejected_groups),
+            "credits_outstanding": self.credits_outstanding,
+            "max_staleness_served": self._max_staleness_served,
+            "waiting": len(self._waiting),
+            "leased": len(self._leased),
+            "seen_ids": len(self._seen),
+            "line": self.line,
+            "line_capacity": self.line_limit,
+            "learner_version": self.learner_version,
+            "committed_through": self.committed_through,
+        }
+
+
+_WIRE_OVERHEAD_PER_SAMPLE = 160
+"""msgpack keys, scalars and three array headers of one sample, rounded up."""
+_WIRE_OVERHEAD_PER_GROUP = 256
+
+
+def wire_bytes(group: Group) -> int:
+    """An upper estimate of a group's encoded size: its array bytes plus per-field overhead.
+    Used to keep a batch under the learner's message size limit."""
+    arrays = group.prompt_tokens.nbytes + sum(
+        s.tokens.nbytes + s.logprobs.nbytes + s.versions.nbytes for s in group.samples
+    )
+    strings = len(group.group_id) + len(group.prompt_id) + len(group.generator_id) + 4 * len(group.gold)
+    return _WIRE_OVERHEAD_PER_GROUP + strings + arrays + _WIRE_OVERHEAD_PER_SAMPLE * len(group.samples)
+
+
+def _check_id(value: Any, name: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise BufferInputError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def _check_version(value: Any, name: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BufferInputError(f"{name} must be an int >= 0 (optimizer steps taken), got {value!r}")

@@ -1,0 +1,331 @@
+"""Prompts in the DAPO-Math-17k schema, and the endless sharded stream generators draw them from.
+
+One row (parquet or JSON lines)::
+
+    {"data_source": "math_dapo",
+     "prompt": [{"role": "user", "content": "Solve the following math problem ..."}],
+     "ability": "MATH",
+     "reward_model": {"ground_truth": "34", "style": "rule"},
+     "extra_info": {"index": "9a9b6eb4-..."}}
+
+``prompt`` and ``reward_model.ground_truth`` are required; ``data_source``, ``ability`` and
+``extra_info`` are optional. The public parquet file repeats each of its ~17k prompts about 100 times,
+so ``load_prompts`` keeps the first row of each distinct prompt and counts the rest; prompts longer
+than ``max_prompt_len`` tokens after the chat template are skipped and counted too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = [
+    "LoadStats",
+    "PromptItem",
+    "PromptStream",
+    "SchemaError",
+    "StreamState",
+    "load_prompts",
+    "prompt_id_of",
+    "read_rows",
+]
+
+log = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = ("prompt", "reward_model")
+SCHEMA_HELP = (
+    "expected the DAPO-Math-17k schema: prompt (list of {role, content} messages), "
+    "reward_model ({ground_truth: str, style: str}), and optionally data_source (str), ability (str), "
+    "extra_info (dict)"
+)
+_PARQUET_BATCH_ROWS = 8192
+
+
+class SchemaError(ValueError):
+    """A data file that does not follow the DAPO-Math-17k schema."""
+
+
+class ChatTokenizer(Protocol):
+    """What the loader needs from a Hugging Face tokenizer."""
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+    def __call__(self, text: str, **kwargs: Any) -> Any: ...
+
+
+@dataclass
+class PromptItem:
+    """One distinct prompt, tokenized with the model's chat template."""
+
+    prompt_id: str
+    """Stable id: a hash of the prompt messages (the same text always gets the same id)."""
+    messages: list[dict[str, str]]
+    prompt_token_ids: list[int]
+    gold: str
+    """The ground-truth answer the verifier compares against."""
+    data_source: str
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    """The row's ``extra_info`` (the synthetic task keeps its worked solution here)."""
+
+
+@dataclass
+class LoadStats:
+    """What ``load_prompts`` did with the rows of a file."""
+
+    rows: int = 0
+    duplicates: int = 0
+    """Rows whose prompt text was already seen (the first occurrence is kept)."""
+    gold_conflicts: int = 0
+    """Duplicates whose ground truth differs from the kept row's (a data problem worth knowing)."""
+    too_long: int = 0
+    """Distinct prompts longer than max_prompt_len tokens after the chat template."""
+    kept: int = 0
+
+
+def prompt_id_of(messages: Sequence[dict[str, str]]) -> str:
+    """Stable id of a prompt: sha256 of its canonical JSON, 16 hex digits."""
+    canonical = json.dumps([{"role": m["role"], "content": m["content"]} for m in messages], sort_keys=True)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading rows
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_columns(columns: Iterable[str], path: Path) -> None:
+    present = set(columns)
+    for name in REQUIRED_COLUMNS:
+        if name not in present:
+            raise SchemaError(f"{path}: missing column '{name}' (columns: {sorted(present)}); {SCHEMA_HELP}")
+
+
+def _read_parquet(path: Path) -> Iterator[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    # Batches, not the whole table: the public file has ~1.8M rows, mostly duplicates.
+    parquet = pq.ParquetFile(path)
+    _check_columns(parquet.schema_arrow.names, path)
+    for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+        yield from batch.to_pylist()
+
+
+def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SchemaError(f"{path}:{line_no}: not valid JSON ({exc}); one JSON object per line") from None
+            if not isinstance(row, dict):
+                raise SchemaError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
+            _check_columns(row.keys(), Path(f"{path}:{line_no}"))
+            yield row
+
+
+def read_rows(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Rows of a .parquet or .jsonl/.json-lines file, with the required columns checked."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"data file {path} not found; set data.train_path / data.eval_path to an existing "
+            ".parquet or .jsonl file, or leave them unset to use the synthetic task"
+        )
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return _read_parquet(path)
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return _read_jsonl(path)
+    raise SchemaError(f"{path}: unknown file type '{suffix}'; use .parquet or .jsonl (one JSON object per line)")
+
+
+def _parse_row(row: dict[str, Any], where: str) -> tuple[list[dict[str, str]], str]:
+    """Validate one row; return its messages and gold answer."""
+    prompt = row["prompt"]
+    if isinstance(prompt, np.ndarray):  # some parquet writers hand lists back as arrays
+        prompt = prompt.tolist()
+    if not isinstance(prompt, list) or not prompt:
+        raise SchemaError(f"{where}: 'prompt' must be a non-empty list of messages; {SCHEMA_HELP}")
+    messages = []
+    for msg in prompt:
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) or not isinstance(msg.get("content"), str):
+            raise SchemaError(
+                f"{where}: every 'prompt' message needs string 'role' and 'content', got {msg!r}; {SCHEMA_HELP}"
+            )
+        messages.append({"role": msg["role"], "content": msg["content"]})
+    reward_model = row["reward_model"]
+    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+        raise SchemaError(f"{where}: 'reward_model' must be a dict with 'ground_truth'; {SCHEMA_HELP}")
+    return messages, str(reward_model["ground_truth"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------
+
+
+def encode_prompt(tokenizer: ChatTokenizer, messages: Sequence[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` under the model's chat template, ending in the assistant header."""
+    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    # The template already spells every special token the model expects; adding BOS/EOS on top
+    # would put tokens in the prompt that the model never sees in this position.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def load_prompts(
+    path: str | Path, tokenizer: ChatTokenizer, max_prompt_len: int
+) -> tuple[list[PromptItem], LoadStats]:
+    """Read, validate, de-duplicate and tokenize a DAPO-schema file.
+
+    Returns the kept prompts in file order (first occurrence of each distinct prompt) and the counts.
+    """
+    if max_prompt_len < 1:
+        raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
+    stats = LoadStats()
+    gold_of: dict[str, str] = {}
+    items: list[PromptItem] = []
+    for row in read_rows(path):
+        stats.rows += 1
+        messages, gold = _parse_row(row, f"{path}: row {stats.rows}")
+        pid = prompt_id_of(messages)
+        if pid in gold_of:
+            stats.duplicates += 1
+            stats.gold_conflicts += gold_of[pid] != gold
+            continue
+        gold_of[pid] = gold
+        ids = encode_prompt(tokenizer, messages)
+        if len(ids) > max_prompt_len:
+            stats.too_long += 1
+            continue
+        extra = row.get("extra_info")
+        items.append(
+            PromptItem(
+                prompt_id=pid,
+                messages=messages,
+                prompt_token_ids=ids,
+                gold=gold,
+                data_source=str(row.get("data_source") or Path(path).stem),
+                extra_info=dict(extra) if isinstance(extra, dict) else {},
+            )
+        )
+    stats.kept = len(items)
+    if stats.rows == 0:
+        raise SchemaError(f"{path}: no rows; {SCHEMA_HELP}")
+    log.info(
+        "%s: %d rows, %d duplicates, %d too long (> %d tokens), %d prompts kept",
+        path,
+        stats.rows,
+        stats.duplicates,
+        stats.too_long,
+        max_prompt_len,
+        stats.kept,
+    )
+    if stats.gold_conflicts:
+        log.warning("%s: %d duplicate prompts disagree on ground_truth; the first is used", path, stats.gold_conflicts)
+    if not items:
+        raise ValueError(f"{path}: every prompt is longer than model.max_prompt_len={max_prompt_len}; raise it")
+    return items, stats
+
+
+# --------------------------------------------------------------------------------------------------
+# The endless, sharded stream
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """Where a ``PromptStream`` resumes: the next item is ``position`` in the shard's order of ``epoch``."""
+
+    epoch: int = 0
+    position: int = 0
+
+
+class PromptStream:
+    """An endless iterator over one shard of the prompts, epoch after epoch.
+
+    Every epoch, all prompts are shuffled with a generator seeded by ``(seed, epoch)`` and generator
+    ``shard_index`` of ``num_shards`` takes every ``num_shards``-th prompt of that order, starting at
+    ``shard_index``. So within an epoch each prompt goes to exactly one generator, the shards differ
+    in size by at most one, the order is the same on every run with the same seed, and it changes from
+    epoch to epoch. All generators must be given the same prompts and seed.
+
+    Example: 5 prompts, 2 shards, epoch 0 order [3, 0, 4, 1, 2] -> shard 0 gets 3, 4, 2; shard 1 gets
+    0, 1. ``state`` after two ``next`` calls on shard 0 is ``StreamState(epoch=0, position=2)``.
+    """
+
+    def __init__(
+        self,
+        prompts: Sequence[PromptItem],
+        *,
+        seed: int = 0,
+        num_shards: int = 1,
+        shard_index: int = 0,
+        state: StreamState | None = None,
+    ) -> None:
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"shard_index {shard_index} is outside [0, {num_shards}); use 0..{num_shards - 1}")
+        if len(prompts) < num_shards:
+            raise ValueError(
+                f"{len(prompts)} prompts cannot feed {num_shards} generators (a shard would be empty); "
+                "lower generator.num_generators or add prompts"
+            )
+        self._prompts = list(prompts)
+        self._seed = seed
+        self._num_shards = num_shards
+        self._shard_index = shard_index
+        state = state or StreamState()
+        self._epoch = state.epoch
+        self._order = self._shard_order(state.epoch)
+        if not 0 <= state.position <= len(self._order):
+            raise ValueError(
+                f"resume position {state.position} is outside this shard's {len(self._order)} prompts; "
+                "the saved state belongs to a different data set or shard layout"
+            )
+        self._position = state.position
+        self._last_epoch = state.epoch
+
+    def _shard_order(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng([self._seed, epoch])
+        return rng.permutation(len(self._prompts))[self._shard_index :: self._num_shards]
+
+    def shard_indices(self, epoch: int) -> list[int]:
+        """Indices (into ``prompts``) this shard serves in ``epoch``, in order."""
+        return [int(i) for i in self._shard_order(epoch)]
+
+    @property
+    def shard_size(self) -> int:
+        return len(self._order)
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the item ``next`` returned last."""
+        return self._last_epoch
+
+    @property
+    def state(self) -> StreamState:
+        """Resume point: a new stream built with this state continues with the next item."""
+        return StreamState(self._epoch, self._position)
+
+    def __iter__(self) -> PromptStream:
+        return self
+
+    def __next__(self) -> PromptItem:
+        if self._position >= len(self._order):
+            self._epoch += 1
+            self._order = self._shard_order(self._epoch)
+            self._position = 0
+        item = self._prompts[int(self._order[self._position])]
+        self._last_epoch = self._epoch
+        self._position += 1
+        return item

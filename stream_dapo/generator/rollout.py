@@ -1,0 +1,201 @@
+"""From a finished group of vLLM samples to the transport `Group` the buffer admits.
+
+The order follows DESIGN.md and the paper:
+
+1. verify every response against the gold answer (the ``VerifierPool``: timeouts score -1);
+2. dynamic sampling decides on *accuracy*, before any shaping: keep iff 0 < #correct < G;
+3. only for a kept group: outcome reward plus soft overlong punishment, the overlong-filter mask,
+   and group-relative advantages over the shaped rewards;
+4. pack arrays with the wire dtypes (int32 tokens and versions, float32 log-probs).
+
+Everything here is plain data in, plain data out (the verifier is passed in), so it is unit-tested with
+hand-made groups and no vLLM.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from stream_dapo.config import AlgoConfig
+from stream_dapo.core.advantages import compute_group_advantages
+from stream_dapo.core.filtering import FilterDecision, dynamic_sampling_filter
+from stream_dapo.core.rewards import RewardShaping, shape_rewards
+from stream_dapo.transport.messages import Group, Sample
+from stream_dapo.verifier.core import VerifyResult
+
+__all__ = [
+    "ADVANTAGE_EPS",
+    "FinishedGroup",
+    "FinishedSample",
+    "GroupOutcome",
+    "RolloutSettings",
+    "Verifier",
+    "build_group",
+    "process_group",
+]
+
+ADVANTAGE_EPS = 1e-6
+"""Added to the group std; the same value as ``compute_group_advantages``' default."""
+
+
+@dataclass
+class FinishedSample:
+    """One finished response as the engine returns it.
+
+    Arrays have length L (response tokens, the EOS token included when generation stopped on it):
+    ``token_ids`` int32, ``logprobs`` float32 (behaviour log-prob of each sampled token),
+    ``versions`` int32 (policy version that sampled each token).
+    """
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    text: str
+    finish_reason: str
+    """vLLM's reason: "stop" (EOS or stop string), "length" (max tokens), "abort"."""
+
+    @property
+    def truncated(self) -> bool:
+        """Generation hit the length limit before the model ended its answer."""
+        return self.finish_reason == "length"
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+@dataclass
+class FinishedGroup:
+    """All G responses to one prompt, ready for post-processing."""
+
+    group_id: str
+    prompt_id: str
+    gold: str
+    prompt_token_ids: np.ndarray
+    """int32 [P]."""
+    created_at: float
+    """Unix time the group was started in the engine."""
+    samples: list[FinishedSample]
+    start_version: int = 0
+    """Policy version when the group was started (its first tokens' version)."""
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """The recipe switches post-processing needs (a view of ``AlgoConfig``)."""
+
+    shaping: RewardShaping
+    dynamic_sampling: bool = True
+    adv_scale_by_std: bool = True
+
+    @classmethod
+    def from_config(cls, algo: AlgoConfig) -> RolloutSettings:
+        return cls(
+            shaping=RewardShaping(
+                soft_overlong=algo.soft_overlong,
+                max_response_len=algo.max_response_len,
+                overlong_cache_len=algo.overlong_cache_len,
+                overlong_factor=algo.overlong_factor,
+                overlong_filter=algo.overlong_filter,
+            ),
+            dynamic_sampling=algo.dynamic_sampling,
+            adv_scale_by_std=algo.adv_scale_by_std,
+        )
+
+
+class Verifier(Protocol):
+    """What ``process_group`` needs of ``stream_dapo.verifier.VerifierPool``."""
+
+    def verify_batch(self, items: Sequence[tuple[str, str]]) -> list[VerifyResult]: ...
+
+
+@dataclass
+class GroupOutcome:
+    """What became of one finished group.
+
+    ``group`` is None when dynamic sampling dropped it; ``rewards`` and ``advantages`` are then empty
+    (no shaping is done for a group that will not be trained on).
+    """
+
+    decision: FilterDecision
+    results: list[VerifyResult]
+    group: Group | None
+    rewards: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    advantages: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    verify_seconds: float = 0.0
+
+    @property
+    def accepted(self) -> bool:
+        return self.group is not None
+
+
+def build_group(
+    finished: FinishedGroup,
+    results: Sequence[VerifyResult],
+    settings: RolloutSettings,
+    generator_id: str,
+) -> GroupOutcome:
+    """Filter, shape, compute advantages and pack one group, given its verifier results."""
+    samples = finished.samples
+    if len(results) != len(samples):
+        raise ValueError(f"group {finished.group_id}: {len(samples)} samples but {len(results)} verifier results")
+    for i, s in enumerate(samples):
+        if len(s) == 0:
+            raise ValueError(
+                f"group {finished.group_id} sample {i} has no response tokens; set algo.max_response_len >= 1"
+            )
+        if not len(s) == s.logprobs.shape[0] == s.versions.shape[0]:
+            raise ValueError(
+                f"group {finished.group_id} sample {i}: tokens, logprobs and versions lengths differ "
+                f"({len(s)}, {s.logprobs.shape[0]}, {s.versions.shape[0]})"
+            )
+    correct = np.array([r.correct for r in results], dtype=bool)
+    decision = dynamic_sampling_filter(correct, enabled=settings.dynamic_sampling)
+    if not decision.keep:
+        return GroupOutcome(decision=decision, results=list(results), group=None)
+
+    lengths = np.array([len(s) for s in samples], dtype=np.int64)
+    truncated = np.array([s.truncated for s in samples], dtype=bool)
+    shaped = shape_rewards(correct, lengths, truncated, settings.shaping)
+    advantages = compute_group_advantages(shaped.rewards, scale_by_std=settings.adv_scale_by_std, eps=ADVANTAGE_EPS)
+    wire_samples = [
+        Sample(
+            tokens=s.token_ids.astype(np.int32, copy=False),
+            logprobs=s.logprobs.astype(np.float32, copy=False),
+            versions=s.versions.astype(np.int32, copy=False),
+            reward=float(shaped.rewards[i]),
+            correct=bool(correct[i]),
+            truncated=bool(truncated[i]),
+            advantage=float(advantages[i]),
+            loss_weight=float(shaped.loss_mask[i]),
+        )
+        for i, s in enumerate(samples)
+    ]
+    group = Group(
+        group_id=finished.group_id,
+        prompt_id=finished.prompt_id,
+        generator_id=generator_id,
+        gold=finished.gold,
+        prompt_tokens=np.asarray(finished.prompt_token_ids, dtype=np.int32),
+        created_at=finished.created_at,
+        samples=wire_samples,
+    )
+    return GroupOutcome(
+        decision=decision, results=list(results), group=group, rewards=shaped.rewards, advantages=advantages
+    )
+
+
+def process_group(
+    finished: FinishedGroup, verifier: Verifier, settings: RolloutSettings, generator_id: str
+) -> GroupOutcome:
+    """Verify a finished group's responses, then ``build_group``. Safe to run on a worker thread."""
+    start = time.perf_counter()
+    results = verifier.verify_batch([(s.text, finished.gold) for s in finished.samples])
+    seconds = time.perf_counter() - start
+    outcome = build_group(finished, results, settings, generator_id)
+    outcome.verify_seconds = seconds
+    return outcome

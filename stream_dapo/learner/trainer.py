@@ -1,0 +1,735 @@
+"""The learner: a DeepSpeed engine that takes one DAPO optimizer step per mini-batch.
+
+One step (``train_step``), for a mini-batch of groups:
+
+1. ``prepare``: every data-parallel rank gets the whole mini-batch, takes a token-balanced share of
+   its sequences, packs the share into micro-batches and pads the micro-batch count to the largest
+   on any rank (ZeRO-2/3 communicate inside forward/backward, so all ranks must run the same number).
+   The valid-token count T (and the sequence count) is all-reduced over ranks.
+2. ``accumulate_gradients``: forward/backward of every micro-batch with ``policy_loss(...,
+   global_tokens=T)``. DeepSpeed's own scaling is undone exactly: ``backward(scale_wrt_gas=False)``
+   skips its division by the accumulation steps, and the loss is multiplied by the data-parallel
+   world size because DeepSpeed averages gradients over ranks. The accumulated gradient is then the
+   gradient of the one-big-batch token-mean loss, however the batch is split.
+3. ``apply_update``: ``engine.step()`` (gradient clipping, AdamW, LR warm-up), version += 1.
+
+Gradient accumulation is caller-owned (``managed_gradient_accumulation: false``): the number of
+micro-batches changes every step, so the boundary is simply the ``step()`` call.
+
+The proximal log-probs of the decoupled loss come from ``compute_logprobs`` on the same packed
+micro-batches before any step of the rollout batch (the service does that once per rollout batch).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import time
+import warnings
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from stream_dapo.config import Config, ConfigError
+from stream_dapo.core.loss import PolicyLossParams, policy_loss, token_entropy, token_logprobs
+from stream_dapo.learner.packing import (
+    MicroBatch,
+    TrainSequence,
+    pack_micro_batches,
+    packing_efficiency,
+    placeholder_micro_batch,
+    sequences_from_groups,
+)
+from stream_dapo.transport.messages import Group
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+    from transformers import PreTrainedModel
+
+__all__ = [
+    "Learner",
+    "MiniBatch",
+    "StepMetrics",
+    "deepspeed_config",
+    "init_distributed",
+    "loss_params_from_config",
+]
+
+log = logging.getLogger(__name__)
+
+DS_TAG = "deepspeed"
+"""Tag (sub-directory) of the DeepSpeed state inside a learner checkpoint directory."""
+LEARNER_STATE_FILE = "learner_state.json"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+"""Files copied from the source model directory into every HF export (the tokenizer and friends)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration and distributed start-up
+# --------------------------------------------------------------------------------------------------
+
+
+def loss_params_from_config(cfg: Config) -> PolicyLossParams:
+    """The loss switches of `algo` as `PolicyLossParams`."""
+    a = cfg.algo
+    return PolicyLossParams(
+        eps_low=a.eps_low,
+        eps_high=a.eps_high,
+        dual_clip_c=a.dual_clip_c,
+        ratio_mode=a.ratio_mode,
+        is_cap=a.is_cap,
+        is_mode=a.is_mode,
+        agg_mode=a.agg_mode,
+        kl_coef=a.kl_coef,
+        entropy_coef=a.entropy_coef,
+    )
+
+
+def deepspeed_config(cfg: Config, world_size: int, *, on_gpu: bool | None = None) -> dict[str, Any]:
+    """The DeepSpeed config dict for this learner.
+
+    Batch sizes are nominal (one "sample" per micro-batch): the learner owns accumulation
+    (``managed_gradient_accumulation: false``) and its own loss normalisation. No DeepSpeed LR
+    scheduler: warm-up is a torch ``LambdaLR`` handed to ``deepspeed.initialize``.
+
+    Raises:
+        ConfigError: float16 (needs loss scaling, not supported), or bfloat16 at ZeRO stage 0 (which
+            would accumulate gradients in bf16).
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    lc = cfg.learner
+    on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
+    dtype = cfg.model.dtype
+    if dtype == "float16":
+        raise ConfigError(
+            "the learner trains in float32 or bfloat16; float16 needs dynamic loss scaling, which it does "
+            "not do: set model.dtype=bfloat16 (GPU) or float32"
+        )
+    if dtype == "bfloat16" and lc.zero_stage == 0:
+        raise ConfigError(
+            "model.dtype=bfloat16 at learner.zero_stage=0 would accumulate gradients in bf16 across "
+            "micro-batches; set learner.zero_stage=1 (or higher) for fp32 accumulation and master weights, "
+            "or model.dtype=float32"
+        )
+    config: dict[str, Any] = {
+        "train_batch_size": world_size,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": lc.grad_clip,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": lc.lr,
+                "betas": list(lc.betas),
+                "eps": 1e-8,
+                "weight_decay": lc.weight_decay,
+                # torch's AdamW: no compiled op (DeepSpeed's fused/CPU Adam build for a minute on first use).
+                "torch_adam": True,
+            },
+        },
+        "zero_optimization": {
+            "stage": lc.zero_stage,
+            # Overlapped reduction needs streams; with caller-owned accumulation DeepSpeed allows it
+            # only where gradients are partitioned (stage >= 2).
+            "overlap_comm": bool(on_gpu and lc.zero_stage >= 2),
+        },
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": dtype == "bfloat16"},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if dtype == "bfloat16":
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _import_deepspeed() -> Any:
+    """Import DeepSpeed with the CPU accelerator where there is no GPU, and without its shm op.
+
+    DeepSpeed picks its accelerator once, at first import; ``DS_ACCELERATOR`` must be set before.
+    Its shared-memory all-reduce op only serves inference all-reduce, compiles for ~40 s on first use
+    and made one rank of a two-process run abort at exit: mark it incompatible so ``TorchBackend``
+    skips building it (``build_shm_op`` consults ``deepspeed.ops.__compatible_ops__``).
+    """
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    # ZeRO-2/3 warn about a deprecated API on every step; it is DeepSpeed talking to itself.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"deepspeed\..*")
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"deepspeed\..*")
+    return deepspeed
+
+
+def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, int]:
+    """Join (or create) the default process group; returns (rank, world_size, local_rank).
+
+    Under torchrun or the deepspeed launcher the environment already says who we are. A plain
+    process (a test, ``stream-dapo learner`` without a launcher) becomes rank 0 of 1 on a free local
+    port: without these variables DeepSpeed would try MPI discovery and fail. Backend: NCCL on GPUs,
+    gloo on the CPU. Idempotent.
+    """
+    if "WORLD_SIZE" in os.environ and "RANK" not in os.environ:
+        raise RuntimeError(
+            "WORLD_SIZE is set but RANK is not: start multi-process learners with torchrun or the deepspeed "
+            "launcher, which set RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT"
+        )
+    if "RANK" not in os.environ:
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+        )
+    deepspeed = _import_deepspeed()
+    on_gpu = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if on_gpu:
+        torch.cuda.set_device(local_rank)
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(
+            dist_backend="nccl" if on_gpu else "gloo",
+            auto_mpi_discovery=False,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    return torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank
+
+
+# --------------------------------------------------------------------------------------------------
+# Batches and metrics
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer step's data, as this rank sees it.
+
+    Attributes:
+        micro_batches: this rank's share, packed, padded with placeholders to the same count on
+            every rank.
+        global_tokens: loss tokens (mask sum) over the whole mini-batch and all ranks: the T of the
+            token-mean loss.
+        global_seqs: samples with at least one loss token, over the mini-batch (seq-mean modes).
+        global_real_tokens: prompt + response tokens of the mini-batch (for tokens/s).
+        group_ids: ids of the groups, in order.
+        reward_mean / accuracy: over all samples of the mini-batch.
+    """
+
+    micro_batches: list[MicroBatch]
+    global_tokens: int
+    global_seqs: int
+    global_real_tokens: int
+    group_ids: list[str]
+    reward_mean: float
+    accuracy: float
+    num_samples: int
+
+    @property
+    def packing_efficiency(self) -> float:
+        return packing_efficiency(self.micro_batches)
+
+
+@dataclass
+class StepMetrics:
+    """What one optimizer step reports (the same numbers on every rank)."""
+
+    version: int
+    """Learner version after the step."""
+    loss: float
+    pg_loss: float
+    entropy: float
+    clip_frac_low: float
+    clip_frac_high: float
+    clip_frac_dual: float
+    is_weight_mean: float
+    is_weight_max: float
+    masked_frac: float
+    approx_kl_behaviour: float
+    ratio_mean: float
+    kl_ref: float | None
+    grad_norm: float
+    lr: float
+    reward_mean: float
+    accuracy: float
+    groups: int
+    samples: int
+    loss_tokens: int
+    """Tokens the loss averaged over (T)."""
+    tokens: int
+    """Prompt + response tokens processed (real, unpadded)."""
+    tokens_per_second: float
+    step_seconds: float
+    packing_efficiency: float
+    micro_batches: int
+    max_staleness: int
+    """Largest (version at this step - behaviour version) over trained tokens; -1 if none."""
+    staleness_counts: dict[int, int] = field(default_factory=dict)
+    """Trained tokens per staleness value."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["staleness_counts"] = {str(k): v for k, v in sorted(self.staleness_counts.items())}
+        return out
+
+
+# Staleness values above this are pooled in the last slot of the all-reduced histogram.
+_MAX_TRACKED_STALENESS = 255
+# Loss metrics averaged over contributing tokens (weighted by num_tokens across micro-batches/ranks).
+_MEAN_METRICS = (
+    "clip_frac_low",
+    "clip_frac_high",
+    "clip_frac_dual",
+    "is_weight_mean",
+    "approx_kl_behaviour",
+    "ratio_mean",
+    "entropy",
+)
+# Loss terms already normalised by the global counts: they add up over micro-batches and ranks.
+_SUM_METRICS = ("loss", "pg_loss", "kl_ref")
+
+
+@dataclass
+class _Accumulated:
+    """Local sums over this rank's micro-batches, before the cross-rank reduction."""
+
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_SUM_METRICS, 0.0))
+    weighted: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_MEAN_METRICS, 0.0))
+    contributing: float = 0.0
+    given: float = 0.0
+    is_weight_max: float = 0.0
+    staleness: Counter[int] = field(default_factory=Counter)
+    has_kl: bool = False
+    started: float = field(default_factory=time.perf_counter)
+
+
+# --------------------------------------------------------------------------------------------------
+# The learner
+# --------------------------------------------------------------------------------------------------
+
+
+class Learner:
+    """A DeepSpeed-wrapped causal LM that trains on packed groups with the DAPO loss.
+
+    Construct it on every rank (collective). ``model`` overrides loading ``cfg.model.path`` (tests
+    pass a freshly built model); ``source_dir`` is where ``export_hf`` copies tokenizer files from
+    (default ``cfg.model.path``).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        model: PreTrainedModel | None = None,
+        *,
+        source_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.rank, self.world_size, self.local_rank = init_distributed()
+        self._ds = _import_deepspeed()
+        self.loss_params = loss_params_from_config(cfg)
+        self.source_dir = Path(source_dir if source_dir is not None else cfg.model.path)
+        torch.manual_seed(cfg.learner.seed)
+        dtype = getattr(torch, cfg.model.dtype)
+        if model is None:
+            model = self._load_model(dtype)
+        model = model.to(dtype)
+        model.config.use_cache = False
+        model.train()
+        # The frozen reference exists only for the KL ablation: a full copy of the weights.
+        self.ref_model: torch.nn.Module | None = None
+        if cfg.algo.kl_coef > 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.pad_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
+        self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+        ds_config = deepspeed_config(cfg, self.world_size)
+        warmup = cfg.learner.warmup_steps
+
+        def schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+            # Factor for the step about to be taken: 1/w, 2/w, ..., 1, then constant.
+            return torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+            )
+
+        engine, _, _, _ = self._ds.initialize(
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=ds_config,
+            lr_scheduler=schedule,
+            dist_init_required=False,
+        )
+        self.engine: DeepSpeedEngine = engine
+        self.device = torch.device(engine.device)
+        if self.ref_model is not None:
+            self.ref_model.to(self.device)
+        self.zero_stage = cfg.learner.zero_stage
+        self.version = 0
+        self._stage0_grad_norm: float | None = None
+        self._capture_stage0_grad_norm()
+
+    # ------------------------------------------------------------------ set-up helpers
+
+    def _load_model(self, dtype: torch.dtype) -> PreTrainedModel:
+        from transformers import AutoModelForCausalLM
+
+        path = Path(self.cfg.model.path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.path {str(path)!r} has no config.json; build the tiny model with `stream-dapo "
+                "init-model` / `stream-dapo warmup`, or point model.path at a Hugging Face model directory"
+            )
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+
+    def _capture_stage0_grad_norm(self) -> None:
+        """Record the pre-clip gradient norm where DeepSpeed does not keep it.
+
+        Without ZeRO (fp32, stage 0) the engine clips with ``clip_grad_norm_`` and drops the norm it
+        returns; ZeRO optimizers store it as ``_global_grad_norm``. Wrap the engine's clip call on
+        this instance to keep the value (the gradients are already all-reduced at that point).
+        """
+        from deepspeed.runtime.utils import clip_grad_norm_
+
+        engine = self.engine
+
+        def clip_and_record() -> None:
+            norm = clip_grad_norm_(
+                parameters=engine.module.parameters(), max_norm=engine.gradient_clipping(), mpu=engine.mpu
+            )
+            self._stage0_grad_norm = float(norm)
+
+        engine.clip_fp32_gradients = clip_and_record
+
+    # ------------------------------------------------------------------ collectives
+
+    def _all_reduce(self, values: Sequence[float], op: str) -> list[float]:
+        if self.world_size == 1:
+            return [float(v) for v in values]
+        t = torch.tensor(list(values), dtype=torch.float64, device=self._comm_device())
+        reduce_op = torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM
+        torch.distributed.all_reduce(t, op=reduce_op)
+        return t.cpu().tolist()
+
+    def _comm_device(self) -> torch.device:
+        return self.device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            torch.distributed.barrier()
+
+    # ------------------------------------------------------------------ data
+
+    def shard(self, sequences: Sequence[TrainSequence]) -> list[int]:
+        """Indices of the sequences this rank trains on: longest first, each to the rank with the
+        fewest tokens so far (deterministic, so every rank computes the same split)."""
+        if self.world_size == 1:
+            return list(range(len(sequences)))
+        loads = [0] * self.world_size
+        mine: list[int] = []
+        for i in sorted(range(len(sequences)), key=lambda i: (-len(sequences[i]), i)):
+            r = min(range(self.world_size), key=lambda r: (loads[r], r))
+            loads[r] += len(sequences[i])
+            if r == self.rank:
+                mine.append(i)
+        return sorted(mine)
+
+    def prepare(self, groups: Sequence[Group]) -> MiniBatch:
+        """Pack this rank's share of a mini-batch and count its tokens over all ranks (collective)."""
+        if not groups:
+            raise ValueError("a mini-batch needs at least one group")
+        seqs = sequences_from_groups(groups)
+        local = [seqs[i] for i in self.shard(seqs)]
+        micro = pack_micro_batches(local, self.cfg.learner.micro_batch_tokens, self.pad_id) if local else []
+        local_tokens = sum(float(mb.mask.sum()) for mb in micro)
+        local_seqs = sum(float((mb.mask.sum(dim=-1) > 0).sum()) for mb in micro)
+        local_real = sum(mb.real_tokens for mb in micro)
+        tokens, nseqs, real = self._all_reduce([local_tokens, local_seqs, local_real], "sum")
+        (count,) = self._all_reduce([len(micro)], "max")
+        micro.extend(placeholder_micro_batch(self.pad_id) for _ in range(int(count) - len(micro)))
+        samples = [s for g in groups for s in g.samples]
+        return MiniBatch(
+            micro_batches=micro,
+            global_tokens=int(round(tokens)),
+            global_seqs=int(round(nseqs)),
+            global_real_tokens=int(round(real)),
+            group_ids=[g.group_id for g in groups],
+            reward_mean=float(np.mean([s.reward for s in samples])),
+            accuracy=float(np.mean([s.correct for s in samples])),
+            num_samples=len(samples),
+        )
+
+    # ------------------------------------------------------------------ forward passes
+
+    def _logits(self, model: Any, mb: MicroBatch) -> Tensor:
+        """[B, W, V] logits of the micro-batch's window.
+
+        No attention mask is passed: rows are right-padded and attention is causal, so real tokens
+        never see padding, and padding rows stay finite (a fully masked query row would not).
+        """
+        out = model(input_ids=mb.input_ids, logits_to_keep=mb.logits_to_keep, use_cache=False)
+        return out.logits[:, :-1]
+
+    @torch.no_grad()
+    def compute_logprobs(self, micro_batches: Sequence[MicroBatch]) -> list[Tensor]:
+        """Per-token log-probs [B, W] of each micro-batch under the current weights, no gradient.
+
+        Collective under ZeRO-3 (every rank must pass the same number of micro-batches, which
+        `prepare` guarantees). Used for the proximal log-probs of the decoupled loss.
+        """
+        out = []
+        for mb in micro_batches:
+            mb = mb.to(self.device)
+            out.append(token_logprobs(self._logits(self.engine, mb), mb.targets))
+        return out
+
+    @torch.no_grad()
+    def _ref_logprobs(self, mb: MicroBatch) -> Tensor:
+        assert self.ref_model is not None
+        return token_logprobs(self._logits(self.ref_model, mb), mb.targets)
+
+    # ------------------------------------------------------------------ the step
+
+    def train_step(self, batch: MiniBatch | Sequence[Group], prox: Sequence[Tensor] | None = None) -> StepMetrics:
+        """One optimizer step on a mini-batch (collective): accumulate gradients, then update.
+
+        ``prox``: proximal log-probs aligned with ``batch.micro_batches`` (from `compute_logprobs`
+        before the first step of the rollout batch). In decoupled mode ``None`` computes them now,
+        which is right only for the first mini-batch of a rollout batch.
+        """
+        if not isinstance(batch, MiniBatch):
+            batch = self.prepare(batch)
+        acc = self.accumulate_gradients(batch, prox)
+        return self.apply_update(batch, acc)
+
+    def accumulate_gradients(self, batch: MiniBatch, prox: Sequence[Tensor] | None = None) -> _Accumulated:
+        """Forward/backward of every micro-batch; gradients add up in the engine (collective)."""
+        acc = _Accumulated()
+        if self.loss_params.ratio_mode == "decoupled" and prox is None:
+            prox = self.compute_logprobs(batch.micro_batches)
+        if prox is not None and len(prox) != len(batch.micro_batches):
+            raise ValueError(
+                f"prox has {len(prox)} entries for {len(batch.micro_batches)} micro-batches; compute it with "
+                "compute_logprobs(batch.micro_batches) on the same MiniBatch"
+            )
+        if batch.global_tokens == 0:
+            log.warning(
+                "mini-batch of %d groups has no loss tokens (every sample masked); the step applies a zero "
+                "gradient",
+                len(batch.group_ids),
+            )
+        # DeepSpeed averages gradients over data-parallel ranks; the loss is already divided by the
+        # global token count, so scale by the world size to turn the average back into the sum.
+        dp_scale = float(self.engine.dp_world_size)
+        for k, mb in enumerate(batch.micro_batches):
+            mb = mb.to(self.device)
+            p = None if prox is None else prox[k].to(self.device)
+            if p is not None and p.shape != mb.mask.shape:
+                raise ValueError(f"prox[{k}] has shape {tuple(p.shape)}, micro-batch {k} needs {tuple(mb.mask.shape)}")
+            loss, metrics = self._micro_batch_loss(mb, p, batch)
+            self.engine.backward(loss * dp_scale, scale_wrt_gas=False)
+            self._record(acc, loss, metrics, mb)
+        return acc
+
+    def _micro_batch_loss(self, mb: MicroBatch, prox: Tensor | None, batch: MiniBatch) -> tuple[Tensor, dict]:
+        logits = self._logits(self.engine, mb)
+        logp = token_logprobs(logits, mb.targets)
+        if self.loss_params.entropy_coef > 0:
+            entropy = token_entropy(logits)
+        else:
+            with torch.no_grad():  # metric only
+                entropy = token_entropy(logits.detach())
+        ref = self._ref_logprobs(mb) if self.ref_model is not None else None
+        return policy_loss(
+            logp,
+            mb.behaviour_logprobs,
+            mb.advantages,
+            mb.mask,
+            self.loss_params,
+            prox_logprobs=prox,
+            ref_logprobs=ref,
+            entropy=entropy,
+            global_tokens=max(batch.global_tokens, 1),
+            global_seqs=max(batch.global_seqs, 1),
+        )
+
+    def _record(self, acc: _Accumulated, loss: Tensor, metrics: Mapping[str, float], mb: MicroBatch) -> None:
+        acc.sums["loss"] += float(loss.detach())
+        acc.sums["pg_loss"] += metrics["pg_loss"]
+        if "kl_ref" in metrics:
+            acc.sums["kl_ref"] += metrics["kl_ref"]
+            acc.has_kl = True
+        n = metrics["num_tokens"]
+        acc.contributing += n
+        for name in _MEAN_METRICS:
+            acc.weighted[name] += metrics.get(name, 0.0) * n
+        acc.given += float(mb.mask.sum())
+        if n > 0:
+            acc.is_weight_max = max(acc.is_weight_max, metrics["is_weight_max"])
+        trained = mb.mask > 0
+        if bool(trained.any()):
+            stale = (self.version - mb.versions[trained]).cpu().numpy()
+            values, counts = np.unique(stale, return_counts=True)
+            acc.staleness.update(dict(zip(values.tolist(), counts.tolist(), strict=True)))
+
+    def apply_update(self, batch: MiniBatch, acc: _Accumulated) -> StepMetrics:
+        """Clip, step the optimizer and the LR schedule, version += 1; reduce metrics (collective)."""
+        lr = float(self.engine.get_lr()[0])
+        self._stage0_grad_norm = None
+        self.engine.step()
+        self.version += 1
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is None:
+            grad_norm = self._stage0_grad_norm
+        return self._reduce_metrics(batch, acc, lr, float("nan") if grad_norm is None else float(grad_norm))
+
+    def _reduce_metrics(self, batch: MiniBatch, acc: _Accumulated, lr: float, grad_norm: float) -> StepMetrics:
+        hist = np.zeros(_MAX_TRACKED_STALENESS + 2)  # slot 0: negative (generator ahead after a rollback)
+        for value, count in acc.staleness.items():
+            hist[min(max(value, -1), _MAX_TRACKED_STALENESS) + 1] += count
+        sums = self._all_reduce(
+            [*acc.sums.values(), *acc.weighted.values(), acc.contributing, acc.given, float(acc.has_kl), *hist],
+            "sum",
+        )
+        maxes = self._all_reduce([acc.is_weight_max, max(acc.staleness, default=-(2**31))], "max")
+        n_sum = len(_SUM_METRICS)
+        reduced = dict(zip(_SUM_METRICS, sums[:n_sum], strict=True))
+        weighted = dict(zip(_MEAN_METRICS, sums[n_sum : n_sum + len(_MEAN_METRICS)], strict=True))
+        contributing, given, has_kl = sums[n_sum + len(_MEAN_METRICS) : n_sum + len(_MEAN_METRICS) + 3]
+        counts = sums[n_sum + len(_MEAN_METRICS) + 3 :]
+        denom = max(contributing, 1.0)
+        seconds = time.perf_counter() - acc.started
+        max_stale = int(maxes[1])
+        return StepMetrics(
+            version=self.version,
+            loss=reduced["loss"],
+            pg_loss=reduced["pg_loss"],
+            kl_ref=reduced["kl_ref"] if has_kl else None,
+            **{name: weighted[name] / denom for name in _MEAN_METRICS},
+            is_weight_max=maxes[0],
+            masked_frac=(given - contributing) / given if given else 0.0,
+            grad_norm=grad_norm,
+            lr=lr,
+            reward_mean=batch.reward_mean,
+            accuracy=batch.accuracy,
+            groups=len(batch.group_ids),
+            samples=batch.num_samples,
+            loss_tokens=batch.global_tokens,
+            tokens=batch.global_real_tokens,
+            tokens_per_second=batch.global_real_tokens / seconds if seconds > 0 else 0.0,
+            step_seconds=seconds,
+            packing_efficiency=batch.packing_efficiency,
+            micro_batches=len(batch.micro_batches),
+            max_staleness=max_stale if max_stale > -(2**31) else -1,
+            staleness_counts={i - 1: int(c) for i, c in enumerate(counts) if c},
+        )
+
+    # ------------------------------------------------------------------ weights
+
+    def named_parameters_for_export(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """Parameters as the checkpoint format names them; a tied output embedding appears once."""
+        params = list(self.engine.module.named_parameters())  # deduplicates shared tensors
+        if self.tie_word_embeddings:
+            params = [(n, p) for n, p in params if n != "lm_head.weight"]
+        return params
+
+    def gather_state_dict(self) -> dict[str, Tensor] | None:
+        """Full weights on rank 0 (CPU tensors in the model dtype), None elsewhere (collective).
+
+        ZeRO-3 partitions parameters; they are gathered one at a time, so rank 0 never holds more
+        than the finished state dict plus one full parameter.
+        """
+        out: dict[str, Tensor] | None = {} if self.rank == 0 else None
+        for name, param in self.named_parameters_for_export():
+            if self.zero_stage == 3:
+                with self._ds.zero.GatheredParameters([param], modifier_rank=None):
+                    if out is not None:
+                        out[name] = param.detach().to("cpu", copy=True)
+            elif out is not None:
+                out[name] = param.detach().to("cpu", copy=True)
+        if out is not None:
+            for name, buf in _persistent_buffers(self.engine.module):
+                out[name] = buf.detach().to("cpu", copy=True)
+        return out
+
+    def export_hf(self, directory: str | os.PathLike[str], state_dict: Mapping[str, Tensor] | None = None) -> None:
+        """save_pretrained (safetensors) + tokenizer files into ``directory``, loadable by transformers
+        and vLLM (collective; rank 0 writes). ``state_dict`` reuses an already gathered one."""
+        sd = dict(state_dict) if state_dict is not None else self.gather_state_dict()
+        if self.rank == 0:
+            assert sd is not None
+            out = Path(directory)
+            out.mkdir(parents=True, exist_ok=True)
+            self.engine.module.save_pretrained(str(out), state_dict=sd, safe_serialization=True)
+            for name in TOKENIZER_FILES:
+                src = self.source_dir / name
+                if src.is_file() and not (out / name).exists():
+                    shutil.copy2(src, out / name)
+        self.barrier()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, directory: str | os.PathLike[str], extra_state: Mapping[str, Any] | None = None) -> None:
+        """DeepSpeed state (weights, optimizer, LR schedule) + the learner's state (collective).
+
+        ``extra_state`` (JSON-serialisable) is stored next to the version, e.g. the position of the
+        trained-group log; `load_checkpoint` returns it.
+        """
+        state = {"version": self.version, **(extra_state or {})}
+        self.engine.save_checkpoint(str(directory), tag=DS_TAG, client_state={"learner": state})
+        if self.rank == 0:
+            (Path(directory) / LEARNER_STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
+        self.barrier()
+
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        """Restore what `save_checkpoint` wrote; returns the learner state (collective)."""
+        path = Path(directory)
+        if not (path / DS_TAG).is_dir():
+            raise FileNotFoundError(
+                f"{path} is not a learner checkpoint (no {DS_TAG}/ inside); point at a "
+                "checkpoints/step_XXXXXX directory, or delete a broken 'latest' file to start fresh"
+            )
+        load_path, client_state = self.engine.load_checkpoint(str(path), tag=DS_TAG)
+        if load_path is None or client_state is None or "learner" not in client_state:
+            raise RuntimeError(f"DeepSpeed could not load the checkpoint in {path}")
+        state = dict(client_state["learner"])
+        self.version = int(state["version"])
+        return state
+
+
+def _persistent_buffers(module: torch.nn.Module) -> list[tuple[str, Tensor]]:
+    out = []
+    for mod_name, mod in module.named_modules():
+        for buf_name, buf in mod.named_buffers(recurse=False):
+            if buf is not None and buf_name not in mod._non_persistent_buffers_set:
+                out.append((f"{mod_name}.{buf_name}" if mod_name else buf_name, buf))
+    return out
+
+
+def _finite_or_nan(x: float | None) -> float:
+    return float("nan") if x is None or not math.isfinite(x) else float(x)
