@@ -95,6 +95,12 @@ class BufferMetrics:
                                          registry=registry)
         self.persist_seconds = Histogram(p + "persist_seconds", "Time to persist state.",
                                          buckets=SECONDS_BUCKETS, registry=registry)
+        self.groups_rejected = Counter(p + "groups_rejected", "Groups refused in acks, by reason.", ["reason"],
+                                       registry=registry)
+        self.oldest_waiting = Gauge(p + "oldest_waiting_seconds", "Age of the group at the front of the queue.",
+                                    registry=registry)
+        self.journal_bytes = Gauge(p + "journal_bytes", "Size of the journal since the last snapshot.",
+                                   registry=registry)
 
 
 class LearnerMetrics:

@@ -32,7 +32,7 @@ import time
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import IO, Any
 
 from stream_dapo.transport.codec import CodecError, pack_value, unpack_value
 
@@ -89,7 +89,7 @@ def _encode_frame(seq: int, record: Record) -> bytes:
     return _FRAME.pack(seq, len(payload), crc) + payload
 
 
-def _read_frames(f: BinaryIO, start: int, size: int) -> Iterator[tuple[int, Record, int]]:
+def _read_frames(f: IO[bytes], start: int, size: int) -> Iterator[tuple[int, Record, int]]:
     """Yield (seq, record, end offset) from `start` of a file of `size` bytes; raise _BadFrame at
     the first bad frame."""
     offset = start
@@ -136,7 +136,9 @@ class Journal:
 
     def __init__(self, snapshot_path: str | Path, journal_path: str | Path | None = None) -> None:
         self.snapshot_path = Path(snapshot_path)
-        self.journal_path = Path(journal_path) if journal_path is not None else Path(f"{self.snapshot_path}.journal")
+        self.journal_path = (
+            Path(journal_path) if journal_path is not None else Path(f"{self.snapshot_path}.journal")
+        )
         self._tmp_path = self.snapshot_path.with_name(self.snapshot_path.name + ".tmp")
         self._file: IO[bytes] | None = None
         self._seq = 0
@@ -190,7 +192,9 @@ class Journal:
         except OSError as exc:
             raise JournalError(f"cannot read {self.snapshot_path}: {exc.strerror}") from exc
         if len(frames) < 2 or frames[0][1]["k"] != _META or frames[-1][1]["k"] != _END:
-            raise JournalError(f"snapshot {self.snapshot_path} is incomplete (no header or end marker); {fix}")
+            raise JournalError(
+                f"snapshot {self.snapshot_path} is incomplete (no header or end marker); {fix}"
+            )
         body = [record for _, record, _ in frames[1:-1]]
         if frames[-1][1].get("n") != len(body):
             raise JournalError(
@@ -276,7 +280,9 @@ class Journal:
     def append(self, record: Record) -> None:
         """Buffer one record; it is durable after the next `sync()`."""
         if self._file is None:
-            raise JournalError("Journal.append before load(): call load() first (it opens and checks the files)")
+            raise JournalError(
+                "Journal.append before load(): call load() first (it opens and checks the files)"
+            )
         self._seq += 1
         frame = _encode_frame(self._seq, record)
         self._write_raw(frame)

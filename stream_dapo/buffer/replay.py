@@ -68,21 +68,17 @@ class GroupState(enum.Enum):
 
 def groups_per_version(cfg: Config) -> int:
     """B_v: groups consumed by one optimizer step (one policy version)."""
-    return cfg.learner.mini_batch_samples // cfg.algo.group_size
+    return cfg.groups_per_version
 
 
 def admission_capacity(cfg: Config) -> int:
     """Most groups allowed in the admission line (waiting groups + outstanding credits).
 
     capacity = (max_staleness - S - (sync_every - 1) + 1) * B_v, with S optimizer steps per
-    rollout batch and B_v groups per step. A group started when the line holds k groups ahead of
-    it is trained at most S + floor(k / B_v) versions after the learner version of its start, and
-    the generator's weights lag the learner by at most sync_every - 1 versions, so no token
-    exceeds max_staleness. Never negative; `check_admission` rejects values that deadlock.
+    rollout batch and B_v groups per step; `Config.admission_capacity` holds the formula and its
+    argument (defined once, there, so the config check and the buffer cannot disagree).
     """
-    per_version = groups_per_version(cfg)
-    versions = cfg.algo.max_staleness - cfg.steps_per_rollout - (cfg.learner.sync_every - 1) + 1
-    return max(0, versions * per_version)
+    return cfg.admission_capacity
 
 
 def min_max_staleness(cfg: Config) -> int:
@@ -95,13 +91,13 @@ def min_max_staleness(cfg: Config) -> int:
 def min_capacity_groups(cfg: Config) -> int:
     """The smallest buffer.capacity_groups that cannot deadlock the learner.
 
-    Leased groups stay in the buffer until the learner commits them at a checkpoint, so when it
-    asks for a new rollout batch up to (checkpoint_every + S - 1) * B_v groups can still be leased,
-    and the batch itself needs rollout_batch_prompts more.
+    Leased groups stay in the buffer until the learner commits them at a checkpoint (every
+    checkpoint_every versions). The learner asks for a rollout batch every S versions, and then up
+    to (checkpoint_every - gcd(S, checkpoint_every)) * B_v groups can still be leased; the batch
+    itself needs rollout_batch_prompts more.
     """
-    per_version = groups_per_version(cfg)
-    leased = (cfg.learner.checkpoint_every + cfg.steps_per_rollout - 1) * per_version
-    return cfg.learner.rollout_batch_prompts + leased
+    steps, every = cfg.steps_per_rollout, cfg.learner.checkpoint_every
+    return cfg.learner.rollout_batch_prompts + (every - math.gcd(steps, every)) * groups_per_version(cfg)
 
 
 def check_admission(cfg: Config) -> int:
@@ -121,9 +117,9 @@ def check_admission(cfg: Config) -> int:
     if cfg.buffer.capacity_groups < need:
         raise ConfigError(
             f"buffer.capacity_groups ({cfg.buffer.capacity_groups}) is too small: up to "
-            f"{need - rollout} groups stay leased until a learner checkpoint "
+            f"{need - rollout} groups stay leased until a learner checkpoint commits them "
             f"(learner.checkpoint_every {cfg.learner.checkpoint_every}) and a rollout batch needs {rollout} more, "
-            f"so the run would deadlock. Set buffer.capacity_groups >= {need} (or checkpoint more often)"
+            f"so the run would deadlock. Set buffer.capacity_groups >= {need}, or lower learner.checkpoint_every"
         )
     return capacity
 
@@ -316,32 +312,9 @@ class ReplayBuffer:
 
     def _replay(self, r: Record) -> None:
         kind = r["k"]
-        if kind == "accept":
-            self._apply_accept(Group.from_wire(r["g"]), float(r["t"]))
-        elif kind == "duplicate":
-            self._counters["duplicates"] += int(r["n"])
-        elif kind == "reject_groups":
-            self._apply_rejected(self._rejected_groups, r["reason"], int(r["n"]))
-        elif kind == "reject_message":
-            self._apply_rejected(self._rejected_messages, r["reason"], int(r["n"]))
-        elif kind == "credit":
-            self._apply_credit(r["gen"], int(r["out"]), int(r["granted"]), int(r["uncredited"]), int(r["released"]))
-        elif kind == "lease":
-            self._apply_lease(int(r["v"]), list(r["ids"]), list(r["drop"]), r["smax"])
-        elif kind == "commit":
-            self._apply_commit(int(r["v"]), list(r["done"]), list(r["reuse"]), int(r["unknown"]))
-        elif kind == "requeue":
-            self._apply_requeue(int(r["v"]), int(r["through"]))
-        elif kind == "version":
-            self.learner_version = int(r["v"])
-        elif kind == "state":
-            self._apply_state(r)
-        elif kind == "seen":
-            self._seen.update(r["ids"])
-        elif kind == "group":
-            self._apply_snapshot_group(r)
-        else:
+        if kind not in _REPLAY:
             raise ValueError(f"unknown record kind {kind!r}")
+        _REPLAY[kind](self, r)
 
     def _log(self, record: Record) -> None:
         self._sink.append(record)
@@ -361,7 +334,9 @@ class ReplayBuffer:
         """Grant up to `want` credits, as many as the admission line has room for."""
         _check_id(generator_id, "generator_id")
         if not isinstance(want, int) or want < 0:
-            raise BufferInputError(f"want must be an int >= 0 (credits the generator could use now), got {want!r}")
+            raise BufferInputError(
+                f"want must be an int >= 0 (credits the generator could use now), got {want!r}"
+            )
         granted = min(want, self.room)
         if granted:
             out = self._credits.get(generator_id, 0) + granted
@@ -386,7 +361,7 @@ class ReplayBuffer:
             if gid in self._seen or gid in seen_now:
                 result.duplicates.append(gid)
                 continue
-            reason = self._rejection_reason(group, len(result.accepted))
+            reason = self._rejection_reason(group)
             if reason is not None:
                 result.rejected.append((gid, reason))
                 reasons[reason] = reasons.get(reason, 0) + 1
@@ -398,7 +373,7 @@ class ReplayBuffer:
             result.accepted.append(gid)
         if result.duplicates:
             self._log({"k": "duplicate", "n": len(result.duplicates)})
-            self._counters["duplicates"] += len(result.duplicates)
+            self._apply_duplicates(len(result.duplicates))
         for reason, n in reasons.items():
             self._log({"k": "reject_groups", "reason": reason, "n": n})
             self._apply_rejected(self._rejected_groups, reason, n)
@@ -406,21 +381,32 @@ class ReplayBuffer:
         if redeemed:
             held = self._credits.get(generator_id, 0)
             self._log_credit(
-                generator_id, max(0, held - redeemed), granted=0, uncredited=max(0, redeemed - held), released=0
+                generator_id,
+                max(0, held - redeemed),
+                granted=0,
+                uncredited=max(0, redeemed - held),
+                released=0,
             )
         return result
 
-    def _rejection_reason(self, group: Group, accepted_so_far: int) -> str | None:
+    def _rejection_reason(self, group: Group) -> str | None:
         if group.num_samples != self.policy.group_size:
             return "wrong_group_size"
-        if self.held + accepted_so_far >= self.policy.capacity_groups:
+        if self.held >= self.policy.capacity_groups:
             # Only reachable by groups sent without a credit: credits never exceed the cap.
             return "buffer_full"
         return None
 
     def _log_credit(self, gen: str, out: int, *, granted: int, uncredited: int, released: int) -> None:
         self._log(
-            {"k": "credit", "gen": gen, "out": out, "granted": granted, "uncredited": uncredited, "released": released}
+            {
+                "k": "credit",
+                "gen": gen,
+                "out": out,
+                "granted": granted,
+                "uncredited": uncredited,
+                "released": released,
+            }
         )
         self._apply_credit(gen, out, granted, uncredited, released)
 
@@ -437,7 +423,9 @@ class ReplayBuffer:
         self._apply_requeue(learner_version, committed_through)
         return n
 
-    def serve(self, learner_version: int, max_groups: int, max_tokens: int = 0, max_bytes: int = 0) -> ServeResult:
+    def serve(
+        self, learner_version: int, max_groups: int, max_tokens: int = 0, max_bytes: int = 0
+    ) -> ServeResult:
         """Lease up to `max_groups` waiting groups, front first, for the learner at `learner_version`.
 
         With `max_tokens` > 0 the batch stops before its `Group.num_tokens` would exceed it, and
@@ -469,7 +457,9 @@ class ReplayBuffer:
                 continue
             n = entry.group.num_tokens
             size = wire_bytes(entry.group)
-            if chosen and ((max_tokens and tokens + n > max_tokens) or (max_bytes and nbytes + size > max_bytes)):
+            if chosen and (
+                (max_tokens and tokens + n > max_tokens) or (max_bytes and nbytes + size > max_bytes)
+            ):
                 break
             chosen.append(gid)
             staleness.append(stale)
@@ -500,7 +490,13 @@ class ReplayBuffer:
             else:
                 done.append(gid)
         if done or reuse or unknown:
-            record = {"k": "commit", "v": learner_version, "done": done, "reuse": reuse, "unknown": len(unknown)}
+            record = {
+                "k": "commit",
+                "v": learner_version,
+                "done": done,
+                "reuse": reuse,
+                "unknown": len(unknown),
+            }
             self._log(record)
             self._apply_commit(learner_version, done, reuse, len(unknown))
         else:
@@ -517,7 +513,7 @@ class ReplayBuffer:
     def _note_version(self, v: int) -> None:
         if v != self.learner_version:
             self._log({"k": "version", "v": v})
-            self.learner_version = v
+            self._apply_version(v)
 
     # ---------------------------------------------------------------------------------- apply
 
@@ -525,6 +521,12 @@ class ReplayBuffer:
         self._waiting[group.group_id] = _Entry(group, at)
         self._seen.add(group.group_id)
         self._counters["accepted"] += 1
+
+    def _apply_duplicates(self, n: int) -> None:
+        self._counters["duplicates"] += n
+
+    def _apply_version(self, v: int) -> None:
+        self.learner_version = v
 
     def _apply_rejected(self, table: dict[str, int], reason: str, n: int) -> None:
         table[reason] = table.get(reason, 0) + n
@@ -704,6 +706,27 @@ class ReplayBuffer:
         }
 
 
+_REPLAY: dict[str, Callable[[ReplayBuffer, Record], None]] = {
+    # journal records: one per state change
+    "accept": lambda b, r: b._apply_accept(Group.from_wire(r["g"]), float(r["t"])),
+    "duplicate": lambda b, r: b._apply_duplicates(int(r["n"])),
+    "reject_groups": lambda b, r: b._apply_rejected(b._rejected_groups, r["reason"], int(r["n"])),
+    "reject_message": lambda b, r: b._apply_rejected(b._rejected_messages, r["reason"], int(r["n"])),
+    "credit": lambda b, r: b._apply_credit(
+        r["gen"], int(r["out"]), int(r["granted"]), int(r["uncredited"]), int(r["released"])
+    ),
+    "lease": lambda b, r: b._apply_lease(int(r["v"]), list(r["ids"]), list(r["drop"]), r["smax"]),
+    "commit": lambda b, r: b._apply_commit(int(r["v"]), list(r["done"]), list(r["reuse"]), int(r["unknown"])),
+    "requeue": lambda b, r: b._apply_requeue(int(r["v"]), int(r["through"])),
+    "version": lambda b, r: b._apply_version(int(r["v"])),
+    # snapshot records: the whole state
+    "state": lambda b, r: b._apply_state(r),
+    "seen": lambda b, r: b._seen.update(r["ids"]),
+    "group": lambda b, r: b._apply_snapshot_group(r),
+}
+"""How each persisted record kind is applied on restore (live changes call the same methods)."""
+
+
 _WIRE_OVERHEAD_PER_SAMPLE = 160
 """msgpack keys, scalars and three array headers of one sample, rounded up."""
 _WIRE_OVERHEAD_PER_GROUP = 256
@@ -715,7 +738,7 @@ def wire_bytes(group: Group) -> int:
     arrays = group.prompt_tokens.nbytes + sum(
         s.tokens.nbytes + s.logprobs.nbytes + s.versions.nbytes for s in group.samples
     )
-    strings = len(group.group_id) + len(group.prompt_id) + len(group.generator_id) + 4 * len(group.gold)
+    strings = sum(len(x.encode()) for x in (group.group_id, group.prompt_id, group.generator_id, group.gold))
     return _WIRE_OVERHEAD_PER_GROUP + strings + arrays + _WIRE_OVERHEAD_PER_SAMPLE * len(group.samples)
 
 

@@ -58,6 +58,8 @@ class FinishedSample:
     text: str
     finish_reason: str
     """vLLM's reason: "stop" (EOS or stop string), "length" (max tokens), "abort"."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens whose KV came from vLLM's prefix cache (a throughput figure)."""
 
     @property
     def truncated(self) -> bool:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import os
 import shutil
 import socket
@@ -53,6 +52,7 @@ from stream_dapo.learner.packing import (
     sequences_from_groups,
 )
 from stream_dapo.transport.messages import Group
+from stream_dapo.weights.publisher import WeightsPayload, gather_full_state_dict, serialize_weights
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -187,9 +187,9 @@ def _import_deepspeed() -> Any:
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    # ZeRO-2/3 warn about a deprecated API on every step; it is DeepSpeed talking to itself.
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"deepspeed\..*")
-    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"deepspeed\..*")
+    # ZeRO-2/3 call torch.distributed.reduce_scatter_tensor, which torch deprecates with a warning on
+    # every step; it is DeepSpeed's business, not the operator's.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     return deepspeed
 
 
@@ -651,31 +651,20 @@ class Learner:
 
     # ------------------------------------------------------------------ weights
 
-    def named_parameters_for_export(self) -> list[tuple[str, torch.nn.Parameter]]:
-        """Parameters as the checkpoint format names them; a tied output embedding appears once."""
-        params = list(self.engine.module.named_parameters())  # deduplicates shared tensors
-        if self.tie_word_embeddings:
-            params = [(n, p) for n, p in params if n != "lm_head.weight"]
-        return params
-
     def gather_state_dict(self) -> dict[str, Tensor] | None:
-        """Full weights on rank 0 (CPU tensors in the model dtype), None elsewhere (collective).
+        """Full weights on rank 0 (CPU tensors in the model dtype, a tied output embedding once),
+        None elsewhere. Collective under ZeRO-3."""
+        return gather_full_state_dict(
+            self.engine.module,
+            rank=self.rank,
+            zero_stage=self.zero_stage,
+            tie_word_embeddings=self.tie_word_embeddings,
+        )
 
-        ZeRO-3 partitions parameters; they are gathered one at a time, so rank 0 never holds more
-        than the finished state dict plus one full parameter.
-        """
-        out: dict[str, Tensor] | None = {} if self.rank == 0 else None
-        for name, param in self.named_parameters_for_export():
-            if self.zero_stage == 3:
-                with self._ds.zero.GatheredParameters([param], modifier_rank=None):
-                    if out is not None:
-                        out[name] = param.detach().to("cpu", copy=True)
-            elif out is not None:
-                out[name] = param.detach().to("cpu", copy=True)
-        if out is not None:
-            for name, buf in _persistent_buffers(self.engine.module):
-                out[name] = buf.detach().to("cpu", copy=True)
-        return out
+    def weights_payload(self) -> WeightsPayload | None:
+        """The current weights as a publishable payload tagged with `version` (rank 0; collective)."""
+        sd = self.gather_state_dict()
+        return None if sd is None else serialize_weights(sd, self.version)
 
     def export_hf(self, directory: str | os.PathLike[str], state_dict: Mapping[str, Tensor] | None = None) -> None:
         """save_pretrained (safetensors) + tokenizer files into ``directory``, loadable by transformers
@@ -720,16 +709,3 @@ class Learner:
         state = dict(client_state["learner"])
         self.version = int(state["version"])
         return state
-
-
-def _persistent_buffers(module: torch.nn.Module) -> list[tuple[str, Tensor]]:
-    out = []
-    for mod_name, mod in module.named_modules():
-        for buf_name, buf in mod.named_buffers(recurse=False):
-            if buf is not None and buf_name not in mod._non_persistent_buffers_set:
-                out.append((f"{mod_name}.{buf_name}" if mod_name else buf_name, buf))
-    return out
-
-
-def _finite_or_nan(x: float | None) -> float:
-    return float("nan") if x is None or not math.isfinite(x) else float(x)

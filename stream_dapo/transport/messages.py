@@ -204,17 +204,22 @@ Check = Callable[[Mapping[str, Any]], str | None]
 
 @dataclass(frozen=True)
 class Struct(Spec):
-    """A map with exactly these fields, plus optional cross-field rules."""
+    """A map with exactly these fields, plus optional cross-field rules.
+
+    Fields named in `optional` may be left out (a reader uses a documented default); all
+    others are required.
+    """
 
     name: str
     fields: Mapping[str, Spec]
     checks: tuple[Check, ...] = ()
+    optional: frozenset[str] = frozenset()
 
     def check(self, value: Any, path: str, *, skip: frozenset[str] = frozenset()) -> None:
         """Check `value`; fields named in `skip` must be present but are not walked."""
         if not isinstance(value, Mapping):
             raise SchemaError(path, f"expected a {self.name} map, got {_type_name(value)}")
-        missing = [k for k in self.fields if k not in value]
+        missing = [k for k in self.fields if k not in value and k not in self.optional]
         if missing:
             raise SchemaError(path, f"{self.name} is missing field(s) {missing}")
         extra = [k for k in value if k not in self.fields]
@@ -224,7 +229,7 @@ class Struct(Spec):
                 f"{self.name} has unknown field(s) {sorted(map(repr, extra))}; allowed: {list(self.fields)}",
             )
         for key, spec in self.fields.items():
-            if key not in skip:
+            if key not in skip and key in value:
                 spec.check(value[key], f"{path}.{key}")
         for rule in self.checks:
             problem = rule(value)
@@ -311,7 +316,13 @@ SCHEMAS: dict[str, Struct] = {
     # generator -> buffer
     HELLO: Struct(HELLO, {"generator_id": ID, "policy_version": VERSION}),
     CREDIT_REQUEST: Struct(CREDIT_REQUEST, {"generator_id": ID, "want": COUNT}),
-    GROUPS: Struct(GROUPS, {"generator_id": ID, "groups": ListOf(GROUP)}),
+    # `filtered` (optional, default 0): groups the generator dropped by dynamic sampling since its
+    # last `groups` message; each returns the credit it used. May come with an empty `groups`.
+    GROUPS: Struct(
+        GROUPS,
+        {"generator_id": ID, "groups": ListOf(GROUP), "filtered": COUNT},
+        optional=frozenset({"filtered"}),
+    ),
     # buffer -> generator
     CREDIT: Struct(CREDIT, {"granted": COUNT, "learner_version": VERSION}),
     ACK: Struct(
@@ -595,8 +606,13 @@ def credit_request(generator_id: str, want: int) -> Outgoing:
     return CREDIT_REQUEST, {"generator_id": generator_id, "want": want}
 
 
-def groups(generator_id: str, items: Sequence[Group]) -> Outgoing:
-    return GROUPS, {"generator_id": generator_id, "groups": [g.to_wire() for g in items]}
+def groups(generator_id: str, items: Sequence[Group], filtered: int = 0) -> Outgoing:
+    """`filtered`: groups dropped by dynamic sampling since the last `groups` message (each gives
+    back its credit); sent only when non-zero."""
+    body: Body = {"generator_id": generator_id, "groups": [g.to_wire() for g in items]}
+    if filtered:
+        body["filtered"] = filtered
+    return GROUPS, body
 
 
 def credit(granted: int, learner_version: int) -> Outgoing:

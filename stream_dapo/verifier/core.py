@@ -2,7 +2,10 @@
 
 ``verify`` is pure and deterministic. It is what the CLI and the tests call, and what each
 ``VerifierPool`` worker runs; generators must go through the pool, which adds the wall-clock timeout
-that in-process calls cannot have.
+that in-process calls cannot have. The size guards (input and answer length, token count, nesting,
+exponents) keep every known hostile input fast in-process, but valid algebra can still make sympy's
+``simplify`` slow (``(a+b)^{1000}(a-b)^{1000}`` against ``(a^2-b^2)^{1000}`` runs for minutes): only
+the pool's timeout bounds that.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import random
 import re
+import sys
+from collections.abc import Callable
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
@@ -30,7 +32,7 @@ from stream_dapo.verifier.normalize import normalize_answer
 if TYPE_CHECKING:
     import sympy
 
-__all__ = ["NUMERIC_REL_TOL", "compare_answers", "parse_number"]
+__all__ = ["NUMERIC_REL_TOL", "compare_answers", "on_first_sympy_import", "parse_number"]
 
 NUMERIC_REL_TOL = Fraction(1, 10**6)
 _SYMBOLIC_REL_TOL = 1e-9
@@ -46,6 +48,29 @@ _PLAIN_INT_RE = re.compile(r"-?\d{1,18}")
 # Four or more letters in a row outside a LaTeX command are a word ("Monday"), not a product of
 # variables: letters commute under multiplication, so the parser would call "dog" equal to "god".
 _WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
+
+
+_import_hooks: list[tuple[Callable[[], None], Callable[[], None]]] = []
+
+
+def on_first_sympy_import(before: Callable[[], None], after: Callable[[], None]) -> None:
+    """Call ``before`` and ``after`` around this process's first import of sympy (about 0.5 s, once).
+
+    Pool workers use them to stop the current check's clock during this one-time start-up cost, so
+    that it does not count against the per-check timeout.
+    """
+    _import_hooks.append((before, after))
+
+
+def _import_safe_parse() -> None:
+    if "stream_dapo.verifier.safe_parse" in sys.modules:
+        return
+    for before, _ in _import_hooks:
+        before()
+    import stream_dapo.verifier.safe_parse  # noqa: F401 - imports sympy
+
+    for _, after in _import_hooks:
+        after()
 
 
 def _sign(*signs: str) -> int:
@@ -115,6 +140,7 @@ def _values_agree(a: sympy.Expr, b: sympy.Expr) -> bool | None:
 def _symbolic_equal(candidate: str, gold: str) -> str:
     if _WORD_RE.search(candidate) or _WORD_RE.search(gold):
         return "mismatch"  # words are compared as text only, and the exact test already failed
+    _import_safe_parse()
     from stream_dapo.verifier.safe_parse import SafeParseError, parse_math
 
     try:

@@ -14,7 +14,8 @@ which item has run longer than ``timeout_s``. That item scores -1 ("timeout"), t
 and replaced, and the other items of its chunk go back to the queue (also the ones the worker had
 already finished but not yet reported: verification is pure, so repeating them is harmless). A
 worker that dies mid-chunk is handled the same way, with "worker_crashed". Every kill blames exactly
-one item, so a batch always finishes.
+one item, so a batch always finishes. The clock of the first symbolic check in a worker stops while
+the worker imports sympy: that half second is start-up, not checking.
 
 Test hooks: when ``STREAM_DAPO_VERIFIER_TEST_HOOKS=1`` is set in a worker's environment (it inherits
 the parent's at start), a gold answer equal to ``TEST_HANG_GOLD`` makes the worker sleep for an hour
@@ -38,6 +39,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from stream_dapo.verifier.core import REASONS, VerifyResult, check_limits, verify
+from stream_dapo.verifier.equivalence import on_first_sympy_import
 from stream_dapo.verifier.extract import compile_answer_pattern
 
 __all__ = ["TEST_CRASH_GOLD", "TEST_HANG_GOLD", "TEST_HOOKS_ENV", "VerifierPool"]
@@ -49,6 +51,7 @@ TEST_CRASH_GOLD = "__stream_dapo_test_crash__"
 _MAX_CHUNK = 256
 _CHUNKS_PER_WORKER = 4  # enough chunks per worker to balance load, few enough to keep IPC negligible
 _STARTUP_TIMEOUT_S = 60.0
+_IMPORT_GRACE_S = 60.0  # how long a worker's one-time sympy import may take
 _MAX_FAILED_STARTS = 3
 # Layout of each worker's shared progress array.
 _CHUNK_ID, _POSITION, _STARTED_AT = 0, 1, 2
@@ -81,6 +84,15 @@ def _worker_main(
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     hooks = os.environ.get(TEST_HOOKS_ENV) == "1"
+
+    def pause_clock() -> None:
+        # A start time in the future: the import gets _IMPORT_GRACE_S before the parent gives up on it.
+        progress[_STARTED_AT] = time.monotonic() + _IMPORT_GRACE_S
+
+    def restart_clock() -> None:
+        progress[_STARTED_AT] = time.monotonic()
+
+    on_first_sympy_import(pause_clock, restart_clock)
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -255,17 +267,24 @@ class VerifierPool:
                 raise RuntimeError("this VerifierPool is closed; create a new one")
             results: list[VerifyResult | None] = [None] * len(items)
             todo: list[int] = []
+            pairs: list[tuple[str, str]] = []
             for index, item in enumerate(items):
-                if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+                if not (
+                    isinstance(item, (tuple, list))
+                    and len(item) == 2
+                    and all(isinstance(x, str) for x in item)
+                ):
                     raise TypeError(
-                        f"item {index} must be a (response, gold) tuple of two str, got {item!r:.80}"
+                        f"item {index} must be a (response, gold) pair of two str, got {item!r:.80}"
                     )
+                response, gold = item
+                pairs.append((response, gold))
                 # Refuse over-long inputs here: shipping a megabyte to a worker only to refuse it is waste.
-                if len(item[0]) > self._max_input_chars or len(item[1]) > self._max_input_chars:
+                if len(response) > self._max_input_chars or len(gold) > self._max_input_chars:
                     results[index] = VerifyResult.scored("too_long", None)
                 else:
                     todo.append(index)
-            pending = self._make_chunks(todo, items)
+            pending = self._make_chunks(todo, pairs)
             while any(r is None for r in results):
                 self._dispatch(pending)
                 self._service(results, pending)

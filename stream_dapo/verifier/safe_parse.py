@@ -15,7 +15,7 @@ Grammar (lowest precedence first; ``^`` is right-associative and binds tighter t
 ``-2^2`` is -4 and ``2^3^2`` is 2^9)::
 
     expr     := term (('+' | '-') term)*
-    term     := unary (('*' | '/' | '\\cdot' | '\\times' | '\\div') unary | power)*   # bare power = implicit *
+    term     := unary (('*' | '/' | '\\cdot' | '\\times' | '\\div') unary | power)*  # power: implicit *
     unary    := ('+' | '-') unary | power
     power    := atom ('^' exponent)?
     exponent := ('+' | '-') exponent | power

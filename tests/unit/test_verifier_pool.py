@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -55,6 +57,26 @@ def test_hanging_check_times_out_and_the_rest_of_the_chunk_is_verified(hooks_on:
         later = pool.verify_batch([("Answer: 7", "7"), ("Answer: \\frac{1}{2}", "0.5")])
         assert [r.reason for r in later] == ["exact", "numeric"]
         assert pool.counters == _zero_counters(exact=4, numeric=1, mismatch=1, timeout=1)
+
+
+@pytest.mark.timeout(60)
+def test_slow_simplify_on_valid_algebra_times_out() -> None:
+    """No hook: this pair passes every parser guard and the numeric pre-check, then sympy's simplify
+    expands for minutes; the pool's timeout is what bounds it."""
+    slow = ("Answer: (a+b)^{1000}(a-b)^{1000}", "(a^2-b^2)^{1000}")
+    with VerifierPool(num_workers=1, timeout_s=1.5, chunk_size=4) as pool:
+        results = pool.verify_batch([("Answer: 1", "1"), slow, ("Answer: 2\\sqrt{2}", "\\sqrt{8}")])
+        assert [r.reason for r in results] == ["exact", "timeout", "symbolic"]
+        assert pool.counters == _zero_counters(exact=1, timeout=1, symbolic=1)
+
+
+@pytest.mark.timeout(60)
+def test_sympy_import_does_not_count_against_the_first_symbolic_check() -> None:
+    """Importing sympy takes about 0.5 s (more on a busy machine), longer than this pool's timeout;
+    the check itself takes a few tens of milliseconds. The worker stops the clock during the import."""
+    with VerifierPool(num_workers=1, timeout_s=0.3) as pool:
+        results = pool.verify_batch([("Answer: 2\\sqrt{2}", "\\sqrt{8}"), ("Answer: (x+1)^2", "x^2+2x+1")])
+        assert [r.reason for r in results] == ["symbolic", "symbolic"]
 
 
 @pytest.mark.timeout(60)
@@ -118,7 +140,8 @@ def test_empty_batch_close_and_errors() -> None:
     pool = VerifierPool(num_workers=1, timeout_s=5.0, pattern=r"####\s*(\d+)")
     assert pool.verify_batch([]) == []
     assert pool.verify_batch([("#### 12\nAnswer: 13", "12")])[0].correct is True
-    with pytest.raises(TypeError, match=r"\(response, gold\) tuple"):
+    assert pool.verify_batch([["#### 5", "5"]])[0].reason == "exact"  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"\(response, gold\) pair"):
         pool.verify_batch([("Answer: 1", 1)])  # type: ignore[list-item]
     pool.close()
     pool.close()  # idempotent
@@ -140,3 +163,17 @@ def test_empty_batch_close_and_errors() -> None:
 def test_bad_pool_parameters_fail_before_starting_workers(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         VerifierPool(**kwargs)  # type: ignore[arg-type]
+
+
+def test_importing_the_verifier_and_checking_integers_stays_light() -> None:
+    """What a worker imports at start-up, and for integer answers, must not include sympy or torch."""
+    code = (
+        "import sys\n"
+        "from stream_dapo.verifier import VerifierPool, verify\n"
+        "assert verify('...\\nAnswer: 42', '42').reason == 'exact'\n"
+        "assert verify('Answer: 1,000 cm', '1000').reason == 'exact'\n"
+        "assert verify('Answer: \\\\frac{3}{4}', '0.75').reason == 'numeric'\n"
+        "print(sorted(m for m in ('sympy', 'torch', 'numpy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,485 @@
+"""`stream-dapo buffer`: the replay-buffer service.
+
+It binds two ROUTER sockets and serves both from one poll loop:
+
+    samples  tcp://{transport.host}:{transport.samples_port}   generators
+        hello{generator_id, policy_version}        -> credit{granted=0, learner_version}
+        credit_request{generator_id, want}         -> credit{granted, learner_version}
+        groups{generator_id, groups}               -> ack{accepted, duplicates, rejected}
+    batches  tcp://{transport.host}:{transport.batches_port}   the learner
+        learner_hello{learner_version, committed_through}  -> empty{reason="ready"}
+        batch_request{learner_version, max_groups, max_tokens}
+                                                   -> batch{groups, dropped_stale} or empty{reason}
+        commit{learner_version, group_ids}         -> empty{reason="committed"}
+
+Every valid request gets exactly one reply, so clients can use `transport.request`. A message
+that cannot be decoded is counted and answered with `error` by the endpoint; a valid message on
+the wrong socket, or one the buffer cannot act on, is counted and answered with `error` here.
+Nothing is acknowledged before the journal records it is fsynced (`_reply` syncs first).
+
+SIGTERM/SIGINT drain: the loop stops, the state is compacted into a snapshot, sockets close with
+linger 0, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from stream_dapo.buffer.journal import Journal, JournalError
+from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
+from stream_dapo.config import Config, ConfigError, config_to_toml
+from stream_dapo.metrics import BufferMetrics, start_metrics
+from stream_dapo.transport import messages as m
+from stream_dapo.transport.messages import Body, Outgoing, SchemaError
+from stream_dapo.transport.sockets import (
+    CurveKeys,
+    Endpoint,
+    PeerUnreachable,
+    TransportError,
+    TransportTimeout,
+    open_endpoint,
+)
+
+__all__ = ["BufferService", "add_arguments", "persist_path", "run"]
+
+log = logging.getLogger("stream_dapo.buffer")
+
+MAX_MESSAGES_PER_SOCKET = 64
+"""Messages handled from one socket per step, so a flood on one side cannot starve the other."""
+BATCH_BYTES_HEADROOM = 4096
+"""Room left under transport.max_message_bytes for the batch envelope (`wire_bytes` already
+over-estimates each group)."""
+STATUS_EVERY_S = 60.0
+STATUS_KEYS = (
+    "waiting",
+    "leased",
+    "credits_outstanding",
+    "line_capacity",
+    "accepted",
+    "served",
+    "dropped_stale",
+    "learner_version",
+)
+
+Handler = Callable[[Body], Outgoing]
+
+
+def persist_path(cfg: Config) -> Path:
+    """The snapshot file; the journal sits next to it with a `.journal` suffix."""
+    if cfg.buffer.persist_path:
+        return Path(cfg.buffer.persist_path)
+    return Path(cfg.run.out_dir) / "buffer" / "state.msgpack"
+
+
+class BufferService:
+    """The buffer's sockets, journal, metrics and poll loop around a `ReplayBuffer`.
+
+    Construction restores the state from disk, binds both sockets and the metrics server, and
+    marks the service ready; it raises ConfigError, JournalError or TransportError with the fix
+    when something is missing or taken. Run it with `serve_forever(stop_event)` (in any one
+    thread) or drive it with `step(timeout_ms)`; `close()` persists and releases everything.
+    """
+
+    def __init__(self, cfg: Config, *, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        policy = AdmissionPolicy.from_config(cfg)
+        self.journal = Journal(persist_path(cfg))
+        self._ctx: zmq.Context[Any] | None = None
+        self._endpoints: list[Endpoint] = []
+        self._auth: Any = None
+        self.metrics_server: Any = None
+        try:
+            self.buffer = self._restore(policy, clock)
+            self._bind_sockets()
+            self._start_metrics()
+        except BaseException:
+            self.close(persist=False)
+            raise
+        self._routes: dict[Endpoint, dict[str, Handler]] = {
+            self.samples: {
+                m.HELLO: self._on_hello,
+                m.CREDIT_REQUEST: self._on_credit_request,
+                m.GROUPS: self._on_groups,
+            },
+            self.batches: {
+                m.LEARNER_HELLO: self._on_learner_hello,
+                m.BATCH_REQUEST: self._on_batch_request,
+                m.COMMIT: self._on_commit,
+            },
+        }
+        self._poller = zmq.Poller()
+        for endpoint in self._endpoints:
+            self._poller.register(endpoint.socket, zmq.POLLIN)
+        self._endpoint_rejected: dict[tuple[int, str], int] = {}
+        self._exported: dict[str, Any] = {}
+        self._last_compaction = time.monotonic()
+        self._last_status = time.monotonic()
+        self._closed = False
+        self.health.detail.update({"samples": self.samples.address, "batches": self.batches.address})
+        self.health.ready = True
+        log.info(
+            "buffer ready: generators -> %s, learner -> %s, metrics on port %d, admission capacity %d groups",
+            self.samples.address,
+            self.batches.address,
+            self.metrics_port,
+            policy.line_capacity,
+        )
+
+    # ---------------------------------------------------------------------------------- set-up
+
+    def _restore(self, policy: AdmissionPolicy, clock: Callable[[], float]) -> ReplayBuffer:
+        records = self.journal.load()
+        try:
+            buffer = ReplayBuffer.restore(policy, records, self.journal, clock)
+        except BufferInputError as exc:
+            raise JournalError(
+                f"cannot restore the buffer from {self.journal.snapshot_path} and its journal: {exc}. Move both "
+                "aside to start empty (their groups are then lost)"
+            ) from exc
+        report = self.journal.report
+        if report.snapshot_records or report.journal_records:
+            s = buffer.stats()
+            log.info(
+                "restored from %s: %d waiting, %d leased, %d ids seen (%d snapshot + %d journal records)",
+                self.journal.snapshot_path,
+                s["waiting"],
+                s["leased"],
+                s["seen_ids"],
+                report.snapshot_records,
+                report.journal_records,
+            )
+        return buffer
+
+    def _bind_sockets(self) -> None:
+        t = self.cfg.transport
+        self._ctx = zmq.Context()
+        curve = self._curve_keys()
+        for name, port, peer in (
+            ("samples", t.samples_port, "generator"),
+            ("batches", t.batches_port, "learner"),
+        ):
+            try:
+                endpoint = open_endpoint(
+                    self._ctx,
+                    zmq.ROUTER,
+                    bind=f"tcp://{t.host}:{port}",
+                    max_bytes=t.max_message_bytes,
+                    peer=peer,
+                    hwm=t.hwm,
+                    curve=curve,
+                    curve_server=curve is not None,
+                )
+            except TransportError as exc:
+                raise TransportError(f"{exc} (the buffer's {name} socket: transport.{name}_port)") from exc
+            self._endpoints.append(endpoint)
+        self.samples, self.batches = self._endpoints
+
+    def _curve_keys(self) -> CurveKeys | None:
+        """CurveZMQ: the server certificate `server.key_secret` in transport.curve_dir, and only
+        clients whose public certificates are in `curve_dir/clients/` may connect."""
+        if not self.cfg.transport.curve_dir:
+            return None
+        import zmq.auth
+        from zmq.auth.thread import ThreadAuthenticator
+
+        keys = Path(self.cfg.transport.curve_dir)
+        cert, clients = keys / "server.key_secret", keys / "clients"
+        if not cert.is_file() or not clients.is_dir():
+            raise ConfigError(
+                f"transport.curve_dir={keys} needs {cert} and the client certificates in {clients}/; "
+                "create them with `stream-dapo keys generate`, or unset transport.curve_dir"
+            )
+        public, secret = zmq.auth.load_certificate(cert)
+        assert self._ctx is not None and secret is not None
+        self._auth = ThreadAuthenticator(self._ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=str(clients))
+        return CurveKeys(public=public, secret=secret)
+
+    def _start_metrics(self) -> None:
+        mc = self.cfg.metrics
+        try:
+            self.registry, self.health, self.metrics_server = start_metrics(mc.host, mc.buffer_port)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve metrics on {mc.host}:{mc.buffer_port}: {exc.strerror}; set metrics.buffer_port to a "
+                "free port (0 picks one)"
+            ) from exc
+        self.metrics = BufferMetrics(self.registry)
+
+    @property
+    def metrics_port(self) -> int:
+        return int(self.metrics_server.port)
+
+    # ---------------------------------------------------------------------------------- loop
+
+    def serve_forever(self, stop_event: threading.Event, poll_ms: int = 100) -> None:
+        """Serve until `stop_event` is set, then drain: snapshot, close sockets, stop metrics."""
+        persist = True
+        try:
+            while not stop_event.is_set():
+                self.step(poll_ms)
+        except JournalError:
+            persist = False  # the disk refused a write: a snapshot would fail the same way
+            raise
+        finally:
+            self.close(persist=persist)
+
+    def step(self, timeout_ms: int = 100) -> int:
+        """Wait up to `timeout_ms` for messages on either socket, handle them, and do the
+        periodic chores. Returns the number of messages handled."""
+        ready = dict(self._poller.poll(timeout_ms))
+        handled = 0
+        for endpoint in self._endpoints:
+            if ready.get(endpoint.socket):
+                handled += self._drain(endpoint)
+        self._count_endpoint_rejections()
+        self._maybe_compact()
+        self._export_metrics()
+        self._maybe_log_status()
+        self.health.beat()
+        return handled
+
+    def _drain(self, endpoint: Endpoint) -> int:
+        handled = 0
+        while handled < MAX_MESSAGES_PER_SOCKET:
+            got = endpoint.recv(0)
+            if got is None:
+                break
+            peer, msg = got
+            self._dispatch(endpoint, peer, msg.type, msg.body)
+            handled += 1
+        return handled
+
+    def _dispatch(self, endpoint: Endpoint, peer: bytes | None, msg_type: str, body: Body) -> None:
+        assert peer is not None  # ROUTER endpoints always name the peer
+        handler = self._routes[endpoint].get(msg_type)
+        if handler is None:
+            expected = sorted(self._routes[endpoint])
+            self._refuse(
+                endpoint,
+                peer,
+                "unexpected_type",
+                f"{msg_type!r} is not served on {endpoint.address}; it takes {expected}",
+            )
+            return
+        try:
+            reply = handler(body)
+        except (BufferInputError, SchemaError) as exc:
+            self._refuse(endpoint, peer, "bad_request", f"{msg_type}: {exc}")
+            return
+        self._reply(endpoint, peer, reply)
+
+    def _reply(self, endpoint: Endpoint, peer: bytes, reply: Outgoing) -> None:
+        # Write-ahead: whatever this reply acknowledges is on disk before the peer can know it,
+        # and in /metrics too, so what a peer saw acknowledged is never missing from a scrape.
+        self._count_endpoint_rejections()
+        self.journal.sync()
+        self._export_metrics()
+        try:
+            endpoint.send(*reply, to=peer)
+        except PeerUnreachable:
+            # Gone since it asked. A generator resends unacknowledged groups (they become
+            # duplicates); a learner's lost batch returns to the queue on its next learner_hello.
+            log.warning("%s: peer %r left before its %s reply", endpoint.address, peer, reply[0])
+        except TransportTimeout as exc:
+            log.warning("%s", exc)
+
+    def _refuse(self, endpoint: Endpoint, peer: bytes, reason: str, detail: str) -> None:
+        log.warning("%s: refused a message from %r (%s): %s", endpoint.address, peer, reason, detail)
+        self.buffer.count_rejected_message(reason)
+        self._reply(endpoint, peer, m.error(reason, detail[:4096]))
+
+    # ---------------------------------------------------------------------------------- handlers
+
+    def _on_hello(self, body: Body) -> Outgoing:
+        version = self.buffer.generator_hello(body["generator_id"])
+        log.info("generator %s connected (policy version %d)", body["generator_id"], body["policy_version"])
+        return m.credit(0, version)
+
+    def _on_credit_request(self, body: Body) -> Outgoing:
+        granted = self.buffer.grant_credits(body["generator_id"], body["want"])
+        return m.credit(granted, self.buffer.learner_version)
+
+    def _on_groups(self, body: Body) -> Outgoing:
+        groups = m.groups_from_body(body)
+        result = self.buffer.add_groups(body["generator_id"], groups, int(body.get("filtered", 0)))
+        return m.ack(result.accepted, result.duplicates, result.rejected)
+
+    def _on_learner_hello(self, body: Body) -> Outgoing:
+        n = self.buffer.learner_hello(body["learner_version"], body["committed_through"])
+        log.info(
+            "learner connected at version %d (committed through %d): %d leased groups back to the front",
+            body["learner_version"],
+            body["committed_through"],
+            n,
+        )
+        return m.empty("ready")
+
+    def _on_batch_request(self, body: Body) -> Outgoing:
+        result = self.buffer.serve(
+            body["learner_version"],
+            body["max_groups"],
+            body["max_tokens"],
+            max_bytes=max(1, self.cfg.transport.max_message_bytes - BATCH_BYTES_HEADROOM),
+        )
+        for stale in result.staleness:
+            self.metrics.staleness.observe(stale)
+        if result.groups:
+            return m.batch(result.groups, len(result.dropped_stale))
+        return m.empty("all_stale" if result.dropped_stale else "no_waiting_groups")
+
+    def _on_commit(self, body: Body) -> Outgoing:
+        result = self.buffer.commit(body["learner_version"], body["group_ids"])
+        if result.unknown:
+            log.info(
+                "commit at version %d named %d groups not held (already committed)",
+                body["learner_version"],
+                len(result.unknown),
+            )
+        return m.empty("committed")
+
+    # ---------------------------------------------------------------------------------- chores
+
+    def _count_endpoint_rejections(self) -> None:
+        """Forward the endpoints' decode failures into the buffer's persisted counters."""
+        for i, endpoint in enumerate(self._endpoints):
+            for reason, total in endpoint.rejected.items():
+                new = total - self._endpoint_rejected.get((i, reason), 0)
+                if new:
+                    self._endpoint_rejected[(i, reason)] = total
+                    self.buffer.count_rejected_message(reason, new)
+
+    def _maybe_compact(self) -> None:
+        due = time.monotonic() - self._last_compaction >= self.cfg.buffer.persist_every_s
+        if due and self.journal.records_since_compaction:
+            self.persist()
+
+    def persist(self) -> None:
+        """Compact the journal into a fresh snapshot now."""
+        t0 = time.perf_counter()
+        size = self.journal.compact(self.buffer.snapshot_records())
+        elapsed = time.perf_counter() - t0
+        self.metrics.persist_seconds.observe(elapsed)
+        self._last_compaction = time.monotonic()
+        log.debug("snapshot %s: %d bytes in %.3f s", self.journal.snapshot_path, size, elapsed)
+
+    def _maybe_log_status(self) -> None:
+        if time.monotonic() - self._last_status >= STATUS_EVERY_S:
+            self._last_status = time.monotonic()
+            s = self.buffer.stats()
+            log.info("status: %s", ", ".join(f"{key} {s[key]}" for key in STATUS_KEYS))
+
+    def _export_metrics(self) -> None:
+        """Gauges from the current state; counters by their increase since the last export (the
+        first export carries the restored totals, so counters continue across restarts)."""
+        s = self.stats()
+        mt = self.metrics
+        mt.depth.labels(state="waiting").set(s["waiting"])
+        mt.depth.labels(state="leased").set(s["leased"])
+        mt.credits_outstanding.set(s["credits_outstanding"])
+        mt.credit_capacity.set(s["line_capacity"])
+        mt.learner_version.set(s["learner_version"])
+        mt.oldest_waiting.set(s["oldest_waiting_age_s"])
+        mt.journal_bytes.set(s["journal_bytes"])
+        for key, counter in (
+            ("accepted", mt.groups_accepted),
+            ("duplicates", mt.groups_duplicate),
+            ("served", mt.groups_served),
+            ("committed", mt.groups_committed),
+            ("requeued", mt.groups_requeued),
+            ("dropped_stale", mt.dropped_stale),
+            ("credits_granted", mt.credits_granted),
+        ):
+            if s[key] > self._exported.get(key, 0):
+                counter.inc(s[key] - self._exported.get(key, 0))
+                self._exported[key] = s[key]
+        for key, counter in (
+            ("rejected_messages", mt.messages_rejected),
+            ("rejected_groups", mt.groups_rejected),
+        ):
+            done = self._exported.setdefault(key, {})
+            for reason, total in s[key].items():
+                if total > done.get(reason, 0):
+                    counter.labels(reason=reason).inc(total - done.get(reason, 0))
+                    done[reason] = total
+
+    def stats(self) -> dict[str, Any]:
+        """The buffer's counters and depths plus persistence figures (for the run summary)."""
+        return {
+            **self.buffer.stats(),
+            "oldest_waiting_age_s": round(self.buffer.oldest_waiting_age_s(), 3),
+            "journal_bytes": self.journal.journal_bytes,
+        }
+
+    # ---------------------------------------------------------------------------------- shutdown
+
+    def close(self, persist: bool = True) -> None:
+        """Snapshot the state (unless `persist` is False), write stats.json, close the sockets
+        with linger 0 and stop the metrics server. Safe to call twice."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        try:
+            if persist and hasattr(self, "buffer"):
+                self.persist()
+                stats_path = self.journal.snapshot_path.with_name("stats.json")
+                stats_path.write_text(json.dumps(self.stats(), indent=2, sort_keys=True) + "\n")
+        finally:
+            for endpoint in self._endpoints:
+                endpoint.close()
+            if self._auth is not None:
+                self._auth.stop()
+            if self._ctx is not None:
+                self._ctx.term()
+            if self.metrics_server is not None:
+                self.metrics_server.stop()
+            self.journal.close()
+            log.info("buffer closed%s", " (state persisted)" if persist else "")
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The buffer takes everything from the config (`--config`, `--set buffer.*`)."""
+    parser.epilog = (
+        "State is kept in buffer.persist_path (default run.out_dir/buffer/state.msgpack) and its .journal; "
+        "SIGTERM drains and persists."
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg: Config = args.cfg
+    log.info("resolved configuration:\n%s", config_to_toml(cfg))
+    try:
+        service = BufferService(cfg)
+    except (ConfigError, JournalError, TransportError) as exc:
+        log.error("cannot start the buffer: %s", exc)
+        return 2
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        log.info("received %s: draining", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        service.serve_forever(stop)
+    except JournalError as exc:
+        log.error("persistence failed, stopping so nothing unrecorded is acknowledged: %s", exc)
+        return 1
+    return 0

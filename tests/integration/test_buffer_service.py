@@ -1,0 +1,410 @@
+"""The buffer service over real ZeroMQ sockets on loopback: a fake generator and a fake learner
+built from the transport's Endpoint, the service in a thread or in its own process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+import zmq.auth
+
+from stream_dapo.buffer import service as buffer_service
+from stream_dapo.buffer.journal import Journal, JournalError
+from stream_dapo.buffer.service import BufferService, persist_path
+from stream_dapo.config import Config, ConfigError, load_config
+from stream_dapo.transport import messages as m
+from stream_dapo.transport.messages import Group, Sample
+from stream_dapo.transport.sockets import (
+    CurveKeys,
+    Endpoint,
+    TransportError,
+    TransportTimeout,
+    open_endpoint,
+    request,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT_MS = 5000  # only reached when something is broken
+MAX_BYTES = 256 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def overrides(out_dir: Path) -> list[str]:
+    # G = 2, B_v = 4 / 2 = 2 groups per step, S = 4 / 2 = 2 steps per rollout, max_staleness 4:
+    # admission capacity (4 - 2 - 0 + 1) * 2 = 6 groups.
+    return [
+        f"transport.samples_port={free_port()}",
+        f"transport.batches_port={free_port()}",
+        f"transport.weights_port={free_port()}",
+        f"transport.max_message_bytes={MAX_BYTES}",
+        f"metrics.buffer_port={free_port()}",
+        f'run.out_dir="{out_dir}"',
+        "algo.group_size=2",
+        "learner.mini_batch_samples=4",
+        "learner.rollout_batch_prompts=4",
+        "algo.max_staleness=4",
+    ]
+
+
+def make_group(gid: str, version: int = 0, samples: int = 2) -> Group:
+    sample = Sample(
+        tokens=np.arange(6, dtype=np.int32),
+        logprobs=np.full(6, -0.25, dtype=np.float32),
+        versions=np.full(6, version, dtype=np.int32),
+        reward=1.0,
+        correct=True,
+        truncated=False,
+        advantage=0.5,
+    )
+    return Group(gid, f"p-{gid}", "gen-0", "12", np.array([3, 4, 5], dtype=np.int32), 1.0, [sample] * samples)
+
+
+class Peers:
+    """A fake generator and a fake learner: DEALER endpoints on the buffer's two ports."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        host = "tcp://127.0.0.1"
+        self.gen = open_endpoint(
+            self.ctx,
+            zmq.DEALER,
+            connect=f"{host}:{cfg.transport.samples_port}",
+            max_bytes=MAX_BYTES,
+            peer="buffer",
+        )
+        self.learner = open_endpoint(
+            self.ctx,
+            zmq.DEALER,
+            connect=f"{host}:{cfg.transport.batches_port}",
+            max_bytes=MAX_BYTES,
+            peer="buffer",
+        )
+
+    def ask(self, endpoint: Endpoint, outgoing: m.Outgoing, retries: int = 0) -> m.Message:  # type: ignore[name-defined]
+        return request(endpoint, *outgoing, timeout_ms=WAIT_MS, retries=retries)
+
+    def close(self) -> None:
+        self.gen.close()
+        self.learner.close()
+        self.ctx.term()
+
+
+@contextmanager
+def service_in_thread(cfg: Config) -> Iterator[BufferService]:
+    svc = BufferService(cfg)
+    stop = threading.Event()
+    thread = threading.Thread(target=svc.serve_forever, args=(stop,), kwargs={"poll_ms": 20}, daemon=True)
+    thread.start()
+    try:
+        yield svc
+    finally:
+        stop.set()
+        thread.join(timeout=20)
+        assert not thread.is_alive(), "the buffer did not drain"
+
+
+def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    """The value of an unlabelled sample in a Prometheus text exposition."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exported")
+
+
+# --------------------------------------------------------------------------------------------------
+# In a thread
+# --------------------------------------------------------------------------------------------------
+
+
+def test_groups_in_acked_batch_out_committed(tmp_path: Path) -> None:
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    with service_in_thread(cfg) as svc:
+        status, health = scrape(svc.metrics_port, "/healthz")
+        assert status == 200 and json.loads(health)["ready"] is True
+        peers = Peers(cfg)
+        try:
+            hello = peers.ask(peers.gen, m.hello("gen-0", 0))
+            assert (hello.type, hello.body) == (m.CREDIT, {"granted": 0, "learner_version": 0})
+            assert peers.ask(peers.learner, m.learner_hello(0, 0)).body == {"reason": "ready"}
+
+            assert peers.ask(peers.gen, m.credit_request("gen-0", 10)).body["granted"] == 6  # the capacity
+            sent = [make_group(f"g{i}") for i in range(4)]
+            ack = peers.ask(peers.gen, m.groups("gen-0", sent))
+            assert ack.body == {"accepted": ["g0", "g1", "g2", "g3"], "duplicates": [], "rejected": []}
+            resend = peers.ask(peers.gen, m.groups("gen-0", sent[:2]))
+            assert resend.body == {"accepted": [], "duplicates": ["g0", "g1"], "rejected": []}
+            # The two other credits went to groups the dynamic-sampling filter dropped.
+            assert peers.ask(peers.gen, m.groups("gen-0", [], filtered=2)).body["accepted"] == []
+            assert peers.ask(peers.gen, m.credit_request("gen-0", 10)).body["granted"] == 2  # 4 waiting
+
+            got = peers.ask(peers.learner, m.batch_request(0, 3, 0))
+            assert got.type == m.BATCH and got.body["dropped_stale"] == 0
+            assert m.groups_from_body(got.body) == sent[:3]
+            # A token budget below one group still serves one group.
+            rest = peers.ask(peers.learner, m.batch_request(0, 3, max_tokens=1))
+            assert [g.group_id for g in m.groups_from_body(rest.body)] == ["g3"]
+            assert peers.ask(peers.learner, m.batch_request(1, 3, 0)).body == {"reason": "no_waiting_groups"}
+            assert peers.ask(peers.learner, m.commit(2, [g.group_id for g in sent])).body == {
+                "reason": "committed"
+            }
+            assert peers.ask(peers.gen, m.credit_request("gen-0", 10)).body == {
+                "granted": 4,
+                "learner_version": 2,
+            }
+        finally:
+            peers.close()
+        _, text = scrape(svc.metrics_port)
+        assert metric(text, "stream_dapo_buffer_groups_accepted_total") == 4
+        assert metric(text, "stream_dapo_buffer_groups_duplicate_total") == 2
+        assert metric(text, "stream_dapo_buffer_groups_served_total") == 4
+        assert metric(text, "stream_dapo_buffer_groups_committed_total") == 4
+        assert metric(text, "stream_dapo_buffer_credits_outstanding") == 6
+        assert metric(text, "stream_dapo_buffer_learner_version") == 2
+    stats = json.loads((tmp_path / "buffer" / "stats.json").read_text())
+    assert (stats["accepted"], stats["served"], stats["committed"], stats["credits_granted"]) == (4, 4, 4, 12)
+    # g2 and g3 sat at positions 2 and 3 of the rollout at version 0: trained at version 1.
+    assert stats["max_staleness_served"] == 1 and stats["waiting"] == 0
+    assert (tmp_path / "buffer" / "state.msgpack").is_file()
+
+
+def test_stale_group_is_dropped_at_dequeue_and_counted(tmp_path: Path) -> None:
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    with service_in_thread(cfg) as svc:
+        peers = Peers(cfg)
+        try:
+            peers.ask(peers.gen, m.groups("gen-0", [make_group("old", 1), make_group("fresh", 6)]))
+            reply = peers.ask(peers.learner, m.batch_request(8, 4, 0))  # "old" is 7 versions behind
+            assert reply.body["dropped_stale"] == 1
+            assert [g.group_id for g in m.groups_from_body(reply.body)] == ["fresh"]
+            peers.ask(peers.gen, m.groups("gen-0", [make_group("older", 0)]))
+            assert peers.ask(peers.learner, m.batch_request(9, 4, 0)).body == {"reason": "all_stale"}
+        finally:
+            peers.close()
+        _, text = scrape(svc.metrics_port)
+        assert metric(text, "stream_dapo_buffer_dropped_stale_groups_total") == 2
+        assert metric(text, "stream_dapo_buffer_staleness_versions_count") == 1
+
+
+def test_hostile_messages_are_rejected_counted_and_the_service_keeps_serving(tmp_path: Path) -> None:
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    with service_in_thread(cfg) as svc:
+        peers = Peers(cfg)
+        try:
+            raw = peers.gen.socket
+            raw.send(b"\xc1 certainly not msgpack")
+            raw.send(msgpack.packb({"v": 99, "t": "hello", "b": {"generator_id": "g", "policy_version": 0}}))
+            raw.send(b"\0" * (MAX_BYTES + 1))
+            replies = [peers.gen.recv(WAIT_MS) for _ in range(3)]
+            assert [r[1].body["reason"] for r in replies if r] == ["malformed", "bad_version", "oversized"]
+            # Valid messages the buffer cannot act on: on the wrong socket, or a wrong-sized group.
+            peers.gen.send(*m.batch_request(0, 1, 0))
+            wrong = peers.gen.recv(WAIT_MS)
+            assert (
+                wrong is not None
+                and wrong[1].type == m.ERROR
+                and wrong[1].body["reason"] == "unexpected_type"
+            )
+            ack = peers.ask(peers.gen, m.groups("gen-0", [make_group("three", samples=3), make_group("ok")]))
+            assert ack.body["rejected"] == [{"group_id": "three", "reason": "wrong_group_size"}]
+            # Still serving, on both sockets.
+            assert peers.ask(peers.gen, m.hello("gen-0", 0)).type == m.CREDIT
+            batch = peers.ask(peers.learner, m.batch_request(0, 4, 0))
+            assert [g.group_id for g in m.groups_from_body(batch.body)] == ["ok"]
+        finally:
+            peers.close()
+        _, text = scrape(svc.metrics_port)
+        for reason in ("malformed", "bad_version", "oversized", "unexpected_type"):
+            assert f'stream_dapo_buffer_messages_rejected_total{{reason="{reason}"}} 1.0' in text
+        assert 'stream_dapo_buffer_groups_rejected_total{reason="wrong_group_size"} 1.0' in text
+    stats = json.loads((tmp_path / "buffer" / "stats.json").read_text())
+    assert stats["rejected_messages"] == {
+        "malformed": 1,
+        "bad_version": 1,
+        "oversized": 1,
+        "unexpected_type": 1,
+    }
+
+
+def test_a_taken_port_fails_at_start_naming_the_setting(tmp_path: Path) -> None:
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    ctx: zmq.Context[Any] = zmq.Context()
+    squatter = ctx.socket(zmq.ROUTER)
+    squatter.bind(f"tcp://127.0.0.1:{cfg.transport.batches_port}")
+    try:
+        with pytest.raises(TransportError, match=r"transport\.batches_port"):
+            BufferService(cfg)
+    finally:
+        squatter.close(linger=0)
+        ctx.term()
+    BufferService(cfg).close()  # everything the failed start opened was released
+
+
+def test_the_command_exits_2_when_it_cannot_start(tmp_path: Path) -> None:
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    bad = cfg.model_copy(
+        update={"buffer": cfg.buffer.model_copy(update={"persist_path": str(blocker / "s")})}
+    )
+    assert buffer_service.run(argparse.Namespace(cfg=bad)) == 2
+
+
+def test_unreadable_state_fails_at_start_naming_the_files(tmp_path: Path) -> None:
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    journal = Journal(persist_path(cfg))
+    journal.load()
+    journal.append({"k": "from-a-future-release"})
+    journal.close()
+    with pytest.raises(
+        JournalError, match=r"cannot restore the buffer from .*state\.msgpack.*Move both aside"
+    ):
+        BufferService(cfg)
+
+
+# --------------------------------------------------------------------------------------------------
+# In its own process: kill -9, restart, SIGTERM
+# --------------------------------------------------------------------------------------------------
+
+
+def start_buffer(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_DAPO__")}
+    env["PYTHONPATH"] = str(REPO)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "stream_dapo.cli", "buffer", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+
+def wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"buffer exited with {proc.returncode}:\n{log_path.read_text()}")
+        try:
+            if scrape(port, "/healthz")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"buffer not ready after {timeout_s} s:\n{log_path.read_text()}")
+
+
+def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    items = overrides(tmp_path)
+    cfg = load_config(overrides=items, environ={})
+    args = [arg for item in items for arg in ("--set", item)]
+    log_path = tmp_path / "buffer.log"
+    proc = start_buffer(args, log_path)
+    try:
+        wait_ready(proc, cfg.metrics.buffer_port, log_path)
+        peers = Peers(cfg)
+        sent = [make_group(f"g{i}", 0) for i in range(6)]
+        try:
+            assert peers.ask(peers.gen, m.credit_request("gen-0", 6)).body["granted"] == 6
+            for i in range(0, 6, 2):
+                assert peers.ask(peers.gen, m.groups("gen-0", sent[i : i + 2])).body["accepted"] == [
+                    f"g{i}",
+                    f"g{i + 1}",
+                ]
+            leased = peers.ask(peers.learner, m.batch_request(0, 2, 0))
+            assert [g.group_id for g in m.groups_from_body(leased.body)] == ["g0", "g1"]
+        finally:
+            peers.close()
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+
+        proc = start_buffer(args, log_path)
+        wait_ready(proc, cfg.metrics.buffer_port, log_path)
+        peers = Peers(cfg)
+        try:
+            # The generator cannot tell what survived, so it resends everything: all duplicates.
+            resend = peers.ask(peers.gen, m.groups("gen-0", sent))
+            assert resend.body["duplicates"] == [g.group_id for g in sent] and resend.body["accepted"] == []
+            # Its credits were redeemed before the crash and stay redeemed.
+            assert peers.ask(peers.gen, m.credit_request("gen-0", 6)).body["granted"] == 2
+            # The learner restarted too: its lease returns to the front, then every group is served once.
+            assert peers.ask(peers.learner, m.learner_hello(0, 0)).body == {"reason": "ready"}
+            batch = peers.ask(peers.learner, m.batch_request(0, 6, 0))
+            assert m.groups_from_body(batch.body) == sent
+        finally:
+            peers.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    state = tmp_path / "buffer"
+    assert (state / "state.msgpack").is_file()
+    stats = json.loads((state / "stats.json").read_text())
+    assert (stats["accepted"], stats["duplicates"], stats["requeued"], stats["served"]) == (6, 6, 2, 8)
+    assert stats["leased"] == 6 and stats["waiting"] == 0
+    text = log_path.read_text()
+    assert "received SIGTERM: draining" in text and "state persisted" in text
+
+
+def test_curve_admits_only_clients_whose_keys_are_listed(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    (keys / "clients").mkdir(parents=True)
+    zmq.auth.create_certificates(keys, "server")
+    zmq.auth.create_certificates(keys, "gen-0")
+    zmq.auth.create_certificates(keys, "rogue")
+    shutil.copy(keys / "gen-0.key", keys / "clients" / "gen-0.key")
+    server_public, _ = zmq.auth.load_certificate(keys / "server.key")
+    cfg = load_config(overrides=[*overrides(tmp_path), f'transport.curve_dir="{keys}"'], environ={})
+    address = f"tcp://127.0.0.1:{cfg.transport.samples_port}"
+    with service_in_thread(cfg):
+        ctx: zmq.Context[Any] = zmq.Context()
+        try:
+            for name, admitted in (("gen-0", True), ("rogue", False)):
+                public, secret = zmq.auth.load_certificate(keys / f"{name}.key_secret")
+                assert secret is not None
+                curve = CurveKeys(public, secret, server_public)
+                with open_endpoint(ctx, zmq.DEALER, connect=address, max_bytes=MAX_BYTES, curve=curve) as ep:
+                    if admitted:
+                        assert request(ep, *m.hello(name, 0), timeout_ms=WAIT_MS, retries=0).type == m.CREDIT
+                    else:
+                        with pytest.raises(TransportTimeout):
+                            request(ep, *m.hello(name, 0), timeout_ms=500, retries=0)
+        finally:
+            ctx.term()
+
+
+def test_missing_curve_keys_fail_at_start_naming_the_fix(tmp_path: Path) -> None:
+    cfg = load_config(overrides=[*overrides(tmp_path), f'transport.curve_dir="{tmp_path}"'], environ={})
+    with pytest.raises(ConfigError, match=r"server\.key_secret .*unset transport\.curve_dir"):
+        BufferService(cfg)

@@ -1,0 +1,232 @@
+"""RolloutEngine on a real vLLM engine (CPU build) with a tiny Qwen2 model, checked against transformers.
+
+One engine is started for the whole module (20-60 s). The two test models are random tiny Qwen2
+models with tied embeddings whose embeddings are scaled up so that logits are peaked (greedy decoding
+then has clear winners and cannot flip between implementations on rounding), and whose EOS row is
+zeroed so that greedy runs never stop early.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from stream_dapo.config import Config  # noqa: E402
+from stream_dapo.data.dataset import PromptItem  # noqa: E402
+from stream_dapo.generator.engine import RolloutEngine, WeightUpdateError  # noqa: E402
+from stream_dapo.generator.rollout import FinishedGroup  # noqa: E402
+from stream_dapo.model.tiny import EOS_TOKEN, TinyModelSpec, build_tiny_model, build_tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+G = 4
+MAX_NEW = 48
+SPEC = TinyModelSpec(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256)
+LOGPROB_TOL = 1e-4
+LONG_QUESTION = "Add all of these numbers: " + " ".join(str(n) for n in range(10, 70)) + "."
+
+
+def _build_model(tokenizer: Any, seed: int, out: Path) -> Path:
+    """A tiny model with peaked logits and EOS never the greedy choice, saved with its tokenizer."""
+    model = build_tiny_model(tokenizer, SPEC, seed)
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    with torch.no_grad():
+        embed = model.get_input_embeddings().weight
+        embed.mul_(4.0)
+        embed[eos].zero_()
+    assert model.lm_head.weight.data_ptr() == embed.data_ptr(), "the test needs tied embeddings"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _state_dict_file(model_dir: Path, out: Path) -> Path:
+    """The learner's publication format: full state dict, tied lm_head dropped, one safetensors file."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tensors = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(tensors, str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("gen-engine")
+    tokenizer = build_tokenizer()
+    m0 = _build_model(tokenizer, 0, root / "m0")
+    m1 = _build_model(tokenizer, 1, root / "m1")
+    cfg = Config.model_validate(
+        {
+            "model": {"path": str(m0), "max_prompt_len": 192},
+            "algo": {"group_size": G, "max_response_len": MAX_NEW, "overlong_cache_len": 8},
+            "generator": {"kv_cache_gib": 0.25, "max_num_seqs": 32},
+            "learner": {"micro_batch_tokens": 256},
+        }
+    )
+    engine = RolloutEngine.start(cfg)
+    hf = {
+        0: AutoModelForCausalLM.from_pretrained(m0, dtype=torch.float32).eval(),
+        1: AutoModelForCausalLM.from_pretrained(m1, dtype=torch.float32).eval(),
+    }
+    files = {0: _state_dict_file(m0, root / "v0.safetensors"), 1: _state_dict_file(m1, root / "v1.safetensors")}
+    prompts = [
+        PromptItem(
+            prompt_id=f"p{i}",
+            messages=[{"role": "user", "content": q}],
+            prompt_token_ids=list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False)),
+            gold=str(i),
+            data_source="test",
+        )
+        for i, q in enumerate(["What is 2 + 3?", "Compute 7 * 6 - 5.", "What is 12 + 30?", LONG_QUESTION])
+    ]
+    # vLLM's CPU KV blocks hold 128 tokens; only a longer prompt exercises the prefix cache.
+    assert len(prompts[3].prompt_token_ids) > 128 + 8
+    try:
+        yield engine, hf, files, prompts
+    finally:
+        engine.close()
+
+
+def _run_until_done(engine: RolloutEngine, want: int) -> list[FinishedGroup]:
+    out: list[FinishedGroup] = []
+    for _ in range(10_000):
+        out.extend(engine.step())
+        if len(out) >= want:
+            return out
+    raise AssertionError(f"only {len(out)} of {want} groups finished")
+
+
+@torch.no_grad()
+def _hf_logprobs(model: Any, prompt: list[int], response: list[int]) -> np.ndarray:
+    ids = torch.tensor([prompt + response])
+    logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+    return lp.numpy()
+
+
+@torch.no_grad()
+def _hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
+    ids = list(ids)
+    out = []
+    for _ in range(n):
+        nxt = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        out.append(nxt)
+        ids.append(nxt)
+    return out
+
+
+def test_groups_have_g_samples_with_logprobs_equal_to_transformers(setup: Any) -> None:
+    engine, hf, _, prompts = setup
+    engine.temperature = 1.0
+    ids = [engine.add_group(p) for p in prompts[:3]]
+    assert engine.num_in_flight == 3
+    groups = _run_until_done(engine, 3)
+    assert sorted(g.group_id for g in groups) == sorted(ids)
+    assert engine.num_in_flight == 0
+    by_prompt = {p.prompt_id: p for p in prompts}
+    for group in groups:
+        assert len(group.samples) == G
+        prompt = by_prompt[group.prompt_id].prompt_token_ids
+        assert group.prompt_token_ids.tolist() == prompt
+        for s in group.samples:
+            assert 1 <= len(s) <= MAX_NEW
+            assert s.token_ids.dtype == np.int32 and s.logprobs.dtype == np.float32 and s.versions.dtype == np.int32
+            assert np.isfinite(s.logprobs).all() and (s.logprobs <= 0).all()
+            assert (s.versions == 0).all()
+            assert s.truncated == (len(s) == MAX_NEW and s.finish_reason == "length")
+            ref = _hf_logprobs(hf[0], prompt, s.token_ids.tolist())
+            np.testing.assert_allclose(s.logprobs, ref, atol=LOGPROB_TOL, rtol=0)
+    # Sampling at temperature 1 gives different responses within a group.
+    assert any(len({tuple(s.token_ids.tolist()) for s in g.samples}) > 1 for g in groups)
+
+
+def test_update_mid_request_switches_versions_at_the_swap_token(setup: Any) -> None:
+    engine, hf, files, prompts = setup
+    engine.temperature = 0.0
+    before = engine.weights_checksum()
+    prompt = prompts[0].prompt_token_ids
+    gid = engine.add_group(prompts[0])
+    start = engine.tokens_generated
+    while engine.tokens_generated < start + 3 * G:  # let it get a few tokens in, then swap under it
+        assert not engine.step(), "the group finished before the update; raise MAX_NEW"
+    seconds = engine.update_weights(files[1], version=1)
+    assert seconds > 0 and engine.version == 1
+    assert engine.weights_checksum() != before
+    (group,) = _run_until_done(engine, 1)
+    assert group.group_id == gid
+    for s in group.samples:
+        tokens = s.token_ids.tolist()
+        assert len(tokens) == MAX_NEW and s.truncated
+        k = int((s.versions == 0).sum())
+        assert 1 <= k < MAX_NEW, "the update must land while the sample is being generated"
+        assert s.versions.tolist() == [0] * k + [1] * (MAX_NEW - k)
+        # Tokens before the swap are the old model's greedy choices, after it the new model's given the
+        # prefix (in-flight KV is recomputed with the new weights).
+        assert tokens[:k] == _hf_greedy(hf[0], prompt, k)
+        assert tokens[k:] == _hf_greedy(hf[1], prompt + tokens[:k], MAX_NEW - k)
+        np.testing.assert_allclose(s.logprobs[:k], _hf_logprobs(hf[0], prompt, tokens)[:k], atol=LOGPROB_TOL, rtol=0)
+        np.testing.assert_allclose(s.logprobs[k:], _hf_logprobs(hf[1], prompt, tokens)[k:], atol=LOGPROB_TOL, rtol=0)
+
+    # A group started after the update is the new model's greedy output everywhere (tied LM head included),
+    # even for a prompt whose prefix blocks were cached under the old weights.
+    engine.add_group(prompts[0])
+    (fresh,) = _run_until_done(engine, 1)
+    expected = _hf_greedy(hf[1], prompt, MAX_NEW)
+    for s in fresh.samples:
+        assert s.token_ids.tolist() == expected
+        assert (s.versions == 1).all()
+
+
+def test_keep_kv_mode_salts_new_requests_and_retries_cache_reset(setup: Any) -> None:
+    engine, hf, files, prompts = setup
+    engine.temperature = 0.0
+    engine.kv_on_update = "keep"
+    try:
+        prompt = prompts[1].prompt_token_ids
+        engine.add_group(prompts[1])
+        start = engine.tokens_generated
+        while engine.tokens_generated < start + 2 * G:
+            assert not engine.step(), "the group finished before the update; raise MAX_NEW"
+        engine.update_weights(files[0], version=2)
+        assert engine.kv_reset_pending, "reset_prefix_cache refuses while requests hold KV blocks"
+        (group,) = _run_until_done(engine, 1)
+        for s in group.samples:
+            k = int((s.versions == 1).sum())
+            assert 1 <= k < MAX_NEW and s.versions.tolist() == [1] * k + [2] * (MAX_NEW - k)
+        # Same prompt again: it must not reuse prefix blocks computed by version 1.
+        engine.add_group(prompts[1])
+        (fresh,) = _run_until_done(engine, 1)
+        expected = _hf_greedy(hf[0], prompt, MAX_NEW)
+        assert all(s.token_ids.tolist() == expected for s in fresh.samples)
+        engine._kv_reset_last_try = -math.inf  # do not wait out the retry interval in a test
+        engine.step()
+        assert not engine.kv_reset_pending
+    finally:
+        engine.kv_on_update = "recompute"
+
+
+def test_bad_weights_file_is_refused_before_pausing(setup: Any, tmp_path: Path) -> None:
+    engine, _, _, prompts = setup
+    version = engine.version
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        engine.update_weights(tmp_path / "missing.safetensors", version=99)
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="not a usable safetensors"):
+        engine.update_weights(junk, version=99)
+    assert engine.version == version
+    engine.add_group(prompts[2])
+    (group,) = _run_until_done(engine, 1)
+    assert (np.concatenate([s.versions for s in group.samples]) == version).all()

@@ -1,0 +1,149 @@
+"""Gradient accumulation equals one big batch: the token-level loss is normalised globally.
+
+A DeepSpeed learner (world size 1, ZeRO stage 0, fp32) takes one step on the same mini-batch packed
+into 1 and into 3 micro-batches; both must give the gradient and the parameter update of a plain
+torch reference that computes the token-mean loss over the whole mini-batch, sequence by sequence,
+without padding. Normalising per micro-batch (the bug to avoid) reweights the three micro-batches
+and fails the gradient comparison.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from stream_dapo.config import Config, ConfigError
+from stream_dapo.core.loss import policy_loss, token_logprobs
+from stream_dapo.learner.packing import sequences_from_groups
+from stream_dapo.learner.trainer import Learner, deepspeed_config, loss_params_from_config
+from stream_dapo.transport.messages import Group, Sample
+
+LR = 1e-3
+
+
+def tiny_model(seed: int = 0) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, intermediate_size=64, tie_word_embeddings=True)
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def make_cfg(micro_batch_tokens: int, **learner: object) -> Config:
+    return Config.model_validate({
+        "model": {"max_prompt_len": 8, "path": "unused"},
+        "algo": {"group_size": 3, "max_response_len": 32, "overlong_cache_len": 4},
+        "learner": {"mini_batch_samples": 6, "rollout_batch_prompts": 2, "micro_batch_tokens": micro_batch_tokens,
+                    "lr": LR, "zero_stage": 0, **learner},
+    })
+
+
+def make_groups(seed: int) -> list[Group]:
+    """Two groups of three; lengths 30, 28, 25 and 20, 18, 12 make three micro-batches at budget 64.
+    One sample is overlong-filtered (loss_weight 0): it must not count in T."""
+    rng = np.random.default_rng(seed)
+
+    def group(gid: str, prompt_len: int, lengths: list[int], advantages: list[float], weights: list[float]) -> Group:
+        samples = [
+            Sample(tokens=rng.integers(0, 64, n).astype(np.int32),
+                   logprobs=rng.uniform(-5.0, -3.5, n).astype(np.float32),
+                   versions=np.zeros(n, np.int32), reward=float(np.sign(a)), correct=a > 0, truncated=w == 0,
+                   advantage=a, loss_weight=w)
+            for n, a, w in zip(lengths, advantages, weights, strict=True)
+        ]
+        return Group(group_id=gid, prompt_id=gid, generator_id="g0", gold="1",
+                     prompt_tokens=rng.integers(0, 64, prompt_len).astype(np.int32), created_at=0.0, samples=samples)
+
+    return [
+        group("a", 6, [24, 22, 19], [1.2, -0.6, -0.6], [1.0, 1.0, 0.0]),
+        group("b", 4, [16, 14, 8], [-1.0, 0.5, 0.5], [1.0, 1.0, 1.0]),
+    ]
+
+
+def reference_step(
+    model: Qwen2ForCausalLM, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config
+) -> tuple[float, dict, float]:
+    """Plain torch: token-mean loss over the whole mini-batch, one unpadded sequence at a time."""
+    params = loss_params_from_config(cfg)
+    seqs = sequences_from_groups(groups)
+    total_tokens = sum(len(s.response) for s in seqs if s.loss_weight > 0)
+    loss_sum = 0.0
+    for s in seqs:
+        ids = torch.from_numpy(np.concatenate([s.prompt, s.response]).astype(np.int64))[None]
+        p = len(s.prompt)
+        logp = token_logprobs(model(input_ids=ids).logits[:, p - 1 : -1], ids[:, p:])
+        mask = torch.full_like(logp, float(s.loss_weight > 0))
+        loss, _ = policy_loss(logp, torch.from_numpy(s.behaviour_logprobs)[None], torch.tensor([s.advantage]),
+                              mask, params, prox_logprobs=logp.detach(), global_tokens=total_tokens)
+        loss.backward()
+        loss_sum += float(loss.detach())
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.learner.grad_clip))
+    opt.step()
+    opt.zero_grad()
+    return loss_sum, grads, norm
+
+
+def learner_step(learner: Learner, groups: list[Group]) -> tuple[object, dict, int]:
+    batch = learner.prepare(groups)
+    acc = learner.accumulate_gradients(batch)
+    grads = {n: p.grad.clone() for n, p in learner.engine.module.named_parameters()}
+    return learner.apply_update(batch, acc), grads, len(batch.micro_batches)
+
+
+def params_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def test_one_vs_three_micro_batches_match_one_big_batch_reference() -> None:
+    big, small = make_cfg(4096), make_cfg(64)
+    learners = {1: Learner(big, tiny_model(), source_dir="."), 3: Learner(small, tiny_model(), source_dir=".")}
+    reference = tiny_model()
+    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=big.learner.betas, eps=1e-8,
+                            weight_decay=big.learner.weight_decay)
+    start = params_of(reference)
+
+    for step, seed in enumerate((1, 2)):
+        groups = make_groups(seed)
+        ref_loss, ref_grads, ref_norm = reference_step(reference, opt, groups, big)
+        for expected_micro, learner in learners.items():
+            metrics, grads, n_micro = learner_step(learner, groups)
+            assert n_micro == expected_micro
+            assert metrics.version == step + 1
+            assert metrics.loss_tokens == 24 + 22 + 16 + 14 + 8  # the filtered sample (19) is not in T
+            assert metrics.loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
+            assert metrics.grad_norm == pytest.approx(ref_norm, rel=1e-5)
+            for name, g in ref_grads.items():
+                torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7, msg=f"grad of {name}")
+            # Adam's update g / (|g| + eps) amplifies float noise in gradients near eps (1e-8), so
+            # updates agree to 1e-6 absolute: a thousandth of a step of size LR.
+            ref_now = params_of(reference)
+            for name, value in params_of(learner.engine.module).items():
+                update, ref_update = value - start[name], ref_now[name] - start[name]
+                assert ref_update.abs().max() > LR / 2, name
+                torch.testing.assert_close(update, ref_update, rtol=1e-5, atol=1e-6, msg=f"update of {name}")
+    assert metrics.lr == pytest.approx(LR)
+
+
+def test_deepspeed_config_follows_the_learner_section() -> None:
+    cfg = make_cfg(4096, zero_stage=2, grad_clip=0.5, warmup_steps=3)
+    ds = deepspeed_config(cfg, world_size=4, on_gpu=False)
+    assert ds["zero_optimization"]["stage"] == 2
+    assert ds["gradient_clipping"] == 0.5
+    assert ds["train_batch_size"] == 4 and ds["gradient_accumulation_steps"] == 1
+    assert ds["managed_gradient_accumulation"] is False
+    assert ds["optimizer"]["params"]["torch_adam"] is True
+    assert "scheduler" not in ds and not ds["bf16"]["enabled"]
+
+    bf16 = make_cfg(4096, zero_stage=1)
+    bf16.model.dtype = "bfloat16"
+    ds = deepspeed_config(bf16, world_size=1, on_gpu=False)
+    assert ds["bf16"]["enabled"] and ds["data_types"]["grad_accum_dtype"] == "fp32"
+
+    bf16.learner.zero_stage = 0
+    with pytest.raises(ConfigError, match="learner.zero_stage=1"):
+        deepspeed_config(bf16, world_size=1)
+    bf16.model.dtype = "float16"
+    with pytest.raises(ConfigError, match="model.dtype=bfloat16"):
+        deepspeed_config(bf16, world_size=1)

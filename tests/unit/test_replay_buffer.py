@@ -1,0 +1,551 @@
+"""The replay buffer's state machine: admission, lifecycle, staleness gate, restore."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from stream_dapo.buffer.replay import (
+    AdmissionPolicy,
+    BufferInputError,
+    GroupState,
+    MemoryLog,
+    ReplayBuffer,
+    admission_capacity,
+    check_admission,
+    min_capacity_groups,
+    min_max_staleness,
+    wire_bytes,
+)
+from stream_dapo.config import AlgoConfig, Config, ConfigError, load_config
+from stream_dapo.transport.codec import encode
+from stream_dapo.transport.messages import Group, Sample, batch
+
+G = 2
+
+
+def make_group(
+    gid: str, version: int = 0, *, samples: int = G, length: int = 3, prompt_len: int = 2, gen: str = "gen-0"
+) -> Group:
+    sample = Sample(
+        tokens=np.arange(length, dtype=np.int32),
+        logprobs=np.full(length, -0.5, dtype=np.float32),
+        versions=np.full(length, version, dtype=np.int32),
+        reward=1.0,
+        correct=True,
+        truncated=False,
+        advantage=0.5,
+    )
+    return Group(gid, f"p-{gid}", gen, "42", np.arange(prompt_len, dtype=np.int32), 1.0, [sample] * samples)
+
+
+def policy(**overrides: int) -> AdmissionPolicy:
+    values = dict(
+        line_capacity=6, capacity_groups=100, groups_per_version=2, max_staleness=3, max_reuse=1, group_size=G
+    )
+    values.update(overrides)
+    return AdmissionPolicy(**values)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cfg_with(*overrides: str) -> Config:
+    return load_config(overrides=overrides, environ={})
+
+
+# --------------------------------------------------------------------------------------------------
+# Admission capacity and the start-up check
+# --------------------------------------------------------------------------------------------------
+
+
+def test_default_config_admits_three_versions_of_groups() -> None:
+    # S = 16*8/64 = 2 steps per rollout, B_v = 64/8 = 8 groups per step, max_staleness 4, sync_every 1:
+    # (4 - 2 - 0 + 1) * 8 = 24 groups may wait or be promised.
+    cfg = Config()
+    assert admission_capacity(cfg) == 24
+    assert check_admission(cfg) == 24
+    assert AdmissionPolicy.from_config(cfg).line_capacity == 24
+
+
+def test_capacity_below_a_rollout_batch_fails_at_start_up_naming_max_staleness() -> None:
+    # capacity (2 - 2 + 1) * 8 = 8 < 16 prompts per rollout: the config refuses it when loaded...
+    with pytest.raises(ConfigError, match=r"set algo\.max_staleness >= 3"):
+        cfg_with("algo.max_staleness=2")
+    # ...and the buffer refuses it at start-up even if validation was bypassed.
+    cfg = Config.model_construct(
+        algo=AlgoConfig.model_construct(**{**AlgoConfig().model_dump(), "max_staleness": 2})
+    )
+    assert admission_capacity(cfg) == 8
+    with pytest.raises(ConfigError, match=r"[Ss]et algo\.max_staleness >= 3") as info:
+        check_admission(cfg)
+    assert "learner.rollout_batch_prompts (16)" in str(info.value)
+    with pytest.raises(ConfigError):
+        AdmissionPolicy.from_config(cfg)
+
+
+def test_slower_weight_sync_needs_more_staleness() -> None:
+    base = cfg_with("algo.max_staleness=5")
+    cfg = Config.model_construct(
+        **{**dict(base), "learner": base.learner.model_copy(update={"sync_every": 3})}
+    )
+    assert admission_capacity(cfg) == 16  # (5 - 2 - 2 + 1) * 8
+    assert min_max_staleness(cfg) == 5
+    with pytest.raises(ConfigError, match=r"algo\.max_staleness >= 5"):
+        cfg_with("learner.sync_every=3")
+
+
+def test_too_small_capacity_groups_fails_naming_the_minimum() -> None:
+    # Rollouts every S = 2 versions, commits every 20: up to (20 - 2) * 8 = 144 groups are still
+    # leased when the learner asks for its next 16.
+    cfg = cfg_with("buffer.capacity_groups=100")
+    assert min_capacity_groups(cfg) == 160
+    with pytest.raises(ConfigError, match=r"Set buffer\.capacity_groups >= 160"):
+        check_admission(cfg)
+    assert check_admission(cfg_with("buffer.capacity_groups=160")) == 24
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    group_size=st.sampled_from([1, 2, 4, 8, 16]),
+    per_version=st.integers(1, 8),
+    steps=st.integers(1, 6),
+    sync_every=st.integers(1, 4),
+)
+def test_min_max_staleness_is_the_smallest_value_that_works(
+    group_size: int, per_version: int, steps: int, sync_every: int
+) -> None:
+    def cfg(max_staleness: int) -> Config:
+        return Config.model_validate(
+            {
+                "algo": {"group_size": max(group_size, 2), "max_staleness": max_staleness},
+                "learner": {
+                    "mini_batch_samples": per_version * max(group_size, 2),
+                    "rollout_batch_prompts": per_version * steps,
+                    "sync_every": sync_every,
+                },
+                "buffer": {"capacity_groups": 100_000},
+            }
+        )
+
+    lowest = min_max_staleness(cfg(100))
+    assert admission_capacity(cfg(lowest)) >= per_version * steps
+    # One less deadlocks: the config refuses it, with the same minimum.
+    with pytest.raises(ValidationError, match=rf"set algo\.max_staleness >= {lowest}\b"):
+        cfg(lowest - 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Credits
+# --------------------------------------------------------------------------------------------------
+
+
+def test_credits_are_granted_only_while_the_line_has_room() -> None:
+    buf = ReplayBuffer(policy(line_capacity=6))
+    assert buf.grant_credits("gen-0", 4) == 4
+    assert buf.grant_credits("gen-1", 4) == 2
+    assert buf.grant_credits("gen-1", 1) == 0
+    buf.add_groups("gen-0", [make_group("a"), make_group("b")])
+    assert buf.line == 6 and buf.credits_outstanding == 4  # groups replaced their credits
+    assert buf.grant_credits("gen-0", 1) == 0
+    buf.serve(0, max_groups=2)  # leased groups leave the line
+    assert buf.grant_credits("gen-0", 5) == 2
+    assert buf.stats()["credits_granted"] == 8
+
+
+def test_leased_groups_count_against_capacity_groups() -> None:
+    buf = ReplayBuffer(policy(line_capacity=6, capacity_groups=5))
+    assert buf.grant_credits("gen-0", 5) == 5
+    buf.add_groups("gen-0", [make_group(f"g{i}") for i in range(5)])
+    buf.serve(0, max_groups=4)
+    # Line (1 waiting) has room for 5 more under line_capacity, but only 5 - 4 leased - 1 = 0 fit.
+    assert buf.grant_credits("gen-0", 5) == 0
+
+
+def test_filtered_groups_redeem_credits() -> None:
+    buf = ReplayBuffer(policy(line_capacity=6))
+    buf.grant_credits("gen-0", 5)
+    buf.add_groups("gen-0", [make_group("a")], filtered=3)
+    assert buf.credits_of("gen-0") == 1
+    assert buf.line == 2
+    buf.add_groups("gen-0", [], filtered=4)  # more than it held: clamped, and counted
+    assert buf.credits_of("gen-0") == 0
+    assert buf.stats()["uncredited"] == 3
+
+
+def test_generator_hello_releases_its_credits() -> None:
+    buf = ReplayBuffer(policy(line_capacity=6))
+    buf.grant_credits("gen-0", 4)
+    buf.grant_credits("gen-1", 2)
+    assert buf.generator_hello("gen-0") == 0
+    assert buf.credits_of("gen-0") == 0 and buf.credits_of("gen-1") == 2
+    assert buf.stats()["credits_released"] == 4
+    assert buf.grant_credits("gen-0", 10) == 4
+
+
+def test_duplicates_do_not_redeem_credits_again() -> None:
+    buf = ReplayBuffer(policy())
+    buf.grant_credits("gen-0", 3)
+    buf.add_groups("gen-0", [make_group("a")])
+    buf.add_groups("gen-0", [make_group("a")])
+    assert buf.credits_of("gen-0") == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), capacity_groups=st.integers(4, 30), line=st.integers(0, 12))
+def test_credits_never_exceed_capacity(seed: int, capacity_groups: int, line: int) -> None:
+    """Random traffic from generators that only send credited groups: every grant leaves the line
+    within its limit, and waiting + leased + outstanding never exceeds capacity_groups."""
+    rng = random.Random(seed)
+    buf = ReplayBuffer(policy(line_capacity=line, capacity_groups=capacity_groups, max_staleness=100))
+    inflight: dict[str, list[str]] = {"gen-0": [], "gen-1": [], "gen-2": []}
+    version, n = 0, 0
+    for _ in range(150):
+        gen = rng.choice(sorted(inflight))
+        op = rng.random()
+        if op < 0.3:
+            granted = buf.grant_credits(gen, rng.randint(0, 6))
+            if granted:
+                assert buf.line <= buf.line_limit
+            inflight[gen].extend(f"g{n + i}" for i in range(granted))
+            n += granted
+        elif op < 0.55 and inflight[gen]:
+            k = rng.randint(1, len(inflight[gen]))
+            done, inflight[gen] = inflight[gen][:k], inflight[gen][k:]
+            kept = [gid for gid in done if rng.random() < 0.7]
+            buf.add_groups(gen, [make_group(gid, version) for gid in kept], filtered=len(done) - len(kept))
+        elif op < 0.75:
+            buf.serve(version, max_groups=rng.randint(1, 4))
+        elif op < 0.9:
+            buf.commit(version, buf.leased_ids()[: rng.randint(0, 4)])
+            version += 1
+        elif op < 0.95:
+            buf.learner_hello(version, version)
+        else:
+            buf.generator_hello(gen)
+            inflight[gen].clear()  # a restarted generator lost what it was generating
+        assert buf.held + buf.credits_outstanding <= capacity_groups
+        assert buf.credits_outstanding == sum(len(v) for v in inflight.values())
+    assert buf.stats()["rejected_groups"] == {}
+
+
+# --------------------------------------------------------------------------------------------------
+# Groups in
+# --------------------------------------------------------------------------------------------------
+
+
+def test_duplicate_group_is_acked_but_stored_once() -> None:
+    buf = ReplayBuffer(policy())
+    first = buf.add_groups("gen-0", [make_group("a"), make_group("b"), make_group("a")])
+    assert first.accepted == ["a", "b"] and first.duplicates == ["a"]
+    again = buf.add_groups("gen-0", [make_group("b"), make_group("c")])
+    assert again.accepted == ["c"] and again.duplicates == ["b"]
+    assert buf.waiting_ids() == ["a", "b", "c"]
+    buf.serve(0, max_groups=3)
+    buf.commit(1, ["a", "b", "c"])
+    late = buf.add_groups("gen-0", [make_group("a")])  # a resend after training: still a duplicate
+    assert late.duplicates == ["a"] and buf.held == 0
+    stats = buf.stats()
+    assert (stats["accepted"], stats["duplicates"]) == (3, 3)
+
+
+def test_group_of_the_wrong_size_is_rejected_and_counted() -> None:
+    buf = ReplayBuffer(policy())
+    result = buf.add_groups("gen-0", [make_group("a", samples=3), make_group("b")])
+    assert result.rejected == [("a", "wrong_group_size")] and result.accepted == ["b"]
+    assert buf.stats()["rejected_groups"] == {"wrong_group_size": 1}
+    assert buf.state_of("a") is None  # not remembered: a corrected resend is welcome
+
+
+def test_uncredited_groups_beyond_capacity_groups_are_rejected_as_full() -> None:
+    buf = ReplayBuffer(policy(capacity_groups=2))
+    result = buf.add_groups("gen-0", [make_group(g) for g in "abc"])
+    assert result.accepted == ["a", "b"] and result.rejected == [("c", "buffer_full")]
+    assert buf.stats()["uncredited"] == 3
+
+
+# --------------------------------------------------------------------------------------------------
+# Serving, the staleness gate, commits and requeues
+# --------------------------------------------------------------------------------------------------
+
+
+def test_groups_are_served_in_arrival_order() -> None:
+    buf = ReplayBuffer(policy())
+    buf.add_groups("gen-0", [make_group(g) for g in "abcde"])
+    assert [g.group_id for g in buf.serve(0, max_groups=2).groups] == ["a", "b"]
+    assert [g.group_id for g in buf.serve(0, max_groups=2).groups] == ["c", "d"]
+    assert buf.state_of("a") is GroupState.LEASED and buf.state_of("e") is GroupState.WAITING
+
+
+def test_stale_group_is_dropped_at_dequeue_and_counted() -> None:
+    buf = ReplayBuffer(policy(max_staleness=3, groups_per_version=2))
+    buf.add_groups(
+        "gen-0", [make_group("old", 1), make_group("ok", 7), make_group("edge", 6), make_group("x", 6)]
+    )
+    result = buf.serve(10, max_groups=3)
+    # Positions 0 and 1 train at version 10: "old" would be 9 versions behind, "edge" and "x" 4,
+    # all over the limit of 3: dropped. "ok" is 3 behind: served.
+    assert result.dropped_stale == ["old", "edge", "x"]
+    assert [g.group_id for g in result.groups] == ["ok"] and result.staleness == [3]
+    assert buf.state_of("old") is GroupState.COMMITTED  # forgotten but remembered as seen
+    assert buf.add_groups("gen-0", [make_group("old", 1)]).duplicates == ["old"]
+    stats = buf.stats()
+    assert stats["dropped_stale"] == 3 and stats["served"] == 1 and stats["max_staleness_served"] == 3
+
+
+def test_later_positions_in_a_batch_train_at_later_versions() -> None:
+    buf = ReplayBuffer(policy(max_staleness=2, groups_per_version=2))
+    buf.add_groups("gen-0", [make_group(f"g{i}", 8) for i in range(6)])
+    result = buf.serve(10, max_groups=6)
+    # Positions 0-1 train at 10 (staleness 2), 2-3 at 11 (3 > 2: dropped), and the rest can never
+    # reach a lower position than 2: all dropped.
+    assert [g.group_id for g in result.groups] == ["g0", "g1"]
+    assert result.staleness == [2, 2] and len(result.dropped_stale) == 4
+
+
+def test_positions_continue_across_partial_batches_at_one_version() -> None:
+    buf = ReplayBuffer(policy(max_staleness=2, groups_per_version=2))
+    buf.add_groups("gen-0", [make_group("a", 8), make_group("b", 8)])
+    assert buf.serve(10, max_groups=4).staleness == [2, 2]
+    buf.add_groups("gen-0", [make_group("c", 8), make_group("d", 9)])
+    later = buf.serve(10, max_groups=4)  # same rollout: positions 2 and 3 train at version 11
+    assert later.dropped_stale == ["c"] and later.staleness == [2]
+    buf.add_groups("gen-0", [make_group("e", 10)])
+    assert buf.serve(12, max_groups=4).staleness == [2]  # a new version starts at position 0
+
+
+def test_token_budget_stops_before_exceeding_but_serves_at_least_one() -> None:
+    buf = ReplayBuffer(policy())
+    # num_tokens = prompt 2 * 2 samples + 2 * length
+    buf.add_groups(
+        "gen-0", [make_group("big", length=50), make_group("s1", length=3), make_group("s2", length=3)]
+    )
+    assert make_group("big", length=50).num_tokens == 104 and make_group("s1").num_tokens == 10
+    first = buf.serve(0, max_groups=3, max_tokens=20)
+    assert [g.group_id for g in first.groups] == ["big"]  # over budget alone, but never empty
+    second = buf.serve(0, max_groups=3, max_tokens=20)
+    assert [g.group_id for g in second.groups] == ["s1", "s2"]  # 10 + 10 = 20: not exceeding
+
+
+def test_byte_budget_keeps_batches_under_the_message_limit() -> None:
+    buf = ReplayBuffer(policy())
+    groups = [make_group(f"g{i}", length=100) for i in range(4)]
+    buf.add_groups("gen-0", groups)
+    limit = 2 * wire_bytes(groups[0]) + 10
+    served = buf.serve(0, max_groups=4, max_bytes=limit).groups
+    assert len(served) == 2
+    assert len(encode(*batch(served, 0))) <= limit
+
+
+def test_wire_bytes_is_an_upper_estimate_of_the_encoded_size() -> None:
+    for group in (make_group("a"), make_group("b" * 200, length=1000, samples=16, prompt_len=300)):
+        single = len(encode(*batch([group], 0)))
+        assert single <= wire_bytes(group) < single * 1.5 + 1000
+
+
+def test_empty_buffer_serves_nothing_and_records_the_learner_version() -> None:
+    log = MemoryLog()
+    buf = ReplayBuffer(policy(), log)
+    result = buf.serve(7, max_groups=4)
+    assert result.groups == [] and result.dropped_stale == []
+    assert buf.learner_version == 7 and log.records == [{"k": "version", "v": 7}]
+
+
+def test_leased_groups_return_to_front_on_learner_hello() -> None:
+    buf = ReplayBuffer(policy())
+    buf.add_groups("gen-0", [make_group(g) for g in "abcdef"])
+    buf.serve(0, max_groups=2)  # a, b
+    buf.serve(0, max_groups=2)  # c, d
+    buf.commit(1, ["a"])
+    assert buf.learner_hello(1, 1) == 3
+    assert buf.waiting_ids() == ["b", "c", "d", "e", "f"] and buf.leased_ids() == []
+    assert [g.group_id for g in buf.serve(1, max_groups=6).groups] == ["b", "c", "d", "e", "f"]
+    stats = buf.stats()
+    assert stats["requeued"] == 3 and stats["committed_through"] == 1
+
+
+def test_commit_forgets_groups_but_keeps_their_ids() -> None:
+    buf = ReplayBuffer(policy())
+    buf.add_groups("gen-0", [make_group(g) for g in "abc"])
+    buf.serve(0, max_groups=3)
+    result = buf.commit(2, ["a", "b", "a", "zzz"])
+    assert result.committed == ["a", "b"] and result.unknown == ["zzz"]
+    assert buf.state_of("a") is GroupState.COMMITTED and buf.leased_ids() == ["c"]
+    again = buf.commit(2, ["a", "b"])  # a resent commit changes nothing
+    assert again.committed == [] and again.unknown == ["a", "b"]
+    stats = buf.stats()
+    assert (stats["committed"], stats["commit_unknown"], stats["learner_version"]) == (2, 3, 2)
+
+
+def test_commit_after_hello_retires_requeued_groups() -> None:
+    buf = ReplayBuffer(policy())
+    buf.add_groups("gen-0", [make_group(g) for g in "ab"])
+    buf.serve(0, max_groups=2)
+    buf.learner_hello(2, 2)  # the learner restarted before its commit got through...
+    assert buf.commit(2, ["a"]).committed == ["a"]  # ...and resends it: "a" is not trained twice
+    assert buf.waiting_ids() == ["b"]
+
+
+def test_committed_group_is_served_again_up_to_max_reuse() -> None:
+    buf = ReplayBuffer(policy(max_reuse=2, max_staleness=100))
+    buf.add_groups("gen-0", [make_group("a"), make_group("b")])
+    buf.serve(0, max_groups=1)
+    assert buf.commit(1, ["a"]).reused == ["a"]
+    assert buf.waiting_ids() == ["b", "a"]  # back of the queue
+    buf.serve(1, max_groups=2)
+    result = buf.commit(2, ["a", "b"])
+    assert result.committed == ["a"] and result.reused == ["b"]
+    assert buf.state_of("a") is GroupState.COMMITTED and buf.waiting_ids() == ["b"]
+    assert buf.stats()["served"] == 3
+
+
+def test_oldest_waiting_age_uses_the_injected_clock() -> None:
+    clock = FakeClock()
+    buf = ReplayBuffer(policy(), clock=clock)
+    assert buf.oldest_waiting_age_s() == 0.0
+    buf.add_groups("gen-0", [make_group("a")])
+    clock.now += 12.5
+    buf.add_groups("gen-0", [make_group("b")])
+    assert buf.oldest_waiting_age_s() == 12.5
+
+
+@pytest.mark.parametrize(
+    ("call", "fix"),
+    [
+        (lambda b: b.grant_credits("gen-0", -1), "want must be an int >= 0"),
+        (lambda b: b.grant_credits("", 1), "generator_id must be a non-empty string"),
+        (lambda b: b.serve(0, max_groups=0), "max_groups must be an int >= 1"),
+        (lambda b: b.serve(-1, max_groups=1), "learner_version must be an int >= 0"),
+        (lambda b: b.serve(0, max_groups=1, max_tokens=-5), "max_tokens must be an int >= 0"),
+        (lambda b: b.add_groups("gen-0", [], filtered=-1), "filtered must be an int >= 0"),
+        (lambda b: b.learner_hello(1, -1), "committed_through must be an int >= 0"),
+    ],
+)
+def test_bad_arguments_raise_naming_the_fix(call, fix: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(BufferInputError, match=fix):
+        call(ReplayBuffer(policy()))
+
+
+# --------------------------------------------------------------------------------------------------
+# The admission argument, end to end
+# --------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), sync_every=st.integers(1, 3), slack=st.integers(0, 2))
+def test_credited_groups_finished_in_order_are_never_too_stale(
+    seed: int, sync_every: int, slack: int
+) -> None:
+    """A generator that starts groups only with credits, on weights at most sync_every - 1 versions
+    old, and finishes them in order: whatever the interleaving with the learner, the gate never
+    fires and no served group exceeds max_staleness."""
+    overrides = [
+        "algo.group_size=2",
+        "learner.mini_batch_samples=4",  # B_v = 2
+        "learner.rollout_batch_prompts=6",  # S = 3
+        f"learner.sync_every={sync_every}",
+        "buffer.capacity_groups=1000",
+    ]
+    lowest = min_max_staleness(cfg_with(*overrides, "algo.max_staleness=50"))
+    cfg = cfg_with(*overrides, f"algo.max_staleness={lowest + slack}")
+    buf = ReplayBuffer(AdmissionPolicy.from_config(cfg))
+    rng = random.Random(seed)
+    version, n, inflight = 0, 0, []
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.35:
+            weights = version // sync_every * sync_every  # the latest published version
+            for _ in range(buf.grant_credits("gen-0", rng.randint(0, 4))):
+                inflight.append((f"g{n}", weights))
+                n += 1
+        elif op < 0.75 and inflight:
+            gid, weights = inflight.pop(0)
+            buf.add_groups("gen-0", [make_group(gid, weights)])
+        elif buf.num_waiting >= 6:
+            result = buf.serve(version, max_groups=6)
+            assert result.dropped_stale == []
+            assert max(result.staleness) <= cfg.algo.max_staleness
+            buf.commit(version + 3, [g.group_id for g in result.groups])
+            version += 3
+    assert buf.stats()["dropped_stale"] == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Restore
+# --------------------------------------------------------------------------------------------------
+
+
+def random_session(buf: ReplayBuffer, seed: int) -> None:
+    rng = random.Random(seed)
+    version = 0
+    for _ in range(120):
+        op = rng.random()
+        gen = f"gen-{rng.randint(0, 2)}"
+        if op < 0.2:
+            buf.grant_credits(gen, rng.randint(0, 3))
+        elif op < 0.5:
+            ids = [f"g{rng.randint(0, 60)}" for _ in range(rng.randint(0, 3))]
+            buf.add_groups(
+                gen, [make_group(g, max(0, version - rng.randint(0, 5))) for g in ids], rng.randint(0, 1)
+            )
+        elif op < 0.7:
+            buf.serve(version, rng.randint(1, 4), rng.choice([0, 30]))
+        elif op < 0.85:
+            buf.commit(version, rng.sample(buf.leased_ids(), min(2, buf.num_leased)) + ["nope"])
+            version += 1
+        elif op < 0.9:
+            buf.learner_hello(version, max(0, version - 1))
+        elif op < 0.95:
+            buf.generator_hello(gen)
+        else:
+            buf.count_rejected_message(rng.choice(["malformed", "bad_version"]), rng.randint(1, 2))
+
+
+def same_state(a: ReplayBuffer, b: ReplayBuffer) -> None:
+    assert a.stats() == b.stats()
+    assert a.waiting_ids() == b.waiting_ids() and a.leased_ids() == b.leased_ids()
+    for gid in a.waiting_ids() + a.leased_ids():
+        assert a.state_of(gid) is b.state_of(gid)
+    for gen in ("gen-0", "gen-1", "gen-2"):
+        assert a.credits_of(gen) == b.credits_of(gen)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), reuse=st.integers(1, 2))
+def test_replaying_the_log_rebuilds_the_same_buffer(seed: int, reuse: int) -> None:
+    log = MemoryLog()
+    live = ReplayBuffer(policy(max_reuse=reuse, capacity_groups=40), log)
+    random_session(live, seed)
+    same_state(live, ReplayBuffer.restore(live.policy, log.records))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_snapshot_then_log_tail_rebuilds_the_same_buffer(seed: int) -> None:
+    log = MemoryLog()
+    live = ReplayBuffer(policy(max_reuse=2, capacity_groups=40), log)
+    random_session(live, seed)
+    snapshot = list(live.snapshot_records())
+    log.records.clear()
+    random_session(live, seed + 1)
+    restored = ReplayBuffer.restore(live.policy, snapshot + log.records)
+    same_state(live, restored)
+    # The restored buffer keeps making the same decisions.
+    assert [g.group_id for g in restored.serve(live.learner_version, 3).groups] == [
+        g.group_id for g in live.serve(live.learner_version, 3).groups
+    ]
+
+
+def test_restore_refuses_records_it_does_not_understand() -> None:
+    with pytest.raises(BufferInputError, match="record #1 .*'mystery'"):
+        ReplayBuffer.restore(policy(), [{"k": "version", "v": 1}, {"k": "mystery"}])

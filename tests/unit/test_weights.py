@@ -1,0 +1,145 @@
+"""Weight publication and reception: ZeroMQ chunked transfer over loopback, and the shared directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import zmq
+from safetensors.torch import load, load_file
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from stream_dapo.transport import messages
+from stream_dapo.transport.sockets import open_endpoint, request
+from stream_dapo.weights import (
+    LATEST_FILE,
+    ChecksumMismatch,
+    SharedDirPublisher,
+    WeightServer,
+    WeightsPayload,
+    fetch_weights_zmq,
+    gather_full_state_dict,
+    read_shared_dir,
+    serialize_weights,
+)
+
+CHUNK = 4096  # the smallest allowed chunk: the tiny model spans many of them
+
+
+def tiny_model(seed: int = 0, tied: bool = True) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, intermediate_size=64, tie_word_embeddings=tied)
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def payload_of(seed: int, version: int) -> WeightsPayload:
+    sd = gather_full_state_dict(tiny_model(seed))
+    assert sd is not None
+    return serialize_weights(sd, version)
+
+
+@pytest.fixture
+def server():
+    with WeightServer("tcp://127.0.0.1:*", chunk_bytes=CHUNK) as srv:
+        yield srv
+
+
+def test_chunked_transfer_reassembles_bit_identically(server: WeightServer, tmp_path: Path) -> None:
+    payload = payload_of(0, version=3)
+    assert payload.total_bytes > 10 * CHUNK
+    server.publish(payload)
+    version, path = fetch_weights_zmq(server.address, have_version=-1, timeout=5.0, dest_dir=tmp_path)
+    assert version == 3 and path is not None
+    assert path.name == "v00000003.safetensors"
+    assert path.read_bytes() == payload.data
+    assert server.stats["chunks"] == -(-payload.total_bytes // CHUNK)
+    assert server.stats["bytes"] == payload.total_bytes
+    for name, tensor in load(payload.data).items():
+        assert torch.equal(load_file(path)[name], tensor)
+    # Asking again with the version we now hold transfers nothing.
+    assert fetch_weights_zmq(server.address, have_version=3, timeout=5.0, dest_dir=tmp_path) == (3, None)
+    assert list(tmp_path.glob(".*")) == []  # no temp files left behind
+
+
+def test_checksum_mismatch_is_detected_and_nothing_is_kept(server: WeightServer, tmp_path: Path) -> None:
+    good = payload_of(0, version=1)
+    corrupted = bytearray(good.data)
+    corrupted[len(corrupted) // 2] ^= 0xFF
+    server.publish(WeightsPayload(1, bytes(corrupted), good.checksum, good.num_tensors))
+    with pytest.raises(ChecksumMismatch, match="version 1"):
+        fetch_weights_zmq(server.address, have_version=-1, timeout=5.0, dest_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_late_joiner_gets_the_current_version(server: WeightServer, tmp_path: Path) -> None:
+    assert fetch_weights_zmq(server.address, have_version=-1, timeout=5.0, dest_dir=tmp_path) == (-1, None)
+    payloads = [payload_of(seed, version=v) for v, seed in enumerate((0, 1, 2))]
+    for p in payloads:
+        server.publish(p)
+    version, path = fetch_weights_zmq(server.address, have_version=-1, timeout=5.0, dest_dir=tmp_path)
+    assert version == 2 and path is not None and path.read_bytes() == payloads[2].data
+    # A generator holding version 0 (the initial weights) also moves to the current one.
+    version, path = fetch_weights_zmq(server.address, have_version=0, timeout=5.0, dest_dir=tmp_path / "g2")
+    assert version == 2 and path is not None and hashlib.sha256(path.read_bytes()).hexdigest() == payloads[2].checksum
+
+
+def test_pruned_version_is_reported_gone_and_bad_requests_do_not_stop_the_server(server: WeightServer) -> None:
+    for v in range(3):  # keep=2: version 0 is no longer served
+        server.publish(payload_of(0, version=v))
+    ctx = zmq.Context.instance()
+    with open_endpoint(ctx, zmq.DEALER, connect=server.address, max_bytes=1 << 24) as ep:
+        reply = request(ep, *messages.chunk_request(0, 0), timeout_ms=5000, retries=0)
+        assert reply.type == messages.NOT_AVAILABLE and reply.body["reason"] == "version_gone"
+        assert reply.body["current_version"] == 2
+        ep.socket.send(b"\x00 not msgpack")
+        reply = ep.recv(5000)
+        assert reply is not None and reply[1].type == messages.ERROR
+        reply = request(ep, *messages.chunk_request(1, 0), timeout_ms=5000, retries=0)
+        assert reply.type == messages.CHUNK and reply.body["index"] == 0
+
+
+def test_shared_dir_publishes_atomically_and_prunes(tmp_path: Path) -> None:
+    pub = SharedDirPublisher(tmp_path / "weights", keep=2)
+    assert read_shared_dir(pub.directory, have_version=-1) is None
+    payloads = [payload_of(seed, version=v) for v, seed in enumerate((0, 1, 2, 3))]
+    for p in payloads:
+        written = pub.publish(p)
+        latest = json.loads((pub.directory / LATEST_FILE).read_text())
+        assert latest == {"version": p.version, "checksum": p.checksum, "file": written.name,
+                          "total_bytes": p.total_bytes}
+    assert sorted(f.name for f in pub.directory.iterdir()) == [LATEST_FILE, "v00000002.safetensors",
+                                                              "v00000003.safetensors"]
+    version, path = read_shared_dir(pub.directory, have_version=-1)
+    assert version == 3 and path.read_bytes() == payloads[3].data
+    assert read_shared_dir(pub.directory, have_version=3) is None
+
+
+def test_shared_dir_rejects_a_corrupted_file(tmp_path: Path) -> None:
+    pub = SharedDirPublisher(tmp_path, keep=2)
+    path = pub.publish(payload_of(0, version=5))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(ChecksumMismatch, match="v00000005"):
+        read_shared_dir(tmp_path, have_version=4)
+
+
+def test_tied_embeddings_appear_once_and_reload_to_the_same_model() -> None:
+    model = tiny_model(0, tied=True)
+    sd = gather_full_state_dict(model)
+    assert sd is not None
+    assert "model.embed_tokens.weight" in sd and "lm_head.weight" not in sd
+    assert len(sd) == len(list(model.parameters()))
+    restored = Qwen2ForCausalLM(model.config)
+    missing, unexpected = restored.load_state_dict(load(serialize_weights(sd, 0).data), strict=False)
+    assert unexpected == [] and set(missing) <= {"lm_head.weight"}
+    restored.tie_weights()
+    ids = torch.tensor([[1, 5, 9, 2]])
+    torch.testing.assert_close(restored(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=0)
+
+    untied = gather_full_state_dict(tiny_model(0, tied=False))
+    assert untied is not None and "lm_head.weight" in untied
