@@ -430,11 +430,12 @@ class BufferService:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        persisted = False
         try:
             if persist and hasattr(self, "buffer"):
                 self.persist()
-                stats_path = self.journal.snapshot_path.with_name("stats.json")
-                stats_path.write_text(json.dumps(self.stats(), indent=2, sort_keys=True) + "\n")
+                persisted = True
+                self._write_stats()
         finally:
             for endpoint in self._endpoints:
                 endpoint.close()
@@ -445,7 +446,15 @@ class BufferService:
             if self.metrics_server is not None:
                 self.metrics_server.stop()
             self.journal.close()
-            log.info("buffer closed%s", " (state persisted)" if persist else "")
+            log.info("buffer closed%s", " (state persisted)" if persisted else "")
+
+    def _write_stats(self) -> None:
+        """stats.json next to the state, for the run summary; best effort (the state is safe)."""
+        path = self.journal.snapshot_path.with_name("stats.json")
+        try:
+            path.write_text(json.dumps(self.stats(), indent=2, sort_keys=True) + "\n")
+        except OSError as exc:
+            log.warning("cannot write %s: %s", path, exc.strerror)
 
 
 # --------------------------------------------------------------------------------------------------

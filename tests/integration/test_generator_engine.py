@@ -152,20 +152,32 @@ def test_groups_have_g_samples_with_logprobs_equal_to_transformers(setup: Any) -
     assert any(len({tuple(s.token_ids.tolist()) for s in g.samples}) > 1 for g in groups)
 
 
+def _swap_under_group(engine: RolloutEngine, prompt: PromptItem, path: Path, version: int) -> str:
+    """Start a group, let it generate a few tokens, then update the weights while it runs."""
+    gid = engine.add_group(prompt)
+    start = engine.tokens_generated
+    while engine.tokens_generated < start + 3 * G:
+        assert not engine.step(), "the group finished before the update; raise MAX_NEW"
+    seconds = engine.update_weights(path, version=version)
+    assert seconds > 0 and engine.version == version
+    return gid
+
+
 def test_update_mid_request_switches_versions_at_the_swap_token(setup: Any) -> None:
     engine, hf, files, prompts = setup
     engine.temperature = 0.0
+    long_prompt = prompts[3]
+    prompt = long_prompt.prompt_token_ids
+    engine.add_group(long_prompt)
+    _run_until_done(engine, 1)  # leaves the prompt's first KV block in the prefix cache (version 0)
     before = engine.weights_checksum()
-    prompt = prompts[0].prompt_token_ids
-    gid = engine.add_group(prompts[0])
-    start = engine.tokens_generated
-    while engine.tokens_generated < start + 3 * G:  # let it get a few tokens in, then swap under it
-        assert not engine.step(), "the group finished before the update; raise MAX_NEW"
-    seconds = engine.update_weights(files[1], version=1)
-    assert seconds > 0 and engine.version == 1
+
+    gid = _swap_under_group(engine, long_prompt, files[1], version=1)
     assert engine.weights_checksum() != before
     (group,) = _run_until_done(engine, 1)
     assert group.group_id == gid
+    # The swapped group did reuse the cached version-0 block, so a stale cache would be visible below.
+    assert max(s.cached_prompt_tokens for s in group.samples) >= 128
     for s in group.samples:
         tokens = s.token_ids.tolist()
         assert len(tokens) == MAX_NEW and s.truncated
@@ -173,15 +185,15 @@ def test_update_mid_request_switches_versions_at_the_swap_token(setup: Any) -> N
         assert 1 <= k < MAX_NEW, "the update must land while the sample is being generated"
         assert s.versions.tolist() == [0] * k + [1] * (MAX_NEW - k)
         # Tokens before the swap are the old model's greedy choices, after it the new model's given the
-        # prefix (in-flight KV is recomputed with the new weights).
+        # prefix (in-flight KV is recomputed with the new weights), and so are their log-probs.
         assert tokens[:k] == _hf_greedy(hf[0], prompt, k)
         assert tokens[k:] == _hf_greedy(hf[1], prompt + tokens[:k], MAX_NEW - k)
         np.testing.assert_allclose(s.logprobs[:k], _hf_logprobs(hf[0], prompt, tokens)[:k], atol=LOGPROB_TOL, rtol=0)
         np.testing.assert_allclose(s.logprobs[k:], _hf_logprobs(hf[1], prompt, tokens)[k:], atol=LOGPROB_TOL, rtol=0)
 
-    # A group started after the update is the new model's greedy output everywhere (tied LM head included),
-    # even for a prompt whose prefix blocks were cached under the old weights.
-    engine.add_group(prompts[0])
+    # A group started after the update is the new model's greedy output everywhere (tied LM head
+    # included): the prompt's cached version-0 block was invalidated.
+    engine.add_group(long_prompt)
     (fresh,) = _run_until_done(engine, 1)
     expected = _hf_greedy(hf[1], prompt, MAX_NEW)
     for s in fresh.samples:
@@ -194,22 +206,18 @@ def test_keep_kv_mode_salts_new_requests_and_retries_cache_reset(setup: Any) -> 
     engine.temperature = 0.0
     engine.kv_on_update = "keep"
     try:
-        prompt = prompts[1].prompt_token_ids
-        engine.add_group(prompts[1])
-        start = engine.tokens_generated
-        while engine.tokens_generated < start + 2 * G:
-            assert not engine.step(), "the group finished before the update; raise MAX_NEW"
-        engine.update_weights(files[0], version=2)
+        long_prompt = prompts[3]
+        old = _swap_under_group(engine, long_prompt, files[0], version=2)
         assert engine.kv_reset_pending, "reset_prefix_cache refuses while requests hold KV blocks"
-        (group,) = _run_until_done(engine, 1)
-        for s in group.samples:
+        # Same prompt while the old group still holds its version-1 prompt block: no reuse allowed.
+        new = engine.add_group(long_prompt)
+        groups = {g.group_id: g for g in _run_until_done(engine, 2)}
+        for s in groups[old].samples:
             k = int((s.versions == 1).sum())
             assert 1 <= k < MAX_NEW and s.versions.tolist() == [1] * k + [2] * (MAX_NEW - k)
-        # Same prompt again: it must not reuse prefix blocks computed by version 1.
-        engine.add_group(prompts[1])
-        (fresh,) = _run_until_done(engine, 1)
-        expected = _hf_greedy(hf[0], prompt, MAX_NEW)
-        assert all(s.token_ids.tolist() == expected for s in fresh.samples)
+        expected = _hf_greedy(hf[0], long_prompt.prompt_token_ids, MAX_NEW)
+        assert all(s.token_ids.tolist() == expected for s in groups[new].samples)
+        assert all((s.versions == 2).all() for s in groups[new].samples)
         engine._kv_reset_last_try = -math.inf  # do not wait out the retry interval in a test
         engine.step()
         assert not engine.kv_reset_pending
