@@ -25,10 +25,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "init-model": ("stream_dapo.model.tiny", "build the tiny Qwen2 model and tokenizer offline"),
     "warmup": ("stream_dapo.model.warmup", "supervised warm-up of the tiny model (cached)"),
     "eval": ("stream_dapo.evaluation", "avg@k / pass@k of a model on an eval set with vLLM"),
+    "keys": ("stream_dapo.keys_cli", "generate CurveZMQ key pairs for authenticated sockets"),
 }
 
 # Commands that do not take --config/--set (they need no configuration).
-_NO_CONFIG = {"verify"}
+_NO_CONFIG = {"verify", "keys"}
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:

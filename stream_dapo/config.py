@@ -21,11 +21,11 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ENV_PREFIX = "STREAM_DAPO__"
@@ -93,7 +93,8 @@ class DataConfig(_Section):
 
 class AlgoConfig(_Section):
     preset: (
-        Literal["naive-grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo"] | None
+        Literal["naive-grpo", "+overlong-filter", "+clip-higher", "+soft-overlong", "+token-loss", "dapo"]
+        | None
     ) = None
     """An ablation preset of the paper's Table 1. It sets eps_high, overlong_filter, soft_overlong,
     agg_mode and dynamic_sampling; explicit settings of those keys in a file, the environment or

@@ -189,6 +189,7 @@ def generator_totals(snap: Mapping[str, Mapping[str, float]]) -> dict[str, float
         "groups_kept": sum(metric_sum(g, p + "groups_total", outcome="mixed") for g in gens),
         "groups_all_correct": sum(metric_sum(g, p + "groups_total", outcome="all_correct") for g in gens),
         "groups_all_wrong": sum(metric_sum(g, p + "groups_total", outcome="all_wrong") for g in gens),
+        "weight_updates": sum(metric_sum(g, p + "weight_sync_seconds_count") for g in gens),
         "policy_version_min": min((metric_sum(g, p + "policy_version") for g in gens), default=0.0),
     }
 
@@ -381,7 +382,9 @@ def run(args: argparse.Namespace) -> int:
     config_path = run_dir / "config.toml"
     summary: dict[str, Any] = {"mode": cfg.run.mode, "config": str(config_path)}
     if cfg.run.eval_before_after:
-        summary["eval_before"] = evaluate_subprocess(cfg, config_path, Path(cfg.model.path), "before", run_dir)
+        summary["eval_before"] = evaluate_subprocess(
+            cfg, config_path, Path(cfg.model.path), "before", run_dir
+        )
     sup = Supervisor(run_dir)
     train_t0 = time.monotonic()
     try:
@@ -402,7 +405,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_summary(snap: Mapping[str, Mapping[str, float]], run_dir: Path, train_seconds: float) -> dict[str, Any]:
+def build_summary(
+    snap: Mapping[str, Mapping[str, float]], run_dir: Path, train_seconds: float
+) -> dict[str, Any]:
     gen = generator_totals(snap)
     buf = snap.get("buffer", {})
     stats = learner_log_stats(run_dir)
@@ -418,6 +423,7 @@ def build_summary(snap: Mapping[str, Mapping[str, float]], run_dir: Path, train_
         "groups_dropped_stale": int(metric_sum(buf, "stream_dapo_buffer_dropped_stale_groups_total")),
         "max_staleness_trained": stats["max_staleness_trained"],
         "samples_generated": int(gen["samples"]),
+        "generator_weight_updates": int(gen["weight_updates"]),
         "samples_per_second": round(gen["samples"] / train_seconds, 3) if train_seconds else 0.0,
         "train_seconds": round(train_seconds, 1),
     }

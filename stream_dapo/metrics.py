@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -33,37 +40,59 @@ class GeneratorMetrics:
         self.tokens = Counter(p + "tokens", "Response tokens generated.", registry=registry)
         self.samples = Counter(p + "samples", "Responses generated.", registry=registry)
         self.groups = Counter(
-            p + "groups", "Groups finished, by outcome of the dynamic-sampling filter.", ["outcome"],
+            p + "groups",
+            "Groups finished, by outcome of the dynamic-sampling filter.",
+            ["outcome"],
             registry=registry,
         )
-        self.groups_sent = Counter(p + "groups_sent", "Groups sent to the buffer (resends included).",
-                                   registry=registry)
+        self.groups_sent = Counter(
+            p + "groups_sent", "Groups sent to the buffer (resends included).", registry=registry
+        )
         self.groups_acked = Counter(p + "groups_acked", "Groups the buffer acknowledged.", registry=registry)
-        self.reward = Histogram(p + "reward", "Shaped reward per sample.", buckets=(-2, -1, -0.5, 0, 0.5, 1, 2),
-                                registry=registry)
-        self.accuracy = Gauge(p + "accuracy_ratio", "Fraction correct over the last finished groups.",
-                              registry=registry)
-        self.response_length = Histogram(p + "response_length_tokens", "Response length.",
-                                         buckets=LENGTH_BUCKETS, registry=registry)
-        self.truncated = Counter(p + "truncated_samples", "Responses stopped at max tokens.", registry=registry)
-        self.verifier_latency = Histogram(p + "verifier_latency_seconds", "Verifier wall time per batch.",
-                                          buckets=SECONDS_BUCKETS, registry=registry)
-        self.verifier_results = Counter(p + "verifier_results", "Verifier outcomes by reason.", ["reason"],
-                                        registry=registry)
-        self.credits_available = Gauge(p + "credits_available", "Credits held and not yet used.",
-                                       registry=registry)
+        self.reward = Histogram(
+            p + "reward", "Shaped reward per sample.", buckets=(-2, -1, -0.5, 0, 0.5, 1, 2), registry=registry
+        )
+        self.accuracy = Gauge(
+            p + "accuracy_ratio", "Fraction correct over the last finished groups.", registry=registry
+        )
+        self.response_length = Histogram(
+            p + "response_length_tokens", "Response length.", buckets=LENGTH_BUCKETS, registry=registry
+        )
+        self.truncated = Counter(
+            p + "truncated_samples", "Responses stopped at max tokens.", registry=registry
+        )
+        self.verifier_latency = Histogram(
+            p + "verifier_latency_seconds",
+            "Verifier wall time per batch.",
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self.verifier_results = Counter(
+            p + "verifier_results", "Verifier outcomes by reason.", ["reason"], registry=registry
+        )
+        self.credits_available = Gauge(
+            p + "credits_available", "Credits held and not yet used.", registry=registry
+        )
         self.groups_in_flight = Gauge(p + "groups_in_flight", "Groups being generated.", registry=registry)
-        self.unacked_groups = Gauge(p + "unacked_groups", "Groups sent but not yet acknowledged.",
-                                    registry=registry)
-        self.policy_version = Gauge(p + "policy_version", "Weight version the engine samples from.",
-                                    registry=registry)
-        self.weight_sync_seconds = Histogram(p + "weight_sync_seconds", "Fetch + load time of one update.",
-                                             buckets=SECONDS_BUCKETS, registry=registry)
+        self.unacked_groups = Gauge(
+            p + "unacked_groups", "Groups sent but not yet acknowledged.", registry=registry
+        )
+        self.policy_version = Gauge(
+            p + "policy_version", "Weight version the engine samples from.", registry=registry
+        )
+        self.weight_sync_seconds = Histogram(
+            p + "weight_sync_seconds",
+            "Fetch + load time of one update.",
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
         self.weight_sync_bytes = Counter(p + "weight_sync_bytes", "Weight bytes received.", registry=registry)
-        self.tokens_per_second = Gauge(p + "tokens_per_second", "Generated tokens per second (recent).",
-                                       registry=registry)
-        self.messages_rejected = Counter(p + "messages_rejected", "Malformed messages received.", ["reason"],
-                                         registry=registry)
+        self.tokens_per_second = Gauge(
+            p + "tokens_per_second", "Generated tokens per second (recent).", registry=registry
+        )
+        self.messages_rejected = Counter(
+            p + "messages_rejected", "Malformed messages received.", ["reason"], registry=registry
+        )
 
 
 class BufferMetrics:
@@ -72,35 +101,55 @@ class BufferMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         p = "stream_dapo_buffer_"
         self.depth = Gauge(p + "depth_groups", "Groups held, by state.", ["state"], registry=registry)
-        self.groups_accepted = Counter(p + "groups_accepted", "Groups accepted from generators.",
-                                       registry=registry)
-        self.groups_duplicate = Counter(p + "groups_duplicate", "Groups dropped as duplicates by id.",
-                                        registry=registry)
+        self.groups_accepted = Counter(
+            p + "groups_accepted", "Groups accepted from generators.", registry=registry
+        )
+        self.groups_duplicate = Counter(
+            p + "groups_duplicate", "Groups dropped as duplicates by id.", registry=registry
+        )
         self.groups_served = Counter(p + "groups_served", "Groups served to the learner.", registry=registry)
-        self.groups_committed = Counter(p + "groups_committed", "Groups the learner committed.",
-                                        registry=registry)
-        self.groups_requeued = Counter(p + "groups_requeued", "Leased groups requeued after a learner restart.",
-                                       registry=registry)
-        self.dropped_stale = Counter(p + "dropped_stale_groups", "Groups dropped at dequeue for staleness.",
-                                     registry=registry)
-        self.staleness = Histogram(p + "staleness_versions", "Worst token staleness of served groups.",
-                                   buckets=STALENESS_BUCKETS, registry=registry)
-        self.credits_granted = Counter(p + "credits_granted", "Credits granted to generators.", registry=registry)
-        self.credits_outstanding = Gauge(p + "credits_outstanding", "Credits granted and not yet redeemed.",
-                                         registry=registry)
-        self.credit_capacity = Gauge(p + "credit_capacity_groups", "Admission capacity (groups in line).",
-                                     registry=registry)
-        self.learner_version = Gauge(p + "learner_version", "Learner version last reported.", registry=registry)
-        self.messages_rejected = Counter(p + "messages_rejected", "Malformed messages received.", ["reason"],
-                                         registry=registry)
-        self.persist_seconds = Histogram(p + "persist_seconds", "Time to persist state.",
-                                         buckets=SECONDS_BUCKETS, registry=registry)
-        self.groups_rejected = Counter(p + "groups_rejected", "Groups refused in acks, by reason.", ["reason"],
-                                       registry=registry)
-        self.oldest_waiting = Gauge(p + "oldest_waiting_seconds", "Age of the group at the front of the queue.",
-                                    registry=registry)
-        self.journal_bytes = Gauge(p + "journal_bytes", "Size of the journal since the last snapshot.",
-                                   registry=registry)
+        self.groups_committed = Counter(
+            p + "groups_committed", "Groups the learner committed.", registry=registry
+        )
+        self.groups_requeued = Counter(
+            p + "groups_requeued", "Leased groups requeued after a learner restart.", registry=registry
+        )
+        self.dropped_stale = Counter(
+            p + "dropped_stale_groups", "Groups dropped at dequeue for staleness.", registry=registry
+        )
+        self.staleness = Histogram(
+            p + "staleness_versions",
+            "Worst token staleness of served groups.",
+            buckets=STALENESS_BUCKETS,
+            registry=registry,
+        )
+        self.credits_granted = Counter(
+            p + "credits_granted", "Credits granted to generators.", registry=registry
+        )
+        self.credits_outstanding = Gauge(
+            p + "credits_outstanding", "Credits granted and not yet redeemed.", registry=registry
+        )
+        self.credit_capacity = Gauge(
+            p + "credit_capacity_groups", "Admission capacity (groups in line).", registry=registry
+        )
+        self.learner_version = Gauge(
+            p + "learner_version", "Learner version last reported.", registry=registry
+        )
+        self.messages_rejected = Counter(
+            p + "messages_rejected", "Malformed messages received.", ["reason"], registry=registry
+        )
+        self.persist_seconds = Histogram(
+            p + "persist_seconds", "Time to persist state.", buckets=SECONDS_BUCKETS, registry=registry
+        )
+        self.groups_rejected = Counter(
+            p + "groups_rejected", "Groups refused in acks, by reason.", ["reason"], registry=registry
+        )
+        self.oldest_waiting = Gauge(
+            p + "oldest_waiting_seconds", "Age of the group at the front of the queue.", registry=registry
+        )
+        self.journal_bytes = Gauge(
+            p + "journal_bytes", "Size of the journal since the last snapshot.", registry=registry
+        )
 
 
 class LearnerMetrics:
@@ -109,32 +158,65 @@ class LearnerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         p = "stream_dapo_learner_"
         self.step = Gauge(p + "step", "Optimizer steps taken (= policy version).", registry=registry)
-        self.policy_version = Gauge(p + "policy_version", "Latest published weight version.", registry=registry)
+        self.policy_version = Gauge(
+            p + "policy_version", "Latest published weight version.", registry=registry
+        )
         self.loss = Gauge(p + "loss", "Policy loss of the last step.", registry=registry)
         self.entropy = Gauge(p + "entropy_nats", "Mean token entropy of the last step.", registry=registry)
-        self.clip_fraction = Gauge(p + "clip_fraction", "Fraction of tokens clipped.", ["side"], registry=registry)
-        self.is_weight = Gauge(p + "importance_weight", "Behaviour importance weight statistic.", ["stat"],
-                               registry=registry)
+        self.clip_fraction = Gauge(
+            p + "clip_fraction", "Fraction of tokens clipped.", ["side"], registry=registry
+        )
+        self.is_weight = Gauge(
+            p + "importance_weight", "Behaviour importance weight statistic.", ["stat"], registry=registry
+        )
         self.grad_norm = Gauge(p + "grad_norm", "Gradient norm before clipping.", registry=registry)
         self.lr = Gauge(p + "learning_rate", "Current learning rate.", registry=registry)
-        self.reward = Gauge(p + "reward_mean", "Mean reward of the samples of the last step.", registry=registry)
-        self.accuracy = Gauge(p + "accuracy_ratio", "Fraction correct in the last step's samples.",
-                              registry=registry)
+        self.reward = Gauge(
+            p + "reward_mean", "Mean reward of the samples of the last step.", registry=registry
+        )
+        self.accuracy = Gauge(
+            p + "accuracy_ratio", "Fraction correct in the last step's samples.", registry=registry
+        )
         self.tokens = Counter(p + "tokens", "Tokens trained on (prompt + response).", registry=registry)
-        self.tokens_per_second = Gauge(p + "tokens_per_second", "Trained tokens per second (last step).",
-                                       registry=registry)
-        self.step_seconds = Histogram(p + "step_seconds", "Wall time of one optimizer step.",
-                                      buckets=SECONDS_BUCKETS, registry=registry)
-        self.staleness = Histogram(p + "staleness_versions", "Token staleness at the gradient step.",
-                                   buckets=STALENESS_BUCKETS, registry=registry)
+        self.tokens_per_second = Gauge(
+            p + "tokens_per_second", "Trained tokens per second (last step).", registry=registry
+        )
+        self.step_seconds = Histogram(
+            p + "step_seconds", "Wall time of one optimizer step.", buckets=SECONDS_BUCKETS, registry=registry
+        )
+        self.staleness = Histogram(
+            p + "staleness_versions",
+            "Token staleness at the gradient step.",
+            buckets=STALENESS_BUCKETS,
+            registry=registry,
+        )
         self.groups_trained = Counter(p + "groups_trained", "Groups trained on.", registry=registry)
-        self.weight_sync_seconds = Histogram(p + "weight_sync_seconds", "Gather + publish time.",
-                                             buckets=SECONDS_BUCKETS, registry=registry)
-        self.weight_sync_bytes = Counter(p + "weight_sync_bytes", "Weight bytes published.", registry=registry)
-        self.batch_wait_seconds = Histogram(p + "batch_wait_seconds", "Time waiting for the buffer.",
-                                            buckets=SECONDS_BUCKETS, registry=registry)
-        self.packing_efficiency = Gauge(p + "packing_efficiency_ratio", "Real tokens / processed tokens.",
-                                        registry=registry)
+        self.weight_sync_seconds = Histogram(
+            p + "weight_sync_seconds", "Gather + publish time.", buckets=SECONDS_BUCKETS, registry=registry
+        )
+        self.weight_sync_bytes = Counter(
+            p + "weight_sync_bytes", "Weight bytes published.", registry=registry
+        )
+        self.batch_wait_seconds = Histogram(
+            p + "batch_wait_seconds",
+            "Time waiting for the buffer.",
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self.packing_efficiency = Gauge(
+            p + "packing_efficiency_ratio", "Real tokens / processed tokens.", registry=registry
+        )
+        self.approx_kl = Gauge(
+            p + "approx_kl_behaviour_nats",
+            "k3 estimate of KL(behaviour || current policy) over the last step's trained tokens.",
+            registry=registry,
+        )
+        self.checkpoint_seconds = Histogram(
+            p + "checkpoint_seconds",
+            "Time to write one checkpoint (+ HF export).",
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
 
 
 @dataclass
@@ -206,7 +288,9 @@ def _make_handler(
     return Handler
 
 
-def start_metrics(host: str, port: int, stall_after_s: float = 300.0) -> tuple[CollectorRegistry, Health, MetricsServer]:
+def start_metrics(
+    host: str, port: int, stall_after_s: float = 300.0
+) -> tuple[CollectorRegistry, Health, MetricsServer]:
     """One registry, one health record and a started server for this process."""
     registry = CollectorRegistry()
     health = Health(stall_after_s=stall_after_s)

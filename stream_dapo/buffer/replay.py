@@ -137,6 +137,11 @@ class AdmissionPolicy:
     max_staleness: int
     max_reuse: int
     group_size: int
+    lockstep: bool = False
+    """run.mode = "sync": credits only for the rollout batch the learner is about to take, granted
+    once it has trained the previous one (generators wait for that version's weights)."""
+    rollout_groups: int = 0
+    """R: groups per rollout batch (learner.rollout_batch_prompts); used in lock-step mode."""
 
     def __post_init__(self) -> None:
         for name in ("capacity_groups", "groups_per_version", "max_reuse", "group_size"):
@@ -155,6 +160,8 @@ class AdmissionPolicy:
             max_staleness=cfg.algo.max_staleness,
             max_reuse=cfg.buffer.max_reuse,
             group_size=cfg.algo.group_size,
+            lockstep=cfg.run.mode == "sync",
+            rollout_groups=cfg.learner.rollout_batch_prompts,
         )
 
 
@@ -664,7 +671,17 @@ class ReplayBuffer:
     @property
     def room(self) -> int:
         """Credits that may be granted now."""
+        if self.policy.lockstep:
+            return max(
+                0, min(self.policy.rollout_groups, self.line_limit) - self._served_this_round - self.line
+            )
         return max(0, self.line_limit - self.line)
+
+    @property
+    def _served_this_round(self) -> int:
+        """Lock-step: groups already leased for the rollout batch the learner at `learner_version`
+        is collecting. Once it reports a newer version (its next request), a new round opens."""
+        return self._pos if self._pos_version == self.learner_version else 0
 
     def waiting_ids(self) -> list[str]:
         return list(self._waiting)

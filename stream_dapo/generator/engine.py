@@ -406,7 +406,7 @@ class RolloutEngine:
         )
         request: dict[str, Any] = {"prompt_token_ids": list(prompt.prompt_token_ids)}
         if self.kv_on_update == "keep":
-            request["cache_salt"] = f"v{self.version}"
+            pass
         request_ids = self._groups.add(gid, prompt, self.group_size, self.version)
         try:
             for rid in request_ids:

@@ -167,6 +167,7 @@ class WeightServer:
         chunk_bytes: int = 4 * 1024 * 1024,
         keep: int = 2,
         curve: CurveKeys | None = None,
+        allowed_clients_dir: str | os.PathLike[str] | None = None,
         hwm: int = 1000,
         poll_ms: int = 50,
     ) -> None:
@@ -181,6 +182,12 @@ class WeightServer:
         self.chunk_bytes = chunk_bytes
         self.keep = keep
         self.curve = curve
+        self.allowed_clients_dir = allowed_clients_dir
+        if curve is not None and allowed_clients_dir is None:
+            raise ValueError(
+                "a Curve weight server needs allowed_clients_dir (transport.curve_dir/clients): without the "
+                "allow-list any client that knows the server key could fetch the weights"
+            )
         self.hwm = hwm
         self.poll_ms = max(10, poll_ms)
         self._payloads: OrderedDict[int, WeightsPayload] = OrderedDict()
@@ -189,6 +196,7 @@ class WeightServer:
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context[Any] | None = None
         self._endpoint: Endpoint | None = None
+        self._auth: Any = None
         self.address = bind
         self.stats: Counter[str] = Counter()
         """queries, manifests, chunks, bytes, not_available, errors (served by the thread)."""
@@ -197,6 +205,10 @@ class WeightServer:
 
     def start(self) -> WeightServer:
         self._ctx = zmq.Context()
+        if self.curve is not None and self.allowed_clients_dir is not None:
+            from stream_dapo.transport.curve import start_authenticator
+
+            self._auth = start_authenticator(self._ctx, self.allowed_clients_dir)
         self._endpoint = open_endpoint(
             self._ctx,
             zmq.ROUTER,
@@ -219,9 +231,11 @@ class WeightServer:
             self._thread.join(timeout_s)
         if self._endpoint is not None:
             self._endpoint.close()
+        if self._auth is not None:
+            self._auth.stop()
         if self._ctx is not None:
             self._ctx.term()
-        self._thread = self._endpoint = self._ctx = None
+        self._thread = self._endpoint = self._ctx = self._auth = None
 
     def __enter__(self) -> WeightServer:
         return self.start()

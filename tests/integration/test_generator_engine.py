@@ -69,10 +69,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
     m1 = _build_model(tokenizer, 1, root / "m1")
     cfg = Config.model_validate(
         {
-            "model": {"path": str(m0), "max_prompt_len": 192},
+            "model": {"path": str(m0), "max_prompt_len": 256},
             "algo": {"group_size": G, "max_response_len": MAX_NEW, "overlong_cache_len": 8},
             "generator": {"kv_cache_gib": 0.25, "max_num_seqs": 32},
-            "learner": {"micro_batch_tokens": 256},
+            "learner": {"micro_batch_tokens": 512},
         }
     )
     engine = RolloutEngine.start(cfg)

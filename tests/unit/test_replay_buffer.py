@@ -549,3 +549,43 @@ def test_snapshot_then_log_tail_rebuilds_the_same_buffer(seed: int) -> None:
 def test_restore_refuses_records_it_does_not_understand() -> None:
     with pytest.raises(BufferInputError, match="record #1 .*'mystery'"):
         ReplayBuffer.restore(policy(), [{"k": "version", "v": 1}, {"k": "mystery"}])
+
+
+def test_lockstep_grants_one_rollout_batch_per_learner_version() -> None:
+    """Sync mode: R credits per round; filtered groups free theirs; none while the learner trains."""
+    policy = AdmissionPolicy(
+        line_capacity=100,
+        capacity_groups=100,
+        groups_per_version=2,
+        max_staleness=8,
+        max_reuse=1,
+        group_size=2,
+        lockstep=True,
+        rollout_groups=4,
+    )
+    buf = ReplayBuffer(policy)
+    assert buf.grant_credits("g", 10) == 4
+    assert buf.grant_credits("g", 10) == 0
+    # Two groups arrive, one group was filtered by dynamic sampling: its credit comes back.
+    buf.add_groups("g", [_lockstep_group("a"), _lockstep_group("b")], filtered=1)
+    assert buf.grant_credits("g", 10) == 1
+    assert len(buf.serve(0, max_groups=4).groups) == 2  # the learner takes what is there, waits for more
+    assert buf.grant_credits("g", 10) == 0
+    buf.add_groups("g", [_lockstep_group("c"), _lockstep_group("d")])
+    assert len(buf.serve(0, max_groups=2).groups) == 2  # the full batch of 4 at version 0
+    assert buf.grant_credits("g", 10) == 0  # learner training: no new work
+    assert buf.serve(2, max_groups=4).groups == []  # it trained 2 steps and asks again
+    assert buf.grant_credits("g", 10) == 4
+
+
+def _lockstep_group(gid: str) -> Group:
+    sample = Sample(
+        tokens=[1, 2],
+        logprobs=[-0.5, -0.5],
+        versions=[0, 0],
+        reward=1.0,
+        correct=True,
+        truncated=False,
+        advantage=0.0,
+    )
+    return Group(gid, "p", "g", "1", [3], 0.0, [sample, sample])

@@ -1,0 +1,499 @@
+"""`stream-dapo learner`: the DeepSpeed learner service.
+
+Start-up (fails here, not at step 500): metrics server and weight publisher first (a port clash
+fails in a second), then the model and DeepSpeed, resume from ``checkpoints/latest`` if there is
+one, publish the current weights (version 0 before step 0, so a broken sync path fails at once),
+and ``learner_hello`` to the buffer (which requeues groups leased to a learner that died).
+
+Main loop, per rollout step: collect ``learner.rollout_batch_prompts`` groups from the buffer
+(waiting with back-off while it answers ``empty``), split them into mini-batches of
+``mini_batch_samples / group_size`` groups, compute the proximal log-probs of all of them once with
+the current weights, then take one optimizer step per mini-batch. After each step: one line in
+``learner/trained_groups.jsonl`` and ``learner/metrics.jsonl``, Prometheus metrics, weights published
+every ``sync_every`` steps, a checkpoint every ``checkpoint_every`` steps followed by ``commit``.
+
+Checkpoints: ``checkpoints/step_{v:06d}/`` holds the DeepSpeed state (``deepspeed/``), an HF export
+(``hf/``) and ``learner_state.json``; written under a temporary name, renamed, then ``latest`` is
+replaced. The state includes the ids the checkpoint commits, so a learner that died between the
+rename and the commit resends it after its hello.
+
+Stops at ``learner.total_steps`` (or ``--max-steps``): final checkpoint, HF export to
+``{run.out_dir}/final/``, final weights published. SIGTERM/SIGINT drain: the current step finishes,
+a checkpoint is written, exit 0.
+
+Data parallel (torchrun / deepspeed launcher): rank 0 talks to the buffer and publishes; the other
+ranks receive each rollout batch from it over the process group, and every rank agrees on stopping
+through one all-reduce per poll, so a signal that reaches ranks at different times cannot split them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import zmq
+from prometheus_client import CollectorRegistry
+
+from stream_dapo.config import Config, ConfigError, config_to_toml
+from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, start_metrics
+from stream_dapo.transport import codec
+from stream_dapo.transport import messages as m
+from stream_dapo.transport.sockets import Endpoint, TransportError, TransportTimeout, open_endpoint, request
+
+__all__ = ["LearnerService", "add_arguments", "run"]
+
+log = logging.getLogger("stream_dapo.learner")
+
+LATEST = "latest"
+"""File in ``checkpoints/`` naming the newest complete checkpoint directory."""
+BATCH_BACKOFF_S = (0.05, 1.0)
+"""First and largest sleep between batch requests while the buffer is empty."""
+
+# Status codes rank 0 shares with the other ranks while it waits for data.
+_WAITING, _DATA = 0, 1
+
+
+class LearnerService:
+    """The learner service; ``run()`` trains until done or stopped. Usable in-process (tests).
+
+    ``model`` replaces loading ``cfg.model.path`` (tests pass a built model); ``max_steps`` overrides
+    ``learner.total_steps``. Call `request_stop` (e.g. from a signal handler) to drain.
+    """
+
+    def __init__(self, cfg: Config, *, model: torch.nn.Module | None = None, max_steps: int | None = None) -> None:
+        self.cfg = cfg
+        self.total_steps = max_steps if max_steps is not None else cfg.learner.total_steps
+        if self.total_steps < 1:
+            raise ConfigError(f"--max-steps must be >= 1, got {self.total_steps}")
+        self.out = Path(cfg.run.out_dir)
+        self.ckpt_root = self.out / "checkpoints"
+        self.trained_log = self.out / "learner" / "trained_groups.jsonl"
+        self.metrics_log = self.out / "learner" / "metrics.jsonl"
+        self.groups_per_step = cfg.learner.mini_batch_samples // cfg.algo.group_size
+        self._model = model
+        self._stop = threading.Event()
+        self._ctx: zmq.Context[Any] | None = None
+        self._buffer: Endpoint | None = None
+        self._server: Any = None
+        self._shared: Any = None
+        self._nccl: Any = None
+        self._metrics_server: MetricsServer | None = None
+        self._uncommitted: list[str] = []
+        self._last_checkpoint = -1
+        self._last_published = -1
+        self._started = time.time()
+        self._last_wait_s = 0.0
+        self.learner: Any = None
+        self.health: Health | None = None
+        self.rank, self.world_size = 0, 1
+
+    def request_stop(self) -> None:
+        """Finish the current step, checkpoint, return from `run` (safe from a signal handler)."""
+        self._stop.set()
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> int:
+        """Train until ``total_steps`` or a stop request; returns the exit code (0)."""
+        try:
+            self.start()
+            while self.learner.version < self.total_steps:
+                groups = self._next_rollout()
+                if groups is None:  # stop requested while waiting for data
+                    break
+                if not self._train_rollout(groups):
+                    break
+            self._finish(completed=self.learner.version >= self.total_steps)
+        finally:
+            self.close()
+        return 0
+
+    def _train_rollout(self, groups: list[m.Group]) -> bool:
+        """Proximal log-probs once, then one step per mini-batch. False when told to stop."""
+        size = self.groups_per_step
+        batches = [self.learner.prepare(groups[i : i + size]) for i in range(0, len(groups), size)]
+        decoupled = self.cfg.algo.ratio_mode == "decoupled"
+        prox = [self.learner.compute_logprobs(b.micro_batches) if decoupled else None for b in batches]
+        for batch, batch_prox in zip(batches, prox, strict=True):
+            metrics = self.learner.train_step(batch, batch_prox)
+            self._after_step(metrics, batch.group_ids)
+            if self.learner.version >= self.total_steps or self._agree_to_stop():
+                return self.learner.version >= self.total_steps
+        return True
+
+    def _after_step(self, metrics: Any, group_ids: list[str]) -> None:
+        v = metrics.version
+        self._uncommitted.extend(group_ids)
+        if self.rank == 0:
+            _append_jsonl(self.trained_log, {"version": v, "group_ids": group_ids,
+                                             "max_staleness": metrics.max_staleness})
+            self._record_metrics(metrics)
+        if v % self.cfg.learner.sync_every == 0:
+            self._publish()
+        if v % self.cfg.learner.checkpoint_every == 0:
+            self._checkpoint()
+        if self.health is not None:
+            self.health.beat()
+
+    def _finish(self, completed: bool) -> None:
+        """Checkpoint what is not yet; on completion also export ``final/`` and publish."""
+        v = self.learner.version
+        if v != self._last_checkpoint:
+            self._checkpoint()
+        if completed:
+            state_dict = self.learner.gather_state_dict()
+            self.learner.export_hf(self.out / "final", state_dict=state_dict)
+            if v != self._last_published:
+                self._publish(state_dict)
+            log.info("finished at version %d; HF export in %s", v, self.out / "final")
+        else:
+            log.info("stopped at version %d (drained and checkpointed)", v)
+
+    # ------------------------------------------------------------------ start-up
+
+    def start(self) -> None:
+        from stream_dapo.learner.trainer import Learner, init_distributed
+
+        torch.set_num_threads(self.cfg.learner.torch_threads)
+        self.rank, self.world_size, _ = init_distributed()
+        self._start_metrics()
+        if self.rank == 0:
+            self._start_publishers()
+        self.learner = Learner(self.cfg, self._model)
+        state = self._resume()
+        self._publish()
+        if self.rank == 0:
+            self._hello(state)
+        if self.health is not None:
+            self.health.ready = True
+            self.health.detail["version"] = self.learner.version
+        log.info("learner ready at version %d (world size %d); training to %d", self.learner.version,
+                 self.world_size, self.total_steps)
+
+    def _start_metrics(self) -> None:
+        mc = self.cfg.metrics
+        if self.rank == 0:
+            try:
+                registry, self.health, self._metrics_server = start_metrics(mc.host, mc.learner_port)
+            except OSError as exc:
+                raise ConfigError(f"cannot serve metrics on {mc.host}:{mc.learner_port}: {exc.strerror}; set "
+                                  "metrics.learner_port to a free port (0 picks one)") from exc
+        else:
+            registry = CollectorRegistry()  # other ranks keep the objects but serve nothing
+        self.metrics = LearnerMetrics(registry)
+
+    def _start_publishers(self) -> None:
+        from stream_dapo.weights.publisher import SharedDirPublisher, WeightServer
+
+        t, w = self.cfg.transport, self.cfg.weights
+        self._ctx = zmq.Context()
+        if w.method in ("zmq", "nccl"):
+            curve, allowed = self._curve_server()
+            self._server = WeightServer(f"tcp://{t.host}:{t.weights_port}", chunk_bytes=w.chunk_bytes, curve=curve,
+                                        allowed_clients_dir=allowed, hwm=t.hwm)
+            try:
+                self._server.start()
+            except TransportError as exc:
+                raise TransportError(f"{exc} (the learner's weights socket: transport.weights_port)") from exc
+        if w.method == "shared_dir":
+            self._shared = SharedDirPublisher(w.shared_dir or self.out / "weights")
+        if w.method == "nccl":
+            from stream_dapo.weights.nccl import NcclWeightSender, nccl_group_spec
+
+            self._nccl = NcclWeightSender(nccl_group_spec(self.cfg), timeout_s=max(300.0, t.timeout_s)).connect()
+        client = self._curve_client()
+        self._buffer = open_endpoint(self._ctx, zmq.DEALER, connect=f"tcp://{t.host}:{t.batches_port}",
+                                     max_bytes=t.max_message_bytes, peer="buffer", hwm=t.hwm, curve=client)
+
+    def _curve_server(self) -> tuple[Any, Path | None]:
+        if not self.cfg.transport.curve_dir:
+            return None, None
+        from stream_dapo.transport.curve import load_server_keys
+
+        keys_dir = Path(self.cfg.transport.curve_dir)
+        return load_server_keys(keys_dir), keys_dir / "clients"
+
+    def _curve_client(self) -> Any:
+        if not self.cfg.transport.curve_dir:
+            return None
+        from stream_dapo.transport.curve import load_client_keys
+
+        return load_client_keys(self.cfg.transport.curve_dir)
+
+    def _resume(self) -> dict[str, Any]:
+        """Load ``checkpoints/latest`` if present; cut the logs back to its version."""
+        latest = self.ckpt_root / LATEST
+        state: dict[str, Any] = {"version": 0, "commit_group_ids": []}
+        if latest.is_file():
+            path = self.ckpt_root / latest.read_text().strip()
+            state = self.learner.load_checkpoint(path)
+            self._last_checkpoint = self.learner.version
+            log.info("resumed from %s at version %d", path, self.learner.version)
+        if self.rank == 0:
+            for path in (self.trained_log, self.metrics_log):
+                _truncate_jsonl(path, max_version=self.learner.version)
+        return state
+
+    def _hello(self, state: dict[str, Any]) -> None:
+        v = self.learner.version
+        t = self.cfg.transport
+        try:
+            self._request(*m.learner_hello(v, v), retries=3)
+        except TransportTimeout as exc:
+            raise TransportError(
+                f"{exc} The learner needs the buffer at tcp://{t.host}:{t.batches_port}: start `stream-dapo buffer` "
+                "first, or fix transport.host / transport.batches_port"
+            ) from exc
+        if state.get("commit_group_ids"):  # the commit of the resumed checkpoint may never have been sent
+            self._commit(v, list(state["commit_group_ids"]))
+
+    # ------------------------------------------------------------------ data
+
+    def _request(self, msg_type: str, body: dict[str, Any], retries: int = 2) -> m.Message:
+        assert self._buffer is not None
+        return request(self._buffer, msg_type, body, timeout_ms=int(self.cfg.transport.timeout_s * 1000),
+                       retries=retries)
+
+    def _next_rollout(self) -> list[m.Group] | None:
+        """``rollout_batch_prompts`` groups, gathered on rank 0 and shared with every rank."""
+        want = self.cfg.learner.rollout_batch_prompts
+        groups: list[m.Group] = []
+        t0 = time.monotonic()
+        delay = BATCH_BACKOFF_S[0]
+        while True:
+            if self.rank == 0 and len(groups) < want:
+                groups.extend(self._request_groups(want - len(groups)))
+            status, stop = self._sync_status(_DATA if len(groups) >= want else _WAITING)
+            if stop:
+                return None
+            if status == _DATA:
+                break
+            if self.health is not None:
+                self.health.beat()  # idling on purpose: the buffer is empty, not the learner stuck
+            time.sleep(delay)
+            delay = min(delay * 2, BATCH_BACKOFF_S[1])
+        self._last_wait_s = time.monotonic() - t0
+        self.metrics.batch_wait_seconds.observe(self._last_wait_s)
+        return self._broadcast_groups(groups)
+
+    def _request_groups(self, n: int) -> list[m.Group]:
+        reply = self._request(*m.batch_request(self.learner.version, n, 0))
+        if reply.type == m.BATCH:
+            if reply.body["dropped_stale"]:
+                log.warning("buffer dropped %d stale groups for this batch", reply.body["dropped_stale"])
+            return m.groups_from_body(reply.body)
+        if reply.type != m.EMPTY:
+            raise TransportError(f"buffer answered batch_request with {reply.type!r}; expected batch or empty")
+        return []
+
+    def _sync_status(self, status: int) -> tuple[int, bool]:
+        """Rank 0's status and whether any rank was asked to stop (one all-reduce)."""
+        if self.world_size == 1:
+            return status, self._stop.is_set()
+        t = torch.tensor([status if self.rank == 0 else 0, int(self._stop.is_set())], dtype=torch.int64,
+                         device=self._comm_device())
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return int(t[0]), bool(t[1])
+
+    def _agree_to_stop(self) -> bool:
+        return self._sync_status(_WAITING)[1]
+
+    def _comm_device(self) -> torch.device:
+        return self.learner.device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+
+    def _broadcast_groups(self, groups: list[m.Group]) -> list[m.Group]:
+        """Rank 0's groups on every rank, sent as one encoded `batch` message (no pickle)."""
+        if self.world_size == 1:
+            return groups
+        dev = self._comm_device()
+        data = codec.encode(*m.batch(groups, 0)) if self.rank == 0 else b""
+        size = torch.tensor([len(data)], dtype=torch.int64, device=dev)
+        torch.distributed.broadcast(size, src=0)
+        buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev) if self.rank == 0
+               else torch.empty(int(size), dtype=torch.uint8, device=dev))
+        torch.distributed.broadcast(buf, src=0)
+        if self.rank == 0:
+            return groups
+        msg = codec.decode(buf.cpu().numpy().tobytes(), max_bytes=int(size) + 1)
+        return m.groups_from_body(msg.body)
+
+    # ------------------------------------------------------------------ weights, checkpoints, commits
+
+    def _publish(self, state_dict: dict[str, Any] | None = None) -> None:
+        """Gather (collective) and publish the current version on rank 0."""
+        from stream_dapo.weights.publisher import serialize_weights
+
+        t0 = time.perf_counter()
+        sd = state_dict if state_dict is not None else self.learner.gather_state_dict()
+        v = self.learner.version
+        if self.rank == 0:
+            assert sd is not None
+            payload = serialize_weights(sd, v)
+            if self._server is not None:
+                self._server.publish(payload)
+            if self._shared is not None:
+                self._shared.publish(payload)
+            if self._nccl is not None:
+                self._nccl.send(v, sd)
+            seconds = time.perf_counter() - t0
+            self.metrics.weight_sync_seconds.observe(seconds)
+            self.metrics.weight_sync_bytes.inc(payload.total_bytes)
+            self.metrics.policy_version.set(v)
+            log.info("published weights version %d (%.1f MB in %.2f s)", v, payload.total_bytes / 1e6, seconds)
+        self._last_published = v
+
+    def _checkpoint(self) -> None:
+        """Write ``step_{v}`` atomically, point ``latest`` at it, then commit its groups (collective)."""
+        t0 = time.perf_counter()
+        v = self.learner.version
+        name = f"step_{v:06d}"
+        final, tmp = self.ckpt_root / name, self.ckpt_root / f".{name}.tmp"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.learner.barrier()
+        ids = list(self._uncommitted)
+        self.learner.save_checkpoint(tmp, extra_state={"commit_group_ids": ids,
+                                                      "trained_groups_lines": _count_lines(self.trained_log)})
+        self.learner.export_hf(tmp / "hf")
+        if self.rank == 0:
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _write_text_atomic(self.ckpt_root / LATEST, name + "\n")
+            self._commit(v, ids)
+            self.metrics.checkpoint_seconds.observe(time.perf_counter() - t0)
+        self.learner.barrier()
+        self._uncommitted.clear()
+        self._last_checkpoint = v
+        log.info("checkpoint %s written in %.2f s", final, time.perf_counter() - t0)
+
+    def _commit(self, version: int, group_ids: list[str]) -> None:
+        try:
+            self._request(*m.commit(version, group_ids), retries=3)
+        except TransportTimeout as exc:
+            # The ids are in the checkpoint's state: the next start-up resends them.
+            log.error("commit of %d groups at version %d got no reply: %s", len(group_ids), version, exc)
+
+    # ------------------------------------------------------------------ metrics
+
+    def _record_metrics(self, s: Any) -> None:
+        mx = self.metrics
+        mx.step.set(s.version)
+        mx.loss.set(s.loss)
+        mx.entropy.set(s.entropy)
+        for side in ("low", "high", "dual"):
+            mx.clip_fraction.labels(side=side).set(getattr(s, f"clip_frac_{side}"))
+        mx.is_weight.labels(stat="mean").set(s.is_weight_mean)
+        mx.is_weight.labels(stat="max").set(s.is_weight_max)
+        mx.approx_kl.set(s.approx_kl_behaviour)
+        mx.grad_norm.set(s.grad_norm)
+        mx.lr.set(s.lr)
+        mx.reward.set(s.reward_mean)
+        mx.accuracy.set(s.accuracy)
+        mx.tokens.inc(s.tokens)
+        mx.tokens_per_second.set(s.tokens_per_second)
+        mx.step_seconds.observe(s.step_seconds)
+        mx.groups_trained.inc(s.groups)
+        mx.packing_efficiency.set(s.packing_efficiency)
+        for value, count in s.staleness_counts.items():
+            for _ in range(count):  # prometheus_client has no bulk observe
+                mx.staleness.observe(max(value, 0))
+        row = {**s.to_json(), "wall_time": round(time.time(), 3), "elapsed_s": round(time.time() - self._started, 3),
+               "batch_wait_seconds": round(self._last_wait_s, 4)}
+        _append_jsonl(self.metrics_log, row)
+        log.info("step %d loss %.4f reward %.3f acc %.3f grad %.3f stale<=%d %.0f tok/s", s.version, s.loss,
+                 s.reward_mean, s.accuracy, s.grad_norm, s.max_staleness, s.tokens_per_second)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+        if self._nccl is not None:
+            self._nccl.close()
+        if self._buffer is not None:
+            self._buffer.close()
+        if self._ctx is not None:
+            self._ctx.term()
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
+        self._server = self._nccl = self._buffer = self._ctx = self._metrics_server = None
+
+
+# --------------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------------
+
+
+def _append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _count_lines(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip()) if path.exists() else 0
+
+
+def _truncate_jsonl(path: Path, max_version: int) -> None:
+    """Keep the rows with ``version <= max_version`` (the steps the resumed checkpoint contains)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and int(json.loads(line)["version"]) <= max_version]
+    _write_text_atomic(path, "".join(line + "\n" for line in kept))
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-steps", type=int, default=None, metavar="N",
+                        help="train until version N instead of learner.total_steps")
+    parser.epilog = ("Checkpoints go to run.out_dir/checkpoints (resumed from automatically), the final HF export "
+                     "to run.out_dir/final. SIGTERM finishes the current step, checkpoints and exits 0. Data "
+                     "parallel: start it under torchrun or the deepspeed launcher.")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg: Config = args.cfg
+    if int(os.environ.get("RANK", "0")) == 0:
+        log.info("resolved configuration:\n%s", config_to_toml(cfg))
+    try:
+        service = LearnerService(cfg, max_steps=getattr(args, "max_steps", None))
+    except ConfigError as exc:
+        log.error("cannot start the learner: %s", exc)
+        return 2
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        log.info("received %s: finishing the current step, then checkpointing", signal.Signals(signum).name)
+        service.request_stop()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        return service.run()
+    except (ConfigError, TransportError, FileNotFoundError) as exc:
+        log.error("learner stopped: %s", exc)
+        return 2

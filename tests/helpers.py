@@ -1,0 +1,43 @@
+"""Shared test helpers: free ports and the overrides of a small, fast pipeline run."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on loopback (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def tiny_overrides(model: Path, out: Path, ports: list[int]) -> list[str]:
+    """A pipeline small enough for a test: G=4, 4 prompts per rollout, 2 optimizer steps each."""
+    return [
+        f"model.path={model}",
+        f'run.out_dir="{out}"',
+        "algo.group_size=4",
+        "algo.max_response_len=64",
+        "algo.overlong_cache_len=16",
+        "algo.max_staleness=4",
+        "learner.rollout_batch_prompts=4",
+        "learner.mini_batch_samples=8",
+        "learner.checkpoint_every=2",
+        "generator.max_groups_in_flight=8",
+        "generator.kv_cache_gib=0.25",
+        f"transport.samples_port={ports[0]}",
+        f"transport.batches_port={ports[1]}",
+        f"transport.weights_port={ports[2]}",
+        f"metrics.buffer_port={ports[3]}",
+        f"metrics.learner_port={ports[4]}",
+        f"metrics.generator_port={ports[5]}",
+    ]

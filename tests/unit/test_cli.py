@@ -1,0 +1,63 @@
+"""The command line: instant help (no heavy imports), config show, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stream_dapo.cli import COMMANDS, main
+
+HEAVY = ("torch", "vllm", "deepspeed", "transformers", "zmq")
+
+
+def test_help_imports_no_heavy_library() -> None:
+    code = (
+        "import sys, contextlib, io\n"
+        "from stream_dapo.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try: main(['--help'])\n"
+        "    except SystemExit: pass\n"
+        "    main(['config', 'show'])\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_command_has_help() -> None:
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as exc:
+            main([name, "--help"])
+        assert exc.value.code == 0
+
+
+def test_config_show_paper_recipe(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "config",
+                "show",
+                "--config",
+                str(Path(__file__).resolve().parents[2] / "configs" / "dapo-qwen2.5-32b.toml"),
+                "--format",
+                "json",
+            ]
+        )
+        == 0
+    )
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["algo"]["eps_high"] == 0.28 and cfg["algo"]["max_response_len"] == 20480
+
+
+def test_config_error_exits_2_and_names_the_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "show", "--set", "algo.eps_hihg=0.3"]) == 2
+    assert "did you mean 'algo.eps_high'" in capsys.readouterr().err
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
