@@ -31,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"client key pair to create (repeatable; default: {DEFAULT_CLIENT})",
     )
-    gen.add_argument("--force", action="store_true", help="replace existing keys (locks out running services)")
+    gen.add_argument(
+        "--force", action="store_true", help="replace existing keys (locks out running services)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     except (FileExistsError, ValueError) as exc:
         print(f"stream-dapo keys generate: {exc}", file=sys.stderr)
         return 2
-    print(f"server keys:   {files.server_public} (public, every host), {files.server_secret} (buffer, learner)")
+    print(
+        f"server keys:   {files.server_public} (public, every host), {files.server_secret} (buffer, learner)"
+    )
     for name in files.client_public:
         print(
             f"client {name!r}:  {files.client_public[name]} (public), "

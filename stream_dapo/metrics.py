@@ -93,6 +93,18 @@ class GeneratorMetrics:
         self.messages_rejected = Counter(
             p + "messages_rejected", "Malformed messages received.", ["reason"], registry=registry
         )
+        self.groups_rejected = Counter(
+            p + "groups_rejected", "Groups the buffer refused, by its reason.", ["reason"], registry=registry
+        )
+        self.groups_aborted = Counter(
+            p + "groups_aborted", "Groups aborted unfinished (drain on shutdown).", registry=registry
+        )
+        self.prefix_cache_hit_tokens = Counter(
+            p + "prefix_cache_hit_tokens", "Prompt tokens served from vLLM's prefix cache.", registry=registry
+        )
+        self.engine_start_seconds = Gauge(
+            p + "engine_start_seconds", "Time the vLLM engine took to start.", registry=registry
+        )
 
 
 class BufferMetrics:

@@ -27,7 +27,7 @@ from stream_dapo.config import GeneratorConfig
 if TYPE_CHECKING:
     import vllm
 
-__all__ = ["apply_cpu_env", "cpu_thread_env", "is_cpu_platform", "make_llm", "vllm_engine_kwargs"]
+__all__ = ["apply_cpu_env", "cpu_thread_env", "is_cpu_platform", "make_llm", "shutdown_llm", "vllm_engine_kwargs"]
 
 _GIB = 1 << 30
 
@@ -122,3 +122,10 @@ def make_llm(
     import vllm
 
     return vllm.LLM(**kwargs)
+
+
+def shutdown_llm(llm: vllm.LLM) -> None:
+    """Stop the engine-core and worker processes now rather than at interpreter exit."""
+    engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if engine_core is not None:
+        engine_core.shutdown()

@@ -257,7 +257,7 @@ def _sampled_logprobs(token_ids: list[int], logprobs: Any, group_id: str) -> lis
             f"group {group_id}: vLLM returned {got} log-prob entries for {len(token_ids)} tokens; "
             "requests must be made with SamplingParams(logprobs=0)"
         )
-    return [float(position[token].logprob) for token, position in zip(token_ids, logprobs)]
+    return [float(position[token].logprob) for token, position in zip(token_ids, logprobs, strict=True)]
 
 
 def check_weights_file(path: str | os.PathLike[str]) -> None:
@@ -302,7 +302,9 @@ class RolloutEngine:
         startup_seconds: float = 0.0,
     ) -> None:
         if group_size < 1 or max_response_len < 1:
-            raise ValueError(f"need group_size >= 1 and max_response_len >= 1, got {group_size}, {max_response_len}")
+            raise ValueError(
+                f"need group_size >= 1 and max_response_len >= 1, got {group_size}, {max_response_len}"
+            )
         if kv_on_update not in ("recompute", "keep"):
             raise ValueError(f"kv_on_update must be 'recompute' or 'keep', got {kv_on_update!r}")
         self._engine = engine
@@ -406,11 +408,11 @@ class RolloutEngine:
         )
         request: dict[str, Any] = {"prompt_token_ids": list(prompt.prompt_token_ids)}
         if self.kv_on_update == "keep":
-            pass
+            request["cache_salt"] = f"v{self.version}"
         request_ids = self._groups.add(gid, prompt, self.group_size, self.version)
         try:
             for rid in request_ids:
-                self._engine.add_request(rid, request, params)
+                self._engine.add_request(rid, dict(request), params)
         except BaseException:
             self.abort_group(gid)
             raise
@@ -465,18 +467,50 @@ class RolloutEngine:
         keeps sampling from the old weights and the error is a ``ValueError``/``FileNotFoundError``).
         """
         check_weights_file(path)
+
+        def load() -> int:
+            self._load(str(path))
+            return version
+
+        return self._swap(load, f"{path} (version {version})")
+
+    def join_nccl(self, host: str, port: int, world_size: int, rank_base: int) -> list[int]:
+        """Join the learner's NCCL weight group (GPU only); returns the workers' ranks."""
+        return self._call(
+            "nccl join",
+            lambda: self._engine.collective_rpc(
+                "nccl_join", timeout=self.rpc_timeout_s, args=(host, port, world_size, rank_base)
+            ),
+        )
+
+    def receive_weights_nccl(self, timeout_s: float) -> float:
+        """Swap to the learner's next NCCL broadcast (GPU only); returns seconds (``version`` is updated)."""
+
+        def load() -> int:
+            versions = self._call(
+                "nccl receive",
+                lambda: self._engine.collective_rpc(
+                    "nccl_receive_weights", timeout=timeout_s, args=(timeout_s,)
+                ),
+            )
+            if not versions or len(set(versions)) != 1:
+                raise WeightUpdateError(f"workers received different weight versions over NCCL: {versions}")
+            return int(versions[0])
+
+        return self._swap(load, "the NCCL broadcast")
+
+    def _swap(self, load: Callable[[], int], what: str) -> float:
+        """pause -> load (returns the version) -> label -> invalidate KV -> resume."""
         start = time.perf_counter()
         self._pause()
         try:
-            self._load(str(path))
+            version = load()
             self._label(version)
-            self._invalidate_kv(version)
-        except WeightUpdateError:
-            raise
+            self._invalidate_kv()
         except Exception as exc:
             raise WeightUpdateError(
-                f"weight update to version {version} from {path} failed after the engine was paused ({exc}); "
-                "the weights may be half-loaded, so the engine stays paused: restart the generator"
+                f"weight update from {what} failed after the engine was paused ({exc}); the weights may be "
+                "half-loaded, so the engine stays paused: restart the generator"
             ) from exc
         self._resume()
         self.version = version
@@ -494,7 +528,9 @@ class RolloutEngine:
     def _load(self, path: str) -> None:
         results = self._call(
             "load",
-            lambda: self._engine.collective_rpc("update_weights_from_file", timeout=self.rpc_timeout_s, args=(path,)),
+            lambda: self._engine.collective_rpc(
+                "update_weights_from_file", timeout=self.rpc_timeout_s, args=(path,)
+            ),
         )
         if not results or not all(r is True for r in results):
             raise WeightUpdateError(f"workers did not confirm loading {path}: {results!r}")
@@ -502,11 +538,15 @@ class RolloutEngine:
     def _label(self, version: int) -> None:
         self._call("label", lambda: self._engine.set_weight_version(str(version)))
 
-    def _invalidate_kv(self, version: int) -> None:
+    def _invalidate_kv(self) -> None:
         if self.kv_on_update == "recompute":
-            ok = self._call("reset_prefix_cache", lambda: self._engine.reset_prefix_cache(reset_running_requests=True))
+            ok = self._call(
+                "reset_prefix_cache", lambda: self._engine.reset_prefix_cache(reset_running_requests=True)
+            )
             if not ok:
-                raise WeightUpdateError("vLLM could not reset its prefix cache even after preempting requests")
+                raise WeightUpdateError(
+                    "vLLM could not reset its prefix cache even after preempting requests"
+                )
             return
         # keep: new requests are salted with the new version, so the old blocks are unreachable; drop
         # their hashes as soon as no request holds them.

@@ -144,7 +144,9 @@ def build_group(
     """Filter, shape, compute advantages and pack one group, given its verifier results."""
     samples = finished.samples
     if len(results) != len(samples):
-        raise ValueError(f"group {finished.group_id}: {len(samples)} samples but {len(results)} verifier results")
+        raise ValueError(
+            f"group {finished.group_id}: {len(samples)} samples but {len(results)} verifier results"
+        )
     for i, s in enumerate(samples):
         if len(s) == 0:
             raise ValueError(
@@ -163,7 +165,9 @@ def build_group(
     lengths = np.array([len(s) for s in samples], dtype=np.int64)
     truncated = np.array([s.truncated for s in samples], dtype=bool)
     shaped = shape_rewards(correct, lengths, truncated, settings.shaping)
-    advantages = compute_group_advantages(shaped.rewards, scale_by_std=settings.adv_scale_by_std, eps=ADVANTAGE_EPS)
+    advantages = compute_group_advantages(
+        shaped.rewards, scale_by_std=settings.adv_scale_by_std, eps=ADVANTAGE_EPS
+    )
     wire_samples = [
         Sample(
             tokens=s.token_ids.astype(np.int32, copy=False),

@@ -15,6 +15,10 @@ Three facts about vLLM 0.32 shape the loading code:
   the logits GEMM, made at start-up; nothing re-packs it on reload, so it would keep the old
   weights. ``_repack_tied_lm_head`` redoes it.
 - The worker does not invalidate the engine's prefix cache; the caller (``RolloutEngine``) does.
+
+On GPUs with ``weights.method = "nccl"`` the tensors arrive by broadcast from the learner
+(``stream_dapo.weights.nccl.NcclWeightReceiver``) straight into the worker that owns the GPU; they
+go through the same reload.
 """
 
 from __future__ import annotations
@@ -93,51 +97,30 @@ class WeightUpdateExtension:
 
     # ---------------------------------------------------------------- NCCL (GPU)
 
-    def init_weight_update_group(
-        self, master_address: str, master_port: int, rank_offset: int, world_size: int
-    ) -> bool:
-        """Join the learner's NCCL group for weight broadcasts (GPU only).
+    def nccl_join(self, host: str, port: int, world_size: int, rank_base: int) -> int:
+        """Join the learner's NCCL weight group (``stream_dapo.weights.nccl``); returns this worker's rank.
 
-        The learner's rank 0 is rank 0 of a ``world_size`` group made with vLLM's
-        ``StatelessProcessGroup``; this worker takes rank ``rank_offset + its rank in the engine``.
+        Generator ``i`` passes ``rank_base = 1 + i * tensor_parallel_size``; each worker adds its rank
+        inside the engine. Blocks until the learner and every other worker have joined.
         """
-        import torch
-        from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
+        from stream_dapo.weights.nccl import NcclGroupSpec, NcclWeightReceiver
 
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                "weights.method = 'nccl' needs GPUs; on the CPU set weights.method = 'zmq' or 'shared_dir'"
-            )
-        rank = rank_offset + int(self.rank)  # type: ignore[attr-defined]
-        self.sd_weight_group = stateless_init_process_group(
-            master_address, master_port, rank, world_size, self.device  # type: ignore[attr-defined]
-        )
-        return True
+        rank = rank_base + int(self.rank)  # type: ignore[attr-defined]
+        spec = NcclGroupSpec(host=host, port=port, world_size=world_size)
+        self.sd_nccl = NcclWeightReceiver(spec, rank, device=self.device).connect()  # type: ignore[attr-defined]
+        return rank
 
-    def update_weights_from_nccl(self, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> bool:
-        """Receive one broadcast per tensor from the learner (rank 0) and reload them (GPU only).
-
-        The learner broadcasts the tensors in exactly the order of ``names`` after sending this RPC
-        (its manifest), with the dtype names of ``torch`` (``"float32"``, ``"bfloat16"``).
-        """
+    def nccl_receive_weights(self, timeout_s: float) -> int:
+        """Take the learner's next broadcast and load it in place; returns its version."""
         import torch
 
-        group = getattr(self, "sd_weight_group", None)
-        if group is None:
-            raise RuntimeError("call init_weight_update_group before update_weights_from_nccl")
-        if not len(names) == len(dtypes) == len(shapes):
-            raise ValueError(f"names/dtypes/shapes lengths differ: {len(names)}, {len(dtypes)}, {len(shapes)}")
-
-        def received() -> Iterator[tuple[str, torch.Tensor]]:
-            stream = torch.cuda.current_stream()
-            for name, dtype, shape in zip(names, dtypes, shapes):
-                buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)  # type: ignore[attr-defined]
-                group.broadcast(buf, src=0, stream=stream)
-                yield name, buf
-
-        self._sd_reload(received())
+        receiver = getattr(self, "sd_nccl", None)
+        if receiver is None:
+            raise RuntimeError("call nccl_join before nccl_receive_weights")
+        version, tensors = receiver.receive(timeout_s)
+        self._sd_reload(iter(tensors))
         torch.cuda.synchronize()
-        return True
+        return int(version)
 
     # ---------------------------------------------------------------- helpers
 
@@ -154,6 +137,10 @@ class WeightUpdateExtension:
         lm_head = getattr(model, "lm_head", None)
         if not getattr(config, "tie_word_embeddings", False) or lm_head is None:
             return
+        embed = model.get_submodule("model.embed_tokens")
+        if lm_head.weight is not embed.weight:
+            # vLLM 0.32 keeps the tie through a reload; re-tie should a version replace the parameter.
+            lm_head.weight = embed.weight
         method = getattr(lm_head, "quant_method", None)
         if method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(lm_head)
@@ -164,8 +151,10 @@ class WeightUpdateExtension:
 
         if expected is None:
             return
-        embed = self._sd_model().get_submodule("model.embed_tokens").weight
+        embed: torch.Tensor = self._sd_model().get_submodule("model.embed_tokens").weight  # type: ignore[assignment]
         rows = min(expected.shape[0], embed.shape[0])
         got = embed[:rows].detach().to("cpu", expected.dtype)
         if not torch.equal(got, expected[:rows]):
-            raise RuntimeError(f"after loading {path} the embedding differs from the file: the reload did not apply")
+            raise RuntimeError(
+                f"after loading {path} the embedding differs from the file: the reload did not apply"
+            )

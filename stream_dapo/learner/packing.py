@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -155,7 +156,7 @@ class MicroBatch:
 
     def to(self, device: torch.device | str) -> MicroBatch:
         """A copy with every tensor on ``device``."""
-        moved = {
+        moved: dict[str, Any] = {
             name: (value.to(device, non_blocking=True) if isinstance(value, Tensor) else value)
             for name, value in vars(self).items()
         }
@@ -281,7 +282,9 @@ def scatter_to_sequences(
     out: list[np.ndarray | None] = [None] * num_sequences
     for mb, vals in zip(micro_batches, values, strict=True):
         if vals.shape != mb.response_mask.shape:
-            raise ValueError(f"values shape {tuple(vals.shape)} != micro-batch {tuple(mb.response_mask.shape)}")
+            raise ValueError(
+                f"values shape {tuple(vals.shape)} != micro-batch {tuple(mb.response_mask.shape)}"
+            )
         host = vals.detach().float().cpu().numpy()
         rmask = mb.response_mask.cpu().numpy()
         for r, idx in enumerate(mb.seq_index.tolist()):
@@ -289,5 +292,7 @@ def scatter_to_sequences(
                 out[idx] = host[r][rmask[r]]
     missing = [i for i, v in enumerate(out) if v is None]
     if missing:
-        raise ValueError(f"sequences {missing[:5]} are in no micro-batch; pass every micro-batch of the packing")
+        raise ValueError(
+            f"sequences {missing[:5]} are in no micro-batch; pass every micro-batch of the packing"
+        )
     return [v for v in out if v is not None]

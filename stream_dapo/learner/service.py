@@ -13,7 +13,7 @@ the current weights, then take one optimizer step per mini-batch. After each ste
 every ``sync_every`` steps, a checkpoint every ``checkpoint_every`` steps followed by ``commit``.
 
 Checkpoints: ``checkpoints/step_{v:06d}/`` holds the DeepSpeed state (``deepspeed/``), an HF export
-(``hf/``) and ``learner_state.json``; written under a temporary name, renamed, then ``latest`` is
+(``hf/``), ``learner_state.json`` and the trained-group log as of that version; written under a temporary name, renamed, then ``latest`` is
 replaced. The state includes the ids the checkpoint commits, so a learner that died between the
 rename and the commit resends it after its hello.
 
@@ -37,9 +37,8 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import zmq
 from prometheus_client import CollectorRegistry
 
@@ -48,6 +47,10 @@ from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, start_met
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import Endpoint, TransportError, TransportTimeout, open_endpoint, request
+
+if TYPE_CHECKING:  # torch and DeepSpeed load in start(), so `stream-dapo learner --help` is instant
+    import torch
+    from transformers import PreTrainedModel
 
 __all__ = ["LearnerService", "add_arguments", "run"]
 
@@ -69,11 +72,16 @@ class LearnerService:
     ``learner.total_steps``. Call `request_stop` (e.g. from a signal handler) to drain.
     """
 
-    def __init__(self, cfg: Config, *, model: torch.nn.Module | None = None, max_steps: int | None = None) -> None:
+    def __init__(
+        self, cfg: Config, *, model: PreTrainedModel | None = None, max_steps: int | None = None
+    ) -> None:
         self.cfg = cfg
         self.total_steps = max_steps if max_steps is not None else cfg.learner.total_steps
         if self.total_steps < 1:
             raise ConfigError(f"--max-steps must be >= 1, got {self.total_steps}")
+        from stream_dapo.learner.trainer import deepspeed_config
+
+        deepspeed_config(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # dtype/ZeRO errors before any start-up
         self.out = Path(cfg.run.out_dir)
         self.ckpt_root = self.out / "checkpoints"
         self.trained_log = self.out / "learner" / "trained_groups.jsonl"
@@ -134,33 +142,46 @@ class LearnerService:
         v = metrics.version
         self._uncommitted.extend(group_ids)
         if self.rank == 0:
-            _append_jsonl(self.trained_log, {"version": v, "group_ids": group_ids,
-                                             "max_staleness": metrics.max_staleness})
+            _append_jsonl(
+                self.trained_log,
+                {"version": v, "group_ids": group_ids, "max_staleness": metrics.max_staleness},
+            )
             self._record_metrics(metrics)
-        if v % self.cfg.learner.sync_every == 0:
-            self._publish()
-        if v % self.cfg.learner.checkpoint_every == 0:
-            self._checkpoint()
+        publish = v % self.cfg.learner.sync_every == 0
+        checkpoint = v % self.cfg.learner.checkpoint_every == 0
+        if publish or checkpoint:
+            state_dict = self.learner.gather_state_dict()  # collective; once for both
+            if publish:
+                self._publish(state_dict)
+            if checkpoint:
+                self._checkpoint(state_dict)
         if self.health is not None:
+            self.health.detail["version"] = v
             self.health.beat()
 
     def _finish(self, completed: bool) -> None:
-        """Checkpoint what is not yet; on completion also export ``final/`` and publish."""
+        """Checkpoint what is not yet; on completion also export ``final/`` and publish (collective)."""
         v = self.learner.version
-        if v != self._last_checkpoint:
-            self._checkpoint()
-        if completed:
-            state_dict = self.learner.gather_state_dict()
-            self.learner.export_hf(self.out / "final", state_dict=state_dict)
-            if v != self._last_published:
-                self._publish(state_dict)
-            log.info("finished at version %d; HF export in %s", v, self.out / "final")
-        else:
+        need_checkpoint = v != self._last_checkpoint and v > 0
+        if not (need_checkpoint or completed):
+            log.info("stopped at version %d before training anything new", v)
+            return
+        state_dict = self.learner.gather_state_dict()
+        if need_checkpoint:
+            self._checkpoint(state_dict)
+        if not completed:
             log.info("stopped at version %d (drained and checkpointed)", v)
+            return
+        self.learner.write_hf(self.out / "final", state_dict)
+        if v != self._last_published:
+            self._publish(state_dict)
+        log.info("finished at version %d; HF export in %s", v, self.out / "final")
 
     # ------------------------------------------------------------------ start-up
 
     def start(self) -> None:
+        import torch
+
         from stream_dapo.learner.trainer import Learner, init_distributed
 
         torch.set_num_threads(self.cfg.learner.torch_threads)
@@ -170,14 +191,18 @@ class LearnerService:
             self._start_publishers()
         self.learner = Learner(self.cfg, self._model)
         state = self._resume()
-        self._publish()
+        self._publish(self.learner.gather_state_dict())
         if self.rank == 0:
             self._hello(state)
         if self.health is not None:
             self.health.ready = True
             self.health.detail["version"] = self.learner.version
-        log.info("learner ready at version %d (world size %d); training to %d", self.learner.version,
-                 self.world_size, self.total_steps)
+        log.info(
+            "learner ready at version %d (world size %d); training to %d",
+            self.learner.version,
+            self.world_size,
+            self.total_steps,
+        )
 
     def _start_metrics(self) -> None:
         mc = self.cfg.metrics
@@ -185,8 +210,10 @@ class LearnerService:
             try:
                 registry, self.health, self._metrics_server = start_metrics(mc.host, mc.learner_port)
             except OSError as exc:
-                raise ConfigError(f"cannot serve metrics on {mc.host}:{mc.learner_port}: {exc.strerror}; set "
-                                  "metrics.learner_port to a free port (0 picks one)") from exc
+                raise ConfigError(
+                    f"cannot serve metrics on {mc.host}:{mc.learner_port}: {exc.strerror}; set "
+                    "metrics.learner_port to a free port (0 picks one)"
+                ) from exc
         else:
             registry = CollectorRegistry()  # other ranks keep the objects but serve nothing
         self.metrics = LearnerMetrics(registry)
@@ -198,8 +225,13 @@ class LearnerService:
         self._ctx = zmq.Context()
         if w.method in ("zmq", "nccl"):
             curve, allowed = self._curve_server()
-            self._server = WeightServer(f"tcp://{t.host}:{t.weights_port}", chunk_bytes=w.chunk_bytes, curve=curve,
-                                        allowed_clients_dir=allowed, hwm=t.hwm)
+            self._server = WeightServer(
+                f"tcp://{t.host}:{t.weights_port}",
+                chunk_bytes=w.chunk_bytes,
+                curve=curve,
+                allowed_clients_dir=allowed,
+                hwm=t.hwm,
+            )
             try:
                 self._server.start()
             except TransportError as exc:
@@ -209,10 +241,19 @@ class LearnerService:
         if w.method == "nccl":
             from stream_dapo.weights.nccl import NcclWeightSender, nccl_group_spec
 
-            self._nccl = NcclWeightSender(nccl_group_spec(self.cfg), timeout_s=max(300.0, t.timeout_s)).connect()
+            self._nccl = NcclWeightSender(
+                nccl_group_spec(self.cfg), timeout_s=max(300.0, t.timeout_s)
+            ).connect()
         client = self._curve_client()
-        self._buffer = open_endpoint(self._ctx, zmq.DEALER, connect=f"tcp://{t.host}:{t.batches_port}",
-                                     max_bytes=t.max_message_bytes, peer="buffer", hwm=t.hwm, curve=client)
+        self._buffer = open_endpoint(
+            self._ctx,
+            zmq.DEALER,
+            connect=f"tcp://{t.host}:{t.batches_port}",
+            max_bytes=t.max_message_bytes,
+            peer="buffer",
+            hwm=t.hwm,
+            curve=client,
+        )
 
     def _curve_server(self) -> tuple[Any, Path | None]:
         if not self.cfg.transport.curve_dir:
@@ -258,27 +299,32 @@ class LearnerService:
 
     # ------------------------------------------------------------------ data
 
-    def _request(self, msg_type: str, body: dict[str, Any], retries: int = 2) -> m.Message:
+    def _request(self, msg_type: str, body: dict[str, Any], retries: int = 2) -> codec.Message:
         assert self._buffer is not None
-        return request(self._buffer, msg_type, body, timeout_ms=int(self.cfg.transport.timeout_s * 1000),
-                       retries=retries)
+        return request(
+            self._buffer, msg_type, body, timeout_ms=int(self.cfg.transport.timeout_s * 1000), retries=retries
+        )
 
     def _next_rollout(self) -> list[m.Group] | None:
-        """``rollout_batch_prompts`` groups, gathered on rank 0 and shared with every rank."""
+        """``rollout_batch_prompts`` groups, gathered on rank 0 and shared with every rank; None
+        when a stop was requested while waiting (groups already leased return to the buffer's
+        queue at the next ``learner_hello``)."""
         want = self.cfg.learner.rollout_batch_prompts
         groups: list[m.Group] = []
         t0 = time.monotonic()
         delay = BATCH_BACKOFF_S[0]
         while True:
-            if self.rank == 0 and len(groups) < want:
-                groups.extend(self._request_groups(want - len(groups)))
+            got = self._request_groups(want - len(groups)) if self.rank == 0 and len(groups) < want else []
+            groups.extend(got)
             status, stop = self._sync_status(_DATA if len(groups) >= want else _WAITING)
             if stop:
                 return None
             if status == _DATA:
                 break
+            if got:  # a partial batch (the buffer's size limit): ask again at once
+                continue
             if self.health is not None:
-                self.health.beat()  # idling on purpose: the buffer is empty, not the learner stuck
+                self.health.beat()  # idling on purpose: the buffer is empty, the learner is fine
             time.sleep(delay)
             delay = min(delay * 2, BATCH_BACKOFF_S[1])
         self._last_wait_s = time.monotonic() - t0
@@ -292,15 +338,22 @@ class LearnerService:
                 log.warning("buffer dropped %d stale groups for this batch", reply.body["dropped_stale"])
             return m.groups_from_body(reply.body)
         if reply.type != m.EMPTY:
-            raise TransportError(f"buffer answered batch_request with {reply.type!r}; expected batch or empty")
+            raise TransportError(
+                f"buffer answered batch_request with {reply.type!r}; expected batch or empty"
+            )
         return []
 
     def _sync_status(self, status: int) -> tuple[int, bool]:
         """Rank 0's status and whether any rank was asked to stop (one all-reduce)."""
         if self.world_size == 1:
             return status, self._stop.is_set()
-        t = torch.tensor([status if self.rank == 0 else 0, int(self._stop.is_set())], dtype=torch.int64,
-                         device=self._comm_device())
+        import torch
+
+        t = torch.tensor(
+            [status if self.rank == 0 else 0, int(self._stop.is_set())],
+            dtype=torch.int64,
+            device=self._comm_device(),
+        )
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return int(t[0]), bool(t[1])
 
@@ -308,18 +361,25 @@ class LearnerService:
         return self._sync_status(_WAITING)[1]
 
     def _comm_device(self) -> torch.device:
+        import torch
+
         return self.learner.device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
 
     def _broadcast_groups(self, groups: list[m.Group]) -> list[m.Group]:
         """Rank 0's groups on every rank, sent as one encoded `batch` message (no pickle)."""
         if self.world_size == 1:
             return groups
+        import torch
+
         dev = self._comm_device()
         data = codec.encode(*m.batch(groups, 0)) if self.rank == 0 else b""
         size = torch.tensor([len(data)], dtype=torch.int64, device=dev)
         torch.distributed.broadcast(size, src=0)
-        buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev) if self.rank == 0
-               else torch.empty(int(size), dtype=torch.uint8, device=dev))
+        buf = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
+            if self.rank == 0
+            else torch.empty(int(size), dtype=torch.uint8, device=dev)
+        )
         torch.distributed.broadcast(buf, src=0)
         if self.rank == 0:
             return groups
@@ -328,31 +388,34 @@ class LearnerService:
 
     # ------------------------------------------------------------------ weights, checkpoints, commits
 
-    def _publish(self, state_dict: dict[str, Any] | None = None) -> None:
-        """Gather (collective) and publish the current version on rank 0."""
+    def _publish(self, state_dict: dict[str, Any] | None) -> None:
+        """Publish the current version from rank 0. Every rank calls it with its `gather_state_dict`
+        result (None except on rank 0), so the collectives before it line up."""
         from stream_dapo.weights.publisher import serialize_weights
 
         t0 = time.perf_counter()
-        sd = state_dict if state_dict is not None else self.learner.gather_state_dict()
         v = self.learner.version
         if self.rank == 0:
-            assert sd is not None
-            payload = serialize_weights(sd, v)
+            assert state_dict is not None
+            payload = serialize_weights(state_dict, v)
             if self._server is not None:
                 self._server.publish(payload)
             if self._shared is not None:
                 self._shared.publish(payload)
             if self._nccl is not None:
-                self._nccl.send(v, sd)
+                self._nccl.send(v, state_dict)
             seconds = time.perf_counter() - t0
             self.metrics.weight_sync_seconds.observe(seconds)
             self.metrics.weight_sync_bytes.inc(payload.total_bytes)
             self.metrics.policy_version.set(v)
-            log.info("published weights version %d (%.1f MB in %.2f s)", v, payload.total_bytes / 1e6, seconds)
+            log.info(
+                "published weights version %d (%.2f MB in %.3f s)", v, payload.total_bytes / 1e6, seconds
+            )
         self._last_published = v
 
-    def _checkpoint(self) -> None:
-        """Write ``step_{v}`` atomically, point ``latest`` at it, then commit its groups (collective)."""
+    def _checkpoint(self, state_dict: dict[str, Any] | None) -> None:
+        """Write ``step_{v}`` atomically, point ``latest`` at it, then commit its groups. Collective;
+        ``state_dict`` is this rank's `gather_state_dict` result, for the HF export inside."""
         t0 = time.perf_counter()
         v = self.learner.version
         name = f"step_{v:06d}"
@@ -362,10 +425,13 @@ class LearnerService:
             tmp.mkdir(parents=True)
         self.learner.barrier()
         ids = list(self._uncommitted)
-        self.learner.save_checkpoint(tmp, extra_state={"commit_group_ids": ids,
-                                                      "trained_groups_lines": _count_lines(self.trained_log)})
-        self.learner.export_hf(tmp / "hf")
+        self.learner.save_checkpoint(
+            tmp, extra_state={"commit_group_ids": ids, "trained_groups_lines": _count_lines(self.trained_log)}
+        )
+        self.learner.write_hf(tmp / "hf", state_dict)
         if self.rank == 0:
+            if self.trained_log.exists():  # the log as of this version travels with the checkpoint
+                shutil.copy2(self.trained_log, tmp / self.trained_log.name)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -408,11 +474,23 @@ class LearnerService:
         for value, count in s.staleness_counts.items():
             for _ in range(count):  # prometheus_client has no bulk observe
                 mx.staleness.observe(max(value, 0))
-        row = {**s.to_json(), "wall_time": round(time.time(), 3), "elapsed_s": round(time.time() - self._started, 3),
-               "batch_wait_seconds": round(self._last_wait_s, 4)}
+        row = {
+            **s.to_json(),
+            "wall_time": round(time.time(), 3),
+            "elapsed_s": round(time.time() - self._started, 3),
+            "batch_wait_seconds": round(self._last_wait_s, 4),
+        }
         _append_jsonl(self.metrics_log, row)
-        log.info("step %d loss %.4f reward %.3f acc %.3f grad %.3f stale<=%d %.0f tok/s", s.version, s.loss,
-                 s.reward_mean, s.accuracy, s.grad_norm, s.max_staleness, s.tokens_per_second)
+        log.info(
+            "step %d loss %.4f reward %.3f acc %.3f grad %.3f stale<=%d %.0f tok/s",
+            s.version,
+            s.loss,
+            s.reward_mean,
+            s.accuracy,
+            s.grad_norm,
+            s.max_staleness,
+            s.tokens_per_second,
+        )
 
     # ------------------------------------------------------------------ shutdown
 
@@ -449,8 +527,11 @@ def _truncate_jsonl(path: Path, max_version: int) -> None:
     """Keep the rows with ``version <= max_version`` (the steps the resumed checkpoint contains)."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and int(json.loads(line)["version"]) <= max_version]
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and int(json.loads(line)["version"]) <= max_version
+    ]
     _write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
@@ -469,11 +550,18 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-steps", type=int, default=None, metavar="N",
-                        help="train until version N instead of learner.total_steps")
-    parser.epilog = ("Checkpoints go to run.out_dir/checkpoints (resumed from automatically), the final HF export "
-                     "to run.out_dir/final. SIGTERM finishes the current step, checkpoints and exits 0. Data "
-                     "parallel: start it under torchrun or the deepspeed launcher.")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train until version N instead of learner.total_steps",
+    )
+    parser.epilog = (
+        "Checkpoints go to run.out_dir/checkpoints (resumed from automatically), the final HF export "
+        "to run.out_dir/final. SIGTERM finishes the current step, checkpoints and exits 0. Data "
+        "parallel: start it under torchrun or the deepspeed launcher."
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 __all__ = [
+    "AccumulatedStep",
     "Learner",
     "MiniBatch",
     "StepMetrics",
@@ -183,13 +184,25 @@ def _import_deepspeed() -> Any:
     skips building it (``build_shm_op`` consults ``deepspeed.ops.__compatible_ops__``).
     """
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    # DeepSpeed's import decorates with torch.jit.script_method, which torch now deprecates.
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.jit\.script_method` is deprecated", category=DeprecationWarning
+    )
     import deepspeed
     import deepspeed.ops
 
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    ops = vars(deepspeed.ops)
+    if "__compatible_ops__" in ops:  # already probed in this process: edit the cached result
+        ops["__compatible_ops__"]["deepspeed_shm_comm"] = False
+    else:
+        # Probing compiles test programs for every op (noisy `ld` errors, ~0.1 s); the only reader of
+        # this table on the training path is `build_shm_op`, and torch's AdamW needs no built op.
+        ops["__compatible_ops__"] = {"deepspeed_shm_comm": False}
     # ZeRO-2/3 call torch.distributed.reduce_scatter_tensor, which torch deprecates with a warning on
     # every step; it is DeepSpeed's business, not the operator's.
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning
+    )
     return deepspeed
 
 
@@ -318,8 +331,9 @@ _SUM_METRICS = ("loss", "pg_loss", "kl_ref")
 
 
 @dataclass
-class _Accumulated:
-    """Local sums over this rank's micro-batches, before the cross-rank reduction."""
+class AccumulatedStep:
+    """What `accumulate_gradients` hands to `apply_update`: this rank's sums over its micro-batches
+    (loss terms, token-weighted loss metrics, staleness counts), before the cross-rank reduction."""
 
     sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_SUM_METRICS, 0.0))
     weighted: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_MEAN_METRICS, 0.0))
@@ -353,6 +367,7 @@ class Learner:
     ) -> None:
         self.cfg = cfg
         self.rank, self.world_size, self.local_rank = init_distributed()
+        ds_config = deepspeed_config(cfg, self.world_size)  # config errors before the model loads
         self._ds = _import_deepspeed()
         self.loss_params = loss_params_from_config(cfg)
         self.source_dir = Path(source_dir if source_dir is not None else cfg.model.path)
@@ -369,7 +384,6 @@ class Learner:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.pad_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
         self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
-        ds_config = deepspeed_config(cfg, self.world_size)
         warmup = cfg.learner.warmup_steps
 
         def schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
@@ -515,7 +529,9 @@ class Learner:
 
     # ------------------------------------------------------------------ the step
 
-    def train_step(self, batch: MiniBatch | Sequence[Group], prox: Sequence[Tensor] | None = None) -> StepMetrics:
+    def train_step(
+        self, batch: MiniBatch | Sequence[Group], prox: Sequence[Tensor] | None = None
+    ) -> StepMetrics:
         """One optimizer step on a mini-batch (collective): accumulate gradients, then update.
 
         ``prox``: proximal log-probs aligned with ``batch.micro_batches`` (from `compute_logprobs`
@@ -527,9 +543,9 @@ class Learner:
         acc = self.accumulate_gradients(batch, prox)
         return self.apply_update(batch, acc)
 
-    def accumulate_gradients(self, batch: MiniBatch, prox: Sequence[Tensor] | None = None) -> _Accumulated:
+    def accumulate_gradients(self, batch: MiniBatch, prox: Sequence[Tensor] | None = None) -> AccumulatedStep:
         """Forward/backward of every micro-batch; gradients add up in the engine (collective)."""
-        acc = _Accumulated()
+        acc = AccumulatedStep()
         if self.loss_params.ratio_mode == "decoupled" and prox is None:
             prox = self.compute_logprobs(batch.micro_batches)
         if prox is not None and len(prox) != len(batch.micro_batches):
@@ -550,7 +566,9 @@ class Learner:
             mb = mb.to(self.device)
             p = None if prox is None else prox[k].to(self.device)
             if p is not None and p.shape != mb.mask.shape:
-                raise ValueError(f"prox[{k}] has shape {tuple(p.shape)}, micro-batch {k} needs {tuple(mb.mask.shape)}")
+                raise ValueError(
+                    f"prox[{k}] has shape {tuple(p.shape)}, micro-batch {k} needs {tuple(mb.mask.shape)}"
+                )
             loss, metrics = self._micro_batch_loss(mb, p, batch)
             self.engine.backward(loss * dp_scale, scale_wrt_gas=False)
             self._record(acc, loss, metrics, mb)
@@ -578,7 +596,9 @@ class Learner:
             global_seqs=max(batch.global_seqs, 1),
         )
 
-    def _record(self, acc: _Accumulated, loss: Tensor, metrics: Mapping[str, float], mb: MicroBatch) -> None:
+    def _record(
+        self, acc: AccumulatedStep, loss: Tensor, metrics: Mapping[str, float], mb: MicroBatch
+    ) -> None:
         acc.sums["loss"] += float(loss.detach())
         acc.sums["pg_loss"] += metrics["pg_loss"]
         if "kl_ref" in metrics:
@@ -597,7 +617,7 @@ class Learner:
             values, counts = np.unique(stale, return_counts=True)
             acc.staleness.update(dict(zip(values.tolist(), counts.tolist(), strict=True)))
 
-    def apply_update(self, batch: MiniBatch, acc: _Accumulated) -> StepMetrics:
+    def apply_update(self, batch: MiniBatch, acc: AccumulatedStep) -> StepMetrics:
         """Clip, step the optimizer and the LR schedule, version += 1; reduce metrics (collective)."""
         lr = float(self.engine.get_lr()[0])
         self._stage0_grad_norm = None
@@ -608,12 +628,21 @@ class Learner:
             grad_norm = self._stage0_grad_norm
         return self._reduce_metrics(batch, acc, lr, float("nan") if grad_norm is None else float(grad_norm))
 
-    def _reduce_metrics(self, batch: MiniBatch, acc: _Accumulated, lr: float, grad_norm: float) -> StepMetrics:
+    def _reduce_metrics(
+        self, batch: MiniBatch, acc: AccumulatedStep, lr: float, grad_norm: float
+    ) -> StepMetrics:
         hist = np.zeros(_MAX_TRACKED_STALENESS + 2)  # slot 0: negative (generator ahead after a rollback)
         for value, count in acc.staleness.items():
             hist[min(max(value, -1), _MAX_TRACKED_STALENESS) + 1] += count
         sums = self._all_reduce(
-            [*acc.sums.values(), *acc.weighted.values(), acc.contributing, acc.given, float(acc.has_kl), *hist],
+            [
+                *acc.sums.values(),
+                *acc.weighted.values(),
+                acc.contributing,
+                acc.given,
+                float(acc.has_kl),
+                *hist,
+            ],
             "sum",
         )
         maxes = self._all_reduce([acc.is_weight_max, max(acc.staleness, default=-(2**31))], "max")
@@ -666,15 +695,20 @@ class Learner:
         sd = self.gather_state_dict()
         return None if sd is None else serialize_weights(sd, self.version)
 
-    def export_hf(self, directory: str | os.PathLike[str], state_dict: Mapping[str, Tensor] | None = None) -> None:
+    def export_hf(self, directory: str | os.PathLike[str]) -> None:
         """save_pretrained (safetensors) + tokenizer files into ``directory``, loadable by transformers
-        and vLLM (collective; rank 0 writes). ``state_dict`` reuses an already gathered one."""
-        sd = dict(state_dict) if state_dict is not None else self.gather_state_dict()
+        and vLLM. Collective: gathers the weights, rank 0 writes."""
+        self.write_hf(directory, self.gather_state_dict())
+
+    def write_hf(self, directory: str | os.PathLike[str], state_dict: Mapping[str, Tensor] | None) -> None:
+        """`export_hf` with weights already gathered: every rank calls it with what its
+        `gather_state_dict` returned (None except on rank 0); ends with a barrier."""
         if self.rank == 0:
-            assert sd is not None
+            if state_dict is None:
+                raise ValueError("rank 0 needs the gathered state dict; pass gather_state_dict()'s result")
             out = Path(directory)
             out.mkdir(parents=True, exist_ok=True)
-            self.engine.module.save_pretrained(str(out), state_dict=sd, safe_serialization=True)
+            self.engine.module.save_pretrained(str(out), state_dict=dict(state_dict), safe_serialization=True)
             for name in TOKENIZER_FILES:
                 src = self.source_dir / name
                 if src.is_file() and not (out / name).exists():
@@ -683,7 +717,9 @@ class Learner:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save_checkpoint(self, directory: str | os.PathLike[str], extra_state: Mapping[str, Any] | None = None) -> None:
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], extra_state: Mapping[str, Any] | None = None
+    ) -> None:
         """DeepSpeed state (weights, optimizer, LR schedule) + the learner's state (collective).
 
         ``extra_state`` (JSON-serialisable) is stored next to the version, e.g. the position of the

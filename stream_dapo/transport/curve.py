@@ -138,7 +138,9 @@ def load_client_keys(key_dir: str | os.PathLike[str], name: str = DEFAULT_CLIENT
     return CurveKeys(public=public, secret=secret, server_public=server_public)
 
 
-def start_authenticator(ctx: zmq.Context[Any], allowed_client_keys_dir: str | os.PathLike[str]) -> ThreadAuthenticator:
+def start_authenticator(
+    ctx: zmq.Context[Any], allowed_client_keys_dir: str | os.PathLike[str]
+) -> ThreadAuthenticator:
     """Start a ZAP handler on `ctx` that admits Curve clients whose public key is in the directory.
 
     Every Curve server socket of `ctx` is covered (domain "*"); plain (NULL) clients and clients

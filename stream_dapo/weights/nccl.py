@@ -37,8 +37,19 @@ __all__ = ["NcclGroupSpec", "NcclWeightReceiver", "NcclWeightSender", "nccl_grou
 log = logging.getLogger(__name__)
 
 MAGIC = 0x5DA905EED  # "stream-dapo weights" marker: a receiver out of step fails loudly
-_DTYPES = {str(d).removeprefix("torch."): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.int64,
-                                                      torch.int32, torch.uint8, torch.int8, torch.float64)}
+_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.int64,
+        torch.int32,
+        torch.uint8,
+        torch.int8,
+        torch.float64,
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,9 @@ class NcclGroupSpec:
 
     def __post_init__(self) -> None:
         if self.world_size < 2:
-            raise ValueError(f"an NCCL weight group needs the learner and at least one worker, got {self.world_size}")
+            raise ValueError(
+                f"an NCCL weight group needs the learner and at least one worker, got {self.world_size}"
+            )
 
 
 def nccl_group_spec(cfg: Any) -> NcclGroupSpec:
@@ -94,17 +107,27 @@ def _wait(stream: torch.cuda.Stream, timeout_s: float, what: str) -> None:
 class NcclWeightSender:
     """The learner's end (rank 0). `connect` blocks until every worker has joined."""
 
-    def __init__(self, spec: NcclGroupSpec, device: torch.device | int | None = None, *, timeout_s: float = 300.0):
+    def __init__(
+        self, spec: NcclGroupSpec, device: torch.device | int | None = None, *, timeout_s: float = 300.0
+    ):
         _require_cuda("weights.method = 'nccl'")
         self.spec = spec
-        self.device = torch.device("cuda", torch.cuda.current_device() if device is None else int(
-            device.index if isinstance(device, torch.device) else device))
+        self.device = torch.device(
+            "cuda",
+            torch.cuda.current_device()
+            if device is None
+            else int(device.index if isinstance(device, torch.device) else device),
+        )
         self.timeout_s = timeout_s
         self.comm: Any = None
 
     def connect(self) -> NcclWeightSender:
-        log.info("waiting for %d generator workers at %s:%d (NCCL weight group)", self.spec.world_size - 1,
-                 self.spec.host, self.spec.port)
+        log.info(
+            "waiting for %d generator workers at %s:%d (NCCL weight group)",
+            self.spec.world_size - 1,
+            self.spec.host,
+            self.spec.port,
+        )
         self.comm = _join(self.spec, 0, self.device)
         return self
 
@@ -113,14 +136,21 @@ class NcclWeightSender:
         if self.comm is None:
             raise RuntimeError("call connect() before send()")
         names = list(state_dict)
-        meta = json.dumps({
-            "version": version,
-            "tensors": [[n, str(state_dict[n].dtype).removeprefix("torch."), list(state_dict[n].shape)] for n in names],
-        }).encode()
+        meta = json.dumps(
+            {
+                "version": version,
+                "tensors": [
+                    [n, str(state_dict[n].dtype).removeprefix("torch."), list(state_dict[n].shape)]
+                    for n in names
+                ],
+            }
+        ).encode()
         stream = torch.cuda.current_stream(self.device)
         header = torch.tensor([MAGIC, version, len(meta), len(names)], dtype=torch.int64, device=self.device)
         self.comm.broadcast(header, src=0, stream=stream)
-        self.comm.broadcast(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(self.device), src=0, stream=stream)
+        self.comm.broadcast(
+            torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(self.device), src=0, stream=stream
+        )
         total = 0
         for name in names:
             t = state_dict[name].detach().to(self.device, non_blocking=True).contiguous()
@@ -144,8 +174,12 @@ class NcclWeightReceiver:
             raise ValueError(f"receiver rank must be in [1, {spec.world_size}), got {rank}")
         self.spec = spec
         self.rank = rank
-        self.device = torch.device("cuda", torch.cuda.current_device() if device is None else int(
-            device.index if isinstance(device, torch.device) else device))
+        self.device = torch.device(
+            "cuda",
+            torch.cuda.current_device()
+            if device is None
+            else int(device.index if isinstance(device, torch.device) else device),
+        )
         self.comm: Any = None
 
     def connect(self) -> NcclWeightReceiver:
@@ -162,13 +196,17 @@ class NcclWeightReceiver:
         _wait(stream, timeout_s, "waiting for a weights header")
         magic, version, meta_len, count = header.tolist()
         if magic != MAGIC:
-            raise RuntimeError(f"NCCL weight stream out of step (header {header.tolist()}); restart both sides")
+            raise RuntimeError(
+                f"NCCL weight stream out of step (header {header.tolist()}); restart both sides"
+            )
         meta_buf = torch.empty(meta_len, dtype=torch.uint8, device=self.device)
         self.comm.broadcast(meta_buf, src=0, stream=stream)
         _wait(stream, timeout_s, "receiving the weights manifest")
         meta = json.loads(bytes(meta_buf.cpu().tolist()))
         if meta["version"] != version or len(meta["tensors"]) != count:
-            raise RuntimeError(f"NCCL weights manifest disagrees with its header (version {version}, {count} tensors)")
+            raise RuntimeError(
+                f"NCCL weights manifest disagrees with its header (version {version}, {count} tensors)"
+            )
         out: list[tuple[str, Tensor]] = []
         for name, dtype, shape in meta["tensors"]:
             if dtype not in _DTYPES:

@@ -219,7 +219,7 @@ class WeightServer:
             curve=self.curve,
             curve_server=self.curve is not None,
         )
-        self.address = self._endpoint.socket.last_endpoint.decode()
+        self.address = self._endpoint.address  # resolves tcp://host:* to the port actually bound
         self._thread = threading.Thread(target=self._serve, name="weight-server", daemon=True)
         self._thread.start()
         log.info("weight server listening on %s (chunks of %d bytes)", self.address, self.chunk_bytes)
@@ -304,7 +304,9 @@ class WeightServer:
         if msg_type == messages.CHUNK_REQUEST:
             return self._answer_chunk(body["version"], body["index"])
         self.stats["errors"] += 1
-        return messages.error("unexpected_type", f"the weight server answers weights_query and chunk_request, not {msg_type}")
+        return messages.error(
+            "unexpected_type", f"the weight server answers weights_query and chunk_request, not {msg_type}"
+        )
 
     def _answer_query(self, have_version: int) -> messages.Outgoing:
         self.stats["queries"] += 1
@@ -313,7 +315,9 @@ class WeightServer:
             self.stats["not_available"] += 1
             return messages.not_available(have_version, 0, "no_weights_yet")
         self.stats["manifests"] += 1
-        return messages.weights_manifest(current.version, current.checksum, current.total_bytes, self.chunk_bytes)
+        return messages.weights_manifest(
+            current.version, current.checksum, current.total_bytes, self.chunk_bytes
+        )
 
     def _answer_chunk(self, version: int, index: int) -> messages.Outgoing:
         payload = self._get(version)
@@ -324,7 +328,9 @@ class WeightServer:
         num_chunks = -(-payload.total_bytes // self.chunk_bytes)
         if index >= num_chunks:
             self.stats["errors"] += 1
-            return messages.error("bad_chunk_index", f"version {version} has {num_chunks} chunks, asked for {index}")
+            return messages.error(
+                "bad_chunk_index", f"version {version} has {num_chunks} chunks, asked for {index}"
+            )
         lo = index * self.chunk_bytes
         data = memoryview(payload.data)[lo : lo + self.chunk_bytes]
         self.stats["chunks"] += 1

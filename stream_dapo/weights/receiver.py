@@ -16,12 +16,14 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import zmq
 
 from stream_dapo.transport import messages
+from stream_dapo.transport.codec import Message
 from stream_dapo.transport.sockets import WEIGHTS_MAX_BYTES, CurveKeys, Endpoint, open_endpoint, request
 from stream_dapo.weights.publisher import LATEST_FILE, sha256_file, weights_file_name
 
@@ -70,9 +72,13 @@ def fetch_weights_zmq(
     """
     if isinstance(endpoint_or_addr, Endpoint):
         return _fetch(endpoint_or_addr, have_version, timeout, dest_dir, retries, keep)
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     ep = open_endpoint(
-        ctx, zmq.DEALER, connect=endpoint_or_addr, max_bytes=WEIGHTS_MAX_BYTES, peer="learner weight server",
+        ctx,
+        zmq.DEALER,
+        connect=endpoint_or_addr,
+        max_bytes=WEIGHTS_MAX_BYTES,
+        peer="learner weight server",
         curve=curve,
     )
     try:
@@ -85,13 +91,20 @@ def _fetch(
     ep: Endpoint, have_version: int, timeout: float, dest_dir: Any, retries: int, keep: int
 ) -> tuple[int, Path | None]:
     timeout_ms = max(1, int(timeout * 1000))
-    out_dir = Path(dest_dir) if dest_dir is not None else Path(tempfile.gettempdir()) / f"stream-dapo-weights-{os.getpid()}"
+    out_dir = (
+        Path(dest_dir)
+        if dest_dir is not None
+        else Path(tempfile.gettempdir()) / f"stream-dapo-weights-{os.getpid()}"
+    )
     # The wire schema has no "nothing" version; the server answers with the current manifest whatever
     # have_version says, so 0 stands in for -1 and the comparison below stays local.
     query = messages.weights_query(max(have_version, 0))
     for _attempt in range(3):
         reply = request(
-            ep, *query, timeout_ms=timeout_ms, retries=retries,
+            ep,
+            *query,
+            timeout_ms=timeout_ms,
+            retries=retries,
             accept=lambda m: m.type in (messages.WEIGHTS_MANIFEST, messages.NOT_AVAILABLE),
         )
         if reply.type == messages.NOT_AVAILABLE:
@@ -101,7 +114,9 @@ def _fetch(
         if version == have_version:
             return version, None
         if have_version > version:
-            log.warning("learner serves version %d, older than ours (%d): following it", version, have_version)
+            log.warning(
+                "learner serves version %d, older than ours (%d): following it", version, have_version
+            )
         path = _download(ep, manifest, out_dir, timeout_ms, retries)
         if path is not None:
             _prune(out_dir, keep, path)
@@ -113,7 +128,9 @@ def _fetch(
     )
 
 
-def _download(ep: Endpoint, manifest: dict[str, Any], out_dir: Path, timeout_ms: int, retries: int) -> Path | None:
+def _download(
+    ep: Endpoint, manifest: dict[str, Any], out_dir: Path, timeout_ms: int, retries: int
+) -> Path | None:
     """Fetch every chunk into a temp file, verify, rename. None if the version disappeared."""
     version, num_chunks = int(manifest["version"]), int(manifest["num_chunks"])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -125,9 +142,11 @@ def _download(ep: Endpoint, manifest: dict[str, Any], out_dir: Path, timeout_ms:
         with open(tmp, "wb") as f:
             for index in range(num_chunks):
                 reply = request(
-                    ep, *messages.chunk_request(version, index), timeout_ms=timeout_ms, retries=retries,
-                    accept=lambda m, i=index: m.type == messages.NOT_AVAILABLE
-                    or (m.type == messages.CHUNK and m.body["version"] == version and m.body["index"] == i),
+                    ep,
+                    *messages.chunk_request(version, index),
+                    timeout_ms=timeout_ms,
+                    retries=retries,
+                    accept=_chunk_filter(version, index),
                 )
                 if reply.type == messages.NOT_AVAILABLE:
                     return None
@@ -147,6 +166,17 @@ def _download(ep: Endpoint, manifest: dict[str, Any], out_dir: Path, timeout_ms:
         return final
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _chunk_filter(version: int, index: int) -> Callable[[Message], bool]:
+    """Accept only the chunk asked for (a late reply to an earlier retry is dropped) or a refusal."""
+
+    def accept(msg: Message) -> bool:
+        if msg.type == messages.NOT_AVAILABLE:
+            return True
+        return msg.type == messages.CHUNK and msg.body["version"] == version and msg.body["index"] == index
+
+    return accept
 
 
 def _prune(directory: Path, keep: int, current: Path) -> None:
@@ -172,8 +202,10 @@ def read_shared_dir(directory: str | os.PathLike[str], have_version: int) -> tup
         except FileNotFoundError:
             return None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise WeightsError(f"{latest} is not valid json ({exc}); the publisher writes it atomically, so "
-                               "something else wrote it: delete it and let the learner publish again") from exc
+            raise WeightsError(
+                f"{latest} is not valid json ({exc}); the publisher writes it atomically, so "
+                "something else wrote it: delete it and let the learner publish again"
+            ) from exc
         version = int(info["version"])
         if version == have_version:
             return None
@@ -187,4 +219,6 @@ def read_shared_dir(directory: str | os.PathLike[str], have_version: int) -> tup
                 f"{path} has sha256 {actual[:16]}..., LATEST says {str(info['checksum'])[:16]}...; not loading it"
             )
         return version, path
-    raise WeightsError(f"{root}: the file LATEST names keeps disappearing; is a publisher pruning too eagerly?")
+    raise WeightsError(
+        f"{root}: the file LATEST names keeps disappearing; is a publisher pruning too eagerly?"
+    )

@@ -87,7 +87,6 @@ def _recv(sock: zmq.Socket[Any]) -> list[bytes]:
 
 def _client(ctx: zmq.Context[Any], address: str, **curve: Any) -> zmq.Socket[Any]:
     sock = make_socket(ctx, zmq.DEALER, connect=address, **curve)
-    sock.reconnect_ivl = 20  # refused clients retry quickly, so the test sees repeated refusals
     return sock
 
 
@@ -129,11 +128,8 @@ def test_known_client_talks_and_strangers_are_refused_without_delivering_anythin
         assert _recv(friend) == [b"welcome"]
         monitor.wait_for(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 
-        # Let the strangers retry and fail again, then check that the only thing the server ever
-        # received after "hello" is the friend's next message: ROUTER fair-queues across peers,
-        # so anything a stranger had delivered would be waiting here too.
-        failed = monitor.failures()
-        monitor.wait_for_failures(failed + 2)
+        # The only thing the server receives after "hello" is the friend's next message: ROUTER
+        # fair-queues across peers, so anything a stranger had delivered would be waiting here too.
         friend.send(b"second")
         assert _recv(server) == [peer, b"second"]
         assert not server.poll(0), "the server received something from a refused client"

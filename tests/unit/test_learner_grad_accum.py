@@ -25,18 +25,33 @@ LR = 1e-3
 
 def tiny_model(seed: int = 0) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=64, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        tie_word_embeddings=True,
+    )
     return Qwen2ForCausalLM(cfg).float()
 
 
 def make_cfg(micro_batch_tokens: int, **learner: object) -> Config:
-    return Config.model_validate({
-        "model": {"max_prompt_len": 8, "path": "unused"},
-        "algo": {"group_size": 3, "max_response_len": 32, "overlong_cache_len": 4},
-        "learner": {"mini_batch_samples": 6, "rollout_batch_prompts": 2, "micro_batch_tokens": micro_batch_tokens,
-                    "lr": LR, "zero_stage": 0, **learner},
-    })
+    return Config.model_validate(
+        {
+            "model": {"max_prompt_len": 8, "path": "unused"},
+            "algo": {"group_size": 3, "max_response_len": 32, "overlong_cache_len": 4},
+            "learner": {
+                "mini_batch_samples": 6,
+                "rollout_batch_prompts": 2,
+                "micro_batch_tokens": micro_batch_tokens,
+                "lr": LR,
+                "zero_stage": 0,
+                **learner,
+            },
+        }
+    )
 
 
 def make_groups(seed: int) -> list[Group]:
@@ -44,16 +59,31 @@ def make_groups(seed: int) -> list[Group]:
     One sample is overlong-filtered (loss_weight 0): it must not count in T."""
     rng = np.random.default_rng(seed)
 
-    def group(gid: str, prompt_len: int, lengths: list[int], advantages: list[float], weights: list[float]) -> Group:
+    def group(
+        gid: str, prompt_len: int, lengths: list[int], advantages: list[float], weights: list[float]
+    ) -> Group:
         samples = [
-            Sample(tokens=rng.integers(0, 64, n).astype(np.int32),
-                   logprobs=rng.uniform(-5.0, -3.5, n).astype(np.float32),
-                   versions=np.zeros(n, np.int32), reward=float(np.sign(a)), correct=a > 0, truncated=w == 0,
-                   advantage=a, loss_weight=w)
+            Sample(
+                tokens=rng.integers(0, 64, n).astype(np.int32),
+                logprobs=rng.uniform(-5.0, -3.5, n).astype(np.float32),
+                versions=np.zeros(n, np.int32),
+                reward=float(np.sign(a)),
+                correct=a > 0,
+                truncated=w == 0,
+                advantage=a,
+                loss_weight=w,
+            )
             for n, a, w in zip(lengths, advantages, weights, strict=True)
         ]
-        return Group(group_id=gid, prompt_id=gid, generator_id="g0", gold="1",
-                     prompt_tokens=rng.integers(0, 64, prompt_len).astype(np.int32), created_at=0.0, samples=samples)
+        return Group(
+            group_id=gid,
+            prompt_id=gid,
+            generator_id="g0",
+            gold="1",
+            prompt_tokens=rng.integers(0, 64, prompt_len).astype(np.int32),
+            created_at=0.0,
+            samples=samples,
+        )
 
     return [
         group("a", 6, [24, 22, 19], [1.2, -0.6, -0.6], [1.0, 1.0, 0.0]),
@@ -74,8 +104,15 @@ def reference_step(
         p = len(s.prompt)
         logp = token_logprobs(model(input_ids=ids).logits[:, p - 1 : -1], ids[:, p:])
         mask = torch.full_like(logp, float(s.loss_weight > 0))
-        loss, _ = policy_loss(logp, torch.from_numpy(s.behaviour_logprobs)[None], torch.tensor([s.advantage]),
-                              mask, params, prox_logprobs=logp.detach(), global_tokens=total_tokens)
+        loss, _ = policy_loss(
+            logp,
+            torch.from_numpy(s.behaviour_logprobs)[None],
+            torch.tensor([s.advantage]),
+            mask,
+            params,
+            prox_logprobs=logp.detach(),
+            global_tokens=total_tokens,
+        )
         loss.backward()
         loss_sum += float(loss.detach())
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -98,10 +135,18 @@ def params_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_one_vs_three_micro_batches_match_one_big_batch_reference() -> None:
     big, small = make_cfg(4096), make_cfg(64)
-    learners = {1: Learner(big, tiny_model(), source_dir="."), 3: Learner(small, tiny_model(), source_dir=".")}
+    learners = {
+        1: Learner(big, tiny_model(), source_dir="."),
+        3: Learner(small, tiny_model(), source_dir="."),
+    }
     reference = tiny_model()
-    opt = torch.optim.AdamW(reference.parameters(), lr=LR, betas=big.learner.betas, eps=1e-8,
-                            weight_decay=big.learner.weight_decay)
+    opt = torch.optim.AdamW(
+        reference.parameters(),
+        lr=LR,
+        betas=big.learner.betas,
+        eps=1e-8,
+        weight_decay=big.learner.weight_decay,
+    )
     start = params_of(reference)
 
     for step, seed in enumerate((1, 2)):

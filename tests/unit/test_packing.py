@@ -17,8 +17,14 @@ from stream_dapo.learner.packing import (
 from stream_dapo.transport.messages import Group, Sample
 
 
-def _seq(prompt: list[int], response: list[int], lp: list[float] | None = None, versions: list[int] | None = None,
-         advantage: float = 1.0, loss_weight: float = 1.0) -> TrainSequence:
+def _seq(
+    prompt: list[int],
+    response: list[int],
+    lp: list[float] | None = None,
+    versions: list[int] | None = None,
+    advantage: float = 1.0,
+    loss_weight: float = 1.0,
+) -> TrainSequence:
     n = len(response)
     return TrainSequence(
         prompt=np.array(prompt, dtype=np.int32),
@@ -34,7 +40,9 @@ def _seq(prompt: list[int], response: list[int], lp: list[float] | None = None, 
 def three() -> list[TrainSequence]:
     return [
         _seq([1, 2, 3], [4, 5], lp=[-0.5, -0.6], versions=[3, 4], advantage=-1.0),  # A: length 5
-        _seq([6, 7], [8, 9, 10, 11], lp=[-0.1, -0.2, -0.3, -0.4], versions=[7, 7, 8, 8], advantage=2.0),  # B: 6
+        _seq(
+            [6, 7], [8, 9, 10, 11], lp=[-0.1, -0.2, -0.3, -0.4], versions=[7, 7, 8, 8], advantage=2.0
+        ),  # B: 6
         _seq([12], [13], lp=[-0.7], versions=[1], advantage=0.5),  # C: length 2
     ]
 
@@ -88,7 +96,10 @@ def test_zero_loss_weight_keeps_response_mask_but_drops_loss_tokens() -> None:
 def test_budget_respected_and_each_sequence_in_exactly_one_micro_batch() -> None:
     rng = np.random.default_rng(0)
     seqs = [
-        _seq(rng.integers(0, 50, rng.integers(1, 20)).tolist(), rng.integers(0, 50, rng.integers(1, 40)).tolist())
+        _seq(
+            rng.integers(0, 50, rng.integers(1, 20)).tolist(),
+            rng.integers(0, 50, rng.integers(1, 40)).tolist(),
+        )
         for _ in range(57)
     ]
     budget = 150
@@ -128,13 +139,35 @@ def test_placeholder_contributes_nothing_and_is_excluded_from_efficiency(three: 
 
 def test_sequences_from_groups_keeps_order_and_fields() -> None:
     samples = [
-        Sample(tokens=[5, 6], logprobs=[-1.0, -2.0], versions=[2, 3], reward=1.0, correct=True, truncated=False,
-               advantage=0.7),
-        Sample(tokens=[7], logprobs=[-3.0], versions=[3], reward=-1.0, correct=False, truncated=True,
-               advantage=-0.7, loss_weight=0.0),
+        Sample(
+            tokens=[5, 6],
+            logprobs=[-1.0, -2.0],
+            versions=[2, 3],
+            reward=1.0,
+            correct=True,
+            truncated=False,
+            advantage=0.7,
+        ),
+        Sample(
+            tokens=[7],
+            logprobs=[-3.0],
+            versions=[3],
+            reward=-1.0,
+            correct=False,
+            truncated=True,
+            advantage=-0.7,
+            loss_weight=0.0,
+        ),
     ]
-    group = Group(group_id="g1", prompt_id="p", generator_id="gen", gold="1", prompt_tokens=[1, 2, 3],
-                  created_at=0.0, samples=samples)
+    group = Group(
+        group_id="g1",
+        prompt_id="p",
+        generator_id="gen",
+        gold="1",
+        prompt_tokens=[1, 2, 3],
+        created_at=0.0,
+        samples=samples,
+    )
     a, b = sequences_from_groups([group])
     assert a.prompt.tolist() == [1, 2, 3] and a.response.tolist() == [5, 6] and len(a) == 5
     assert a.versions.tolist() == [2, 3] and a.advantage == pytest.approx(0.7)
@@ -143,5 +176,10 @@ def test_sequences_from_groups_keeps_order_and_fields() -> None:
 
 def test_mismatched_per_token_arrays_are_rejected() -> None:
     with pytest.raises(ValueError, match="one entry per response token"):
-        TrainSequence(prompt=np.array([1], np.int32), response=np.array([2, 3], np.int32),
-                      behaviour_logprobs=np.zeros(1, np.float32), versions=np.zeros(2, np.int32), advantage=0.0)
+        TrainSequence(
+            prompt=np.array([1], np.int32),
+            response=np.array([2, 3], np.int32),
+            behaviour_logprobs=np.zeros(1, np.float32),
+            versions=np.zeros(2, np.int32),
+            advantage=0.0,
+        )

@@ -31,8 +31,15 @@ CHUNK = 4096  # the smallest allowed chunk: the tiny model spans many of them
 
 def tiny_model(seed: int = 0, tied: bool = True) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=64, tie_word_embeddings=tied)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        tie_word_embeddings=tied,
+    )
     return Qwen2ForCausalLM(cfg).float()
 
 
@@ -84,10 +91,16 @@ def test_late_joiner_gets_the_current_version(server: WeightServer, tmp_path: Pa
     assert version == 2 and path is not None and path.read_bytes() == payloads[2].data
     # A generator holding version 0 (the initial weights) also moves to the current one.
     version, path = fetch_weights_zmq(server.address, have_version=0, timeout=5.0, dest_dir=tmp_path / "g2")
-    assert version == 2 and path is not None and hashlib.sha256(path.read_bytes()).hexdigest() == payloads[2].checksum
+    assert (
+        version == 2
+        and path is not None
+        and hashlib.sha256(path.read_bytes()).hexdigest() == payloads[2].checksum
+    )
 
 
-def test_pruned_version_is_reported_gone_and_bad_requests_do_not_stop_the_server(server: WeightServer) -> None:
+def test_pruned_version_is_reported_gone_and_bad_requests_do_not_stop_the_server(
+    server: WeightServer,
+) -> None:
     for v in range(3):  # keep=2: version 0 is no longer served
         server.publish(payload_of(0, version=v))
     ctx = zmq.Context.instance()
@@ -109,10 +122,17 @@ def test_shared_dir_publishes_atomically_and_prunes(tmp_path: Path) -> None:
     for p in payloads:
         written = pub.publish(p)
         latest = json.loads((pub.directory / LATEST_FILE).read_text())
-        assert latest == {"version": p.version, "checksum": p.checksum, "file": written.name,
-                          "total_bytes": p.total_bytes}
-    assert sorted(f.name for f in pub.directory.iterdir()) == [LATEST_FILE, "v00000002.safetensors",
-                                                              "v00000003.safetensors"]
+        assert latest == {
+            "version": p.version,
+            "checksum": p.checksum,
+            "file": written.name,
+            "total_bytes": p.total_bytes,
+        }
+    assert sorted(f.name for f in pub.directory.iterdir()) == [
+        LATEST_FILE,
+        "v00000002.safetensors",
+        "v00000003.safetensors",
+    ]
     version, path = read_shared_dir(pub.directory, have_version=-1)
     assert version == 3 and path.read_bytes() == payloads[3].data
     assert read_shared_dir(pub.directory, have_version=3) is None
@@ -143,3 +163,59 @@ def test_tied_embeddings_appear_once_and_reload_to_the_same_model() -> None:
 
     untied = gather_full_state_dict(tiny_model(0, tied=False))
     assert untied is not None and "lm_head.weight" in untied
+
+
+# --------------------------------------------------------------------------------------------- NCCL
+
+
+def test_nccl_group_spec_counts_one_rank_per_vllm_worker() -> None:
+    from stream_dapo.config import Config
+    from stream_dapo.weights.nccl import NcclGroupSpec, NcclWeightSender, nccl_group_spec
+
+    cfg = Config.model_validate(
+        {"generator": {"num_generators": 3, "tensor_parallel_size": 2}, "transport": {"weights_port": 6000}}
+    )
+    assert nccl_group_spec(cfg) == NcclGroupSpec("127.0.0.1", 6001, 7)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="weights.method"):
+            NcclWeightSender(nccl_group_spec(cfg))
+
+
+def _nccl_rank(rank: int, port: int, out: str) -> None:
+    from stream_dapo.weights.nccl import NcclGroupSpec, NcclWeightReceiver, NcclWeightSender
+
+    spec = NcclGroupSpec("127.0.0.1", port, 2)
+    torch.cuda.set_device(rank)
+    if rank == 0:
+        sender = NcclWeightSender(spec, device=0, timeout_s=120).connect()
+        model = tiny_model(0).to(torch.bfloat16)
+        sender.send(7, gather_full_state_dict(model) or {})
+        sender.close()
+    else:
+        receiver = NcclWeightReceiver(spec, rank=1, device=1).connect()
+        version, tensors = receiver.receive(timeout_s=120)
+        torch.save({"version": version, "tensors": {n: t.cpu() for n, t in tensors}}, out)
+        receiver.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="NCCL broadcast needs two GPUs (sender and receiver)"
+)
+def test_nccl_broadcast_delivers_every_tensor_bit_identically(tmp_path: Path) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "received.pt"
+    mp.start_processes(_nccl_rank, args=(port, str(out)), nprocs=2, start_method="spawn")
+    got = torch.load(out)
+    expected = gather_full_state_dict(tiny_model(0).to(torch.bfloat16))
+    assert got["version"] == 7 and expected is not None
+    assert list(got["tensors"]) == list(expected)
+    for name, value in expected.items():
+        assert got["tensors"][name].dtype == torch.bfloat16
+        assert torch.equal(got["tensors"][name], value), name

@@ -1,0 +1,206 @@
+"""avg@k and pass@k of a policy on an eval set, sampled with vLLM and scored by the verifier.
+
+``stream-dapo eval --model DIR --data FILE --k K`` prints one JSON object::
+
+    {"avg_at_k": 0.31, "pass_at_k": 0.62, "k": 4, "num_prompts": 200, "num_samples": 800,
+     "mean_response_len": 38.2, "truncation_rate": 0.0, "model": "...", "data": "..."}
+
+- avg@k: mean correctness over all samples (the paper's avg@32 on AIME);
+- pass@k: fraction of prompts with at least one correct answer among k. When ``n > k`` samples are
+  drawn per prompt, the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` is used (Chen et al. 2021);
+- truncation_rate: fraction of samples that hit ``max_tokens`` before EOS.
+
+Defaults come from ``[eval]`` (the paper: k=32, temperature 1.0, top-p 0.7). Every request carries
+its own seed, so the numbers do not depend on how vLLM batches the requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stream_dapo.config import Config
+from stream_dapo.data.dataset import PromptItem
+
+if TYPE_CHECKING:
+    import vllm
+
+    from stream_dapo.verifier import VerifierPool
+
+__all__ = ["add_arguments", "evaluate", "pass_at_k", "run"]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``c`` correct among ``n`` samples: 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= correct <= samples, got correct={c}, samples={n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= samples per prompt, got k={k}, samples={n}")
+    if n - c < k:
+        return 1.0
+    # The product form avoids the huge binomials of large n.
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def _request_seed(seed: int, index: int, n: int) -> int:
+    # vLLM gives the j-th of n samples seed + j; spacing prompts n apart keeps every sample's seed
+    # distinct, so no two prompts share a random stream.
+    return (seed * 1_000_003 + index * n) % (2**31)
+
+
+def evaluate(
+    llm: vllm.LLM,
+    prompts: Sequence[PromptItem],
+    *,
+    k: int,
+    temperature: float,
+    top_p: float,
+    max_tokens: int,
+    seed: int,
+    n: int | None = None,
+    verifier: VerifierPool | None = None,
+) -> dict[str, Any]:
+    """Sample ``n`` (default ``k``) responses per prompt, verify them, and summarise.
+
+    Args:
+        llm: a started engine (``stream_dapo.vllm_utils.make_llm``).
+        prompts: items from ``load_prompts`` (their token ids are sent as they are).
+        verifier: a running pool to score with; None starts a one-worker pool for this call.
+
+    Returns:
+        avg_at_k, pass_at_k, k, n, num_prompts, num_samples, mean_response_len, truncation_rate.
+    """
+    from vllm import SamplingParams, TokensPrompt
+
+    from stream_dapo.verifier import VerifierPool
+
+    n = k if n is None else n
+    if not prompts:
+        raise ValueError("no prompts to evaluate; check --data and --max-prompts")
+    if n < k:
+        raise ValueError(f"n ({n}) samples per prompt cannot estimate pass@{k}; use n >= k")
+    requests = [TokensPrompt(prompt_token_ids=list(p.prompt_token_ids)) for p in prompts]
+    params = [
+        SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=_request_seed(seed, i, n))
+        for i in range(len(prompts))
+    ]
+    outputs = llm.generate(requests, params, use_tqdm=False)
+
+    pairs: list[tuple[str, str]] = []
+    lengths: list[int] = []
+    truncated = 0
+    for item, out in zip(prompts, outputs, strict=True):
+        for completion in out.outputs:
+            pairs.append((completion.text, item.gold))
+            lengths.append(len(completion.token_ids))
+            truncated += completion.finish_reason == "length"
+
+    own_pool = verifier is None
+    pool = VerifierPool(num_workers=1) if own_pool else verifier
+    try:
+        results = pool.verify_batch(pairs)
+    finally:
+        if own_pool:
+            pool.close()
+
+    correct_per_prompt = [sum(r.correct for r in results[i * n : (i + 1) * n]) for i in range(len(prompts))]
+    return {
+        "avg_at_k": sum(correct_per_prompt) / (n * len(prompts)),
+        "pass_at_k": sum(pass_at_k(n, c, k) for c in correct_per_prompt) / len(prompts),
+        "k": k,
+        "n": n,
+        "num_prompts": len(prompts),
+        "num_samples": len(pairs),
+        "mean_response_len": sum(lengths) / len(lengths),
+        "truncation_rate": truncated / len(lengths),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI: stream-dapo eval
+# --------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="model directory (default: model.path)")
+    parser.add_argument(
+        "--data", default=None, help="DAPO-schema .parquet/.jsonl (default: data.eval_path, else the synthetic eval split)"
+    )
+    parser.add_argument("--k", type=int, default=None, help="samples per prompt for avg@k/pass@k (default: eval.k)")
+    parser.add_argument("--n", type=int, default=None, help="samples drawn per prompt, n >= k (default: k)")
+    parser.add_argument("--temperature", type=float, default=None, help="default: eval.temperature")
+    parser.add_argument("--top-p", type=float, default=None, help="default: eval.top_p")
+    parser.add_argument("--max-prompts", type=int, default=None, help="default: eval.max_prompts")
+    parser.add_argument("--max-tokens", type=int, default=None, help="response budget (default: algo.max_response_len)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+
+
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def resolve_eval_data(cfg: Config) -> Path:
+    """``data.eval_path``, or the synthetic eval split (written on first use)."""
+    if cfg.data.eval_path is not None:
+        return Path(cfg.data.eval_path)
+    from stream_dapo.data.synthetic import ensure_synthetic_data
+    from stream_dapo.model.warmup import synthetic_data_dir
+
+    return ensure_synthetic_data(cfg.data, synthetic_data_dir(cfg))[1]
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from stream_dapo.data.dataset import load_prompts
+    from stream_dapo.verifier import VerifierPool
+    from stream_dapo.vllm_utils import make_llm, shutdown_llm
+
+    cfg: Config = args.cfg
+    model = str(_pick(args.model, cfg.model.path))
+    if not (Path(model) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"no model at {model} (config.json missing); pass --model DIR, or build the tiny default "
+            "with `stream-dapo warmup`"
+        )
+    data = Path(args.data) if args.data is not None else resolve_eval_data(cfg)
+    k = _pick(args.k, cfg.eval.k)
+    max_tokens = _pick(args.max_tokens, cfg.algo.max_response_len)
+    max_prompts = _pick(args.max_prompts, cfg.eval.max_prompts)
+    if k < 1 or max_prompts < 1 or max_tokens < 1:
+        raise ValueError("--k, --max-prompts and --max-tokens must be >= 1")
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts, _ = load_prompts(data, tokenizer, cfg.model.max_prompt_len)
+    prompts = prompts[:max_prompts]
+    llm = make_llm(
+        model,
+        cfg.generator,
+        dtype=cfg.model.dtype,
+        max_model_len=cfg.model.max_prompt_len + max_tokens,
+        seed=args.seed,
+    )
+    v = cfg.verifier
+    try:
+        with VerifierPool(
+            num_workers=v.workers, timeout_s=v.timeout_s, pattern=v.pattern, max_input_chars=v.max_input_chars
+        ) as pool:
+            result = evaluate(
+                llm,
+                prompts,
+                k=k,
+                n=args.n,
+                temperature=_pick(args.temperature, cfg.eval.temperature),
+                top_p=_pick(args.top_p, cfg.eval.top_p),
+                max_tokens=max_tokens,
+                seed=args.seed,
+                verifier=pool,
+            )
+    finally:
+        shutdown_llm(llm)
+    print(json.dumps({**result, "model": model, "data": str(data)}))
+    return 0

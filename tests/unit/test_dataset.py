@@ -1,0 +1,186 @@
+"""The DAPO-Math-17k loader and the sharded prompt stream, on a 20-row sample of the real schema.
+
+The sample (tests/data/dapo_math_sample.jsonl) holds 15 distinct prompts, 5 repeated rows (the public
+file repeats every prompt) and one prompt of ~1300 tokens; the others are at most 247 tokens under
+the tiny model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stream_dapo.data.dataset import (
+    PromptStream,
+    SchemaError,
+    StreamState,
+    load_prompts,
+    prompt_id_of,
+)
+from stream_dapo.model.tiny import build_tokenizer
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "dapo_math_sample.jsonl"
+MAX_PROMPT_LEN = 256  # the config default
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def sample_rows() -> list[dict]:
+    return [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def parquet_sample(tmp_path_factory, sample_rows) -> Path:
+    path = tmp_path_factory.mktemp("parquet") / "dapo_math_sample.parquet"
+    pq.write_table(pa.Table.from_pylist(sample_rows), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    items, _ = load_prompts(SAMPLE, tokenizer, MAX_PROMPT_LEN)
+    return items
+
+
+def test_jsonl_counts_duplicates_and_too_long(tokenizer):
+    items, stats = load_prompts(SAMPLE, tokenizer, MAX_PROMPT_LEN)
+    assert (stats.rows, stats.duplicates, stats.too_long, stats.kept) == (20, 5, 1, 14)
+    assert stats.gold_conflicts == 0
+    assert len(items) == 14
+    assert len({item.prompt_id for item in items}) == 14
+    assert max(len(item.prompt_token_ids) for item in items) <= MAX_PROMPT_LEN
+    # First occurrence kept, file order preserved.
+    assert items[0].gold == "4" and items[0].extra_info == {"index": "9b1f3c2e-0d4a-4c55-8f3e-1a2b3c4d5e01"}
+    assert [item.gold for item in items[:3]] == ["4", "24", "117"]
+    assert {item.data_source for item in items} == {"math_dapo"}
+
+
+def test_raising_the_length_limit_keeps_the_long_prompt(tokenizer):
+    _, stats = load_prompts(SAMPLE, tokenizer, 4096)
+    assert (stats.too_long, stats.kept) == (0, 15)
+
+
+def test_parquet_gives_the_same_prompts_as_jsonl(tokenizer, parquet_sample, prompts):
+    items, stats = load_prompts(parquet_sample, tokenizer, MAX_PROMPT_LEN)
+    assert (stats.rows, stats.duplicates, stats.too_long, stats.kept) == (20, 5, 1, 14)
+    assert [i.prompt_id for i in items] == [p.prompt_id for p in prompts]
+    assert [i.prompt_token_ids for i in items] == [p.prompt_token_ids for p in prompts]
+    assert [i.gold for i in items] == [p.gold for p in prompts]
+
+
+def test_prompt_id_is_a_stable_hash_of_the_messages(prompts, sample_rows):
+    assert prompts[0].prompt_id == prompt_id_of(sample_rows[0]["prompt"])
+    # Key order inside a message does not matter, the text does.
+    reordered = [{"content": m["content"], "role": m["role"]} for m in sample_rows[0]["prompt"]]
+    assert prompt_id_of(reordered) == prompts[0].prompt_id
+    changed = [{"role": "user", "content": sample_rows[0]["prompt"][0]["content"] + " "}]
+    assert prompt_id_of(changed) != prompts[0].prompt_id
+
+
+def test_chat_template_is_applied(tokenizer, prompts):
+    item = prompts[0]
+    head = tokenizer("<|im_start|>user\n", add_special_tokens=False)["input_ids"]
+    tail = tokenizer("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    ids = item.prompt_token_ids
+    assert ids[: len(head)] == head
+    assert ids[-len(tail) :] == tail
+    assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert tokenizer.decode(ids) == f"<|im_start|>user\n{item.messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_missing_column_is_named(tmp_path, tokenizer, sample_rows, fmt):
+    rows = [{k: v for k, v in row.items() if k != "reward_model"} for row in sample_rows]
+    path = tmp_path / f"bad.{fmt}"
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(SchemaError, match=r"missing column 'reward_model'.*DAPO-Math-17k schema"):
+        load_prompts(path, tokenizer, MAX_PROMPT_LEN)
+
+
+def test_malformed_messages_are_refused(tmp_path, tokenizer, sample_rows):
+    row = dict(sample_rows[0], prompt=[{"role": "user"}])
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(SchemaError, match="row 1.*'role' and 'content'"):
+        load_prompts(path, tokenizer, MAX_PROMPT_LEN)
+
+
+def test_missing_file_and_unknown_format_name_the_fix(tmp_path, tokenizer):
+    with pytest.raises(FileNotFoundError, match="data.train_path"):
+        load_prompts(tmp_path / "nope.parquet", tokenizer, MAX_PROMPT_LEN)
+    csv = tmp_path / "data.csv"
+    csv.write_text("prompt,reward_model\n")
+    with pytest.raises(SchemaError, match=r"\.parquet or \.jsonl"):
+        load_prompts(csv, tokenizer, MAX_PROMPT_LEN)
+
+
+# --------------------------------------------------------------------------------------------------
+# PromptStream
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3, 5])
+def test_each_prompt_goes_to_exactly_one_shard_per_epoch(prompts, num_shards):
+    streams = [PromptStream(prompts, seed=7, num_shards=num_shards, shard_index=i) for i in range(num_shards)]
+    for epoch in range(3):
+        shards = [s.shard_indices(epoch) for s in streams]
+        flat = [i for shard in shards for i in shard]
+        assert sorted(flat) == list(range(len(prompts)))  # union = all, no prompt twice
+        sizes = [len(shard) for shard in shards]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_order_is_deterministic_for_a_seed_and_changes_across_epochs(prompts):
+    a = PromptStream(prompts, seed=3)
+    b = PromptStream(prompts, seed=3)
+    other_seed = PromptStream(prompts, seed=4)
+    assert a.shard_indices(0) == b.shard_indices(0)
+    assert a.shard_indices(0) != a.shard_indices(1)
+    assert a.shard_indices(0) != other_seed.shard_indices(0)
+    first = [next(a).prompt_id for _ in range(30)]
+    second = [next(b).prompt_id for _ in range(30)]
+    assert first == second
+
+
+def test_stream_is_endless_and_reports_the_epoch(prompts):
+    stream = PromptStream(prompts, seed=0, num_shards=3, shard_index=1)
+    size = stream.shard_size
+    assert size == 5  # 14 prompts over 3 shards: 5, 5, 4
+    seen = []
+    for _ in range(2 * size + 1):
+        item = next(stream)
+        seen.append((stream.epoch, item.prompt_id))
+    assert [e for e, _ in seen] == [0] * size + [1] * size + [2]
+    expected_epoch0 = [prompts[i].prompt_id for i in stream.shard_indices(0)]
+    assert [pid for e, pid in seen if e == 0] == expected_epoch0
+    assert stream.state == StreamState(epoch=2, position=1)
+
+
+def test_resume_from_state_continues_where_it_stopped(prompts):
+    original = PromptStream(prompts, seed=11, num_shards=2, shard_index=0)
+    for _ in range(9):  # past the end of epoch 0 (7 prompts)
+        next(original)
+    state = original.state
+    assert state == StreamState(epoch=1, position=2)
+    resumed = PromptStream(prompts, seed=11, num_shards=2, shard_index=0, state=state)
+    assert [next(resumed).prompt_id for _ in range(12)] == [next(original).prompt_id for _ in range(12)]
+
+
+def test_bad_shard_layouts_are_refused(prompts):
+    with pytest.raises(ValueError, match="shard_index 2 is outside"):
+        PromptStream(prompts, num_shards=2, shard_index=2)
+    with pytest.raises(ValueError, match="num_generators"):
+        PromptStream(prompts[:2], num_shards=3, shard_index=0)
+    with pytest.raises(ValueError, match="different data set or shard layout"):
+        PromptStream(prompts, num_shards=2, shard_index=0, state=StreamState(epoch=0, position=99))

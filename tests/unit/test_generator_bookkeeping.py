@@ -1,0 +1,471 @@
+"""Generator bookkeeping without vLLM: per-token versions, group assembly, the weight-swap protocol,
+credits, unacknowledged groups and the weight watcher.
+
+``FakeEngine`` stands in for ``vllm.v1.engine.llm_engine.LLMEngine`` only here: it emits one token per
+request per step, labels outputs with its weight version the way vLLM's engine core does, and records
+every control call so the protocol order can be asserted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stream_dapo.generator.engine import GroupAssembler, RolloutEngine, WeightUpdateError, versions_from_spans
+from stream_dapo.generator.service import CreditLedger, UnackedGroups, WeightUpdate, WeightWatcher
+from stream_dapo.transport.messages import Group, Sample
+
+# --------------------------------------------------------------------------------------------------
+# Fakes
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Logprob:
+    logprob: float
+
+
+@dataclass
+class Span:
+    version: str
+    start: int
+    end: int
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]]
+    text: str
+    finish_reason: str | None = None
+    weight_versions: list[Span] | None = None
+    index: int = 0
+
+
+@dataclass
+class Output:
+    request_id: str
+    outputs: list[Completion]
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class _Req:
+    prompt: dict[str, Any]
+    max_tokens: int
+    n: int = 0
+    spans: list[list[Any]] = field(default_factory=list)
+
+
+class FakeEngine:
+    """One token per running request per step; token id = 100 + position; log-prob = -0.01 * (position+1)."""
+
+    def __init__(self, *, reset_ok: list[bool] | None = None, fail_load: bool = False) -> None:
+        self.requests: dict[str, _Req] = {}
+        self.calls: list[tuple[Any, ...]] = []
+        self.version_label = "?"
+        self.paused = False
+        self.reset_ok = list(reset_ok or [])
+        self.fail_load = fail_load
+
+    # generation
+    def add_request(self, request_id: str, prompt: dict[str, Any], params: Any) -> None:
+        assert params.n == 1 and params.logprobs == 0
+        self.requests[request_id] = _Req(prompt, params.max_tokens)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def abort_request(self, ids: list[str]) -> None:
+        self.calls.append(("abort", tuple(ids)))
+        for rid in ids:
+            self.requests.pop(rid, None)
+
+    def step(self) -> list[Output]:
+        assert not self.paused, "stepped while paused"
+        out = []
+        for rid, req in list(self.requests.items()):
+            pos = req.n
+            if not req.spans or req.spans[-1][0] != self.version_label:
+                req.spans.append([self.version_label, pos])
+            req.n += 1
+            done = req.n >= req.max_tokens
+            spans = None
+            if done:
+                ends = [s[1] for s in req.spans[1:]] + [req.n]
+                spans = [Span(v, s, e) for (v, s), e in zip(req.spans, ends, strict=True)]
+                del self.requests[rid]
+            completion = Completion(
+                [100 + pos],
+                [{100 + pos: Logprob(-0.01 * (pos + 1))}],
+                f"t{pos} ",
+                "length" if done else None,
+                spans,
+            )
+            out.append(Output(rid, [completion], num_cached_tokens=7))
+        return out
+
+    # control
+    def sleep(self, level: int, mode: str) -> None:
+        self.calls.append(("sleep", level, mode))
+        self.paused = True
+
+    def wake_up(self, tags: list[str]) -> bool:
+        self.calls.append(("wake_up", tuple(tags)))
+        self.paused = False
+        return True
+
+    def set_weight_version(self, label: str) -> None:
+        self.calls.append(("set_weight_version", label))
+        self.version_label = label
+
+    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = ()) -> list[Any]:
+        self.calls.append(("rpc", method, *args))
+        if method == "update_weights_from_file":
+            if self.fail_load:
+                raise RuntimeError("worker exploded")
+            return [True]
+        if method == "weights_checksum":
+            return [f"sum-{self.version_label}"]
+        raise AssertionError(method)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        self.calls.append(("reset_prefix_cache", reset_running_requests))
+        if reset_running_requests:
+            return True
+        return self.reset_ok.pop(0) if self.reset_ok else not self.requests
+
+
+@dataclass
+class Prompt:
+    prompt_id: str
+    prompt_token_ids: list[int]
+    gold: str = "7"
+
+
+def make_engine(fake: FakeEngine, **kw: Any) -> RolloutEngine:
+    return RolloutEngine(fake, group_size=3, max_response_len=kw.pop("max_response_len", 8), **kw)
+
+
+@pytest.fixture
+def weights_file(tmp_path: Path) -> Path:
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    path = tmp_path / "v00000001.safetensors"
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 2)}, str(path))
+    return path
+
+
+def run_to_end(engine: RolloutEngine) -> list[Any]:
+    done = []
+    for _ in range(100):
+        done.extend(engine.step())
+        if not engine.num_in_flight:
+            return done
+    raise AssertionError("did not finish")
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-token versions
+# --------------------------------------------------------------------------------------------------
+
+
+def test_versions_from_spans_marks_each_token_with_its_version() -> None:
+    spans = [Span("3", 0, 2), Span("4", 2, 5), Span("6", 5, 6)]
+    assert versions_from_spans(spans, 6, default=0).tolist() == [3, 3, 4, 4, 4, 6]
+    assert versions_from_spans(spans, 6, default=0).dtype == np.int32
+    assert versions_from_spans(None, 3, default=5).tolist() == [5, 5, 5]
+    assert versions_from_spans([], 0, default=5).tolist() == []
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        [Span("1", 0, 2), Span("2", 3, 6)],  # gap
+        [Span("1", 0, 4)],  # short
+        [Span("1", 0, 7)],  # past the end
+        [Span("default", 0, 6)],  # not one of our labels
+    ],
+)
+def test_versions_from_spans_refuses_spans_that_do_not_tile(spans: list[Span]) -> None:
+    with pytest.raises(ValueError):
+        versions_from_spans(spans, 6, default=0)
+
+
+def test_versions_switch_at_the_token_count_when_the_weights_changed(weights_file: Path) -> None:
+    fake = FakeEngine()
+    engine = make_engine(fake, version=4)
+    gid = engine.add_group(Prompt("p", [1, 2, 3]))
+    for _ in range(3):
+        assert engine.step() == []
+    engine.update_weights(weights_file, version=5)
+    engine.step()
+    engine.update_weights(weights_file, version=6)
+    (group,) = run_to_end(engine)
+    assert group.group_id == gid and group.start_version == 4
+    for s in group.samples:
+        assert s.versions.tolist() == [4, 4, 4, 5, 6, 6, 6, 6]
+        assert s.token_ids.tolist() == list(range(100, 108))
+        np.testing.assert_allclose(s.logprobs, [-0.01 * (i + 1) for i in range(8)], rtol=1e-6)
+        assert s.text == "".join(f"t{i} " for i in range(8))
+        assert s.truncated and s.cached_prompt_tokens == 7
+    assert engine.version == 6 and engine.updates == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Group assembly
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_group_comes_out_only_when_all_its_samples_finished() -> None:
+    asm = GroupAssembler()
+    ids = asm.add("g", Prompt("p", [5, 6]), 2, version=0)
+    assert ids == ["g:0", "g:1"]
+
+    def out(rid: str, tok: int, finish: str | None) -> Output:
+        spans = [Span("0", 0, 2)] if finish else None
+        return Output(rid, [Completion([tok], [{tok: Logprob(-0.5)}], "x", finish, spans)])
+
+    assert asm.consume([out("g:0", 1, None), out("g:1", 2, None)]) == []
+    assert asm.consume([out("g:0", 3, "stop")]) == []
+    assert len(asm) == 1
+    (group,) = asm.consume([out("g:1", 4, "length")])
+    assert len(asm) == 0 and "g" not in asm
+    assert [s.token_ids.tolist() for s in group.samples] == [[1, 3], [2, 4]]
+    assert [s.finish_reason for s in group.samples] == ["stop", "length"]
+    assert group.prompt_token_ids.tolist() == [5, 6] and group.gold == "7"
+    assert asm.tokens_generated == 4
+
+
+def test_outputs_of_dropped_groups_are_ignored_and_ids_must_be_unique() -> None:
+    asm = GroupAssembler()
+    asm.add("g", Prompt("p", [1]), 1, version=0)
+    with pytest.raises(ValueError, match="already in flight"):
+        asm.add("g", Prompt("p", [1]), 1, version=0)
+    assert asm.drop("g") == ["g:0"]
+    assert asm.drop("g") == []
+    late = Output("g:0", [Completion([9], [{9: Logprob(-1.0)}], "x", "stop", [Span("0", 0, 1)])])
+    assert asm.consume([late]) == []
+
+
+def test_missing_logprobs_are_an_error_that_names_the_fix() -> None:
+    asm = GroupAssembler()
+    asm.add("g", Prompt("p", [1]), 1, version=0)
+    with pytest.raises(RuntimeError, match="logprobs=0"):
+        asm.consume([Output("g:0", [Completion([9, 10], [{9: Logprob(-1.0)}], "x")])])
+
+
+def test_abort_all_forgets_every_group_and_aborts_its_requests() -> None:
+    fake = FakeEngine()
+    engine = make_engine(fake)
+    a = engine.add_group(Prompt("a", [1]))
+    b = engine.add_group(Prompt("b", [2]))
+    engine.step()
+    assert engine.num_in_flight == 2
+    assert engine.abort_all() == 2
+    assert engine.num_in_flight == 0
+    assert ("abort", (f"{a}:0", f"{a}:1", f"{a}:2", f"{b}:0", f"{b}:1", f"{b}:2")) in fake.calls
+    assert engine.step() == []
+
+
+# --------------------------------------------------------------------------------------------------
+# The weight-swap protocol
+# --------------------------------------------------------------------------------------------------
+
+
+def test_update_runs_pause_load_label_invalidate_resume_in_order(weights_file: Path) -> None:
+    fake = FakeEngine()
+    engine = make_engine(fake)
+    engine.add_group(Prompt("p", [1]))
+    engine.step()
+    fake.calls.clear()
+    seconds = engine.update_weights(weights_file, version=9)
+    assert seconds >= 0
+    assert fake.calls == [
+        ("sleep", 0, "keep"),
+        ("rpc", "update_weights_from_file", str(weights_file)),
+        ("set_weight_version", "9"),
+        ("reset_prefix_cache", True),
+        ("wake_up", ("scheduling",)),
+    ]
+    assert engine.weights_checksum() == "sum-9"
+
+
+def test_a_missing_or_broken_file_is_refused_before_pausing(tmp_path: Path) -> None:
+    fake = FakeEngine()
+    engine = make_engine(fake, version=2)
+    fake.calls.clear()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        engine.update_weights(tmp_path / "nope.safetensors", version=3)
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"\x00" * 16)
+    with pytest.raises(ValueError, match="not a usable safetensors"):
+        engine.update_weights(broken, version=3)
+    assert fake.calls == [] and engine.version == 2
+
+
+def test_a_failed_load_leaves_the_engine_paused_and_says_restart(weights_file: Path) -> None:
+    fake = FakeEngine(fail_load=True)
+    engine = make_engine(fake, version=2)
+    with pytest.raises(WeightUpdateError, match="restart the generator"):
+        engine.update_weights(weights_file, version=3)
+    assert fake.paused and ("wake_up", ("scheduling",)) not in fake.calls
+    assert engine.version == 2
+
+
+def test_keep_mode_salts_requests_by_version_and_retries_the_cache_reset(weights_file: Path) -> None:
+    fake = FakeEngine(reset_ok=[False, False, True])
+    engine = make_engine(fake, kv_on_update="keep")
+    engine.add_group(Prompt("p", [1]))
+    assert {r.prompt["cache_salt"] for r in fake.requests.values()} == {"v0"}
+    engine.step()
+    engine.update_weights(weights_file, version=1)
+    assert ("reset_prefix_cache", False) in fake.calls and engine.kv_reset_pending
+    engine.add_group(Prompt("q", [1]))
+    assert {r.prompt["cache_salt"] for r in fake.requests.values()} == {"v0", "v1"}
+    engine.step()  # within the retry interval: no new attempt
+    assert fake.calls.count(("reset_prefix_cache", False)) == 1
+    engine._kv_reset_last_try = -math.inf
+    engine.step()
+    assert fake.calls.count(("reset_prefix_cache", False)) == 2 and engine.kv_reset_pending
+    engine._kv_reset_last_try = -math.inf
+    engine.step()
+    assert fake.calls.count(("reset_prefix_cache", False)) == 3 and not engine.kv_reset_pending
+
+
+def test_recompute_mode_sends_no_salt() -> None:
+    fake = FakeEngine()
+    engine = make_engine(fake)
+    engine.add_group(Prompt("p", [1, 2]))
+    assert all("cache_salt" not in r.prompt for r in fake.requests.values())
+    assert all(r.prompt["prompt_token_ids"] == [1, 2] for r in fake.requests.values())
+
+
+# --------------------------------------------------------------------------------------------------
+# Credits
+# --------------------------------------------------------------------------------------------------
+
+
+def test_credit_requests_ask_for_free_slots_once_at_a_time() -> None:
+    ledger = CreditLedger(max_in_flight=4, timeout_s=10.0, retry_s=1.0)
+    assert ledger.request(in_flight=1, now=0.0) == 3
+    assert ledger.request(in_flight=1, now=1.0) == 0, "one request in flight at a time"
+    ledger.granted(2, now=2.0)
+    assert ledger.held == 2
+    assert ledger.request(in_flight=1, now=2.0) == 1  # 4 - 1 in flight - 2 held
+    ledger.granted(0, now=3.0)
+    assert ledger.request(in_flight=1, now=3.5) == 0, "the buffer's line is full: back off"
+    assert ledger.request(in_flight=1, now=4.0) == 1
+    assert ledger.take() and ledger.take() and not ledger.take()
+    assert ledger.held == 0
+
+
+def test_an_unanswered_credit_request_is_repeated_after_the_timeout() -> None:
+    ledger = CreditLedger(max_in_flight=2, timeout_s=5.0)
+    assert ledger.request(in_flight=0, now=0.0) == 2
+    assert ledger.request(in_flight=0, now=4.9) == 0
+    assert ledger.request(in_flight=0, now=5.0) == 2
+    # both replies arrive: both grants are real
+    ledger.granted(2, now=6.0)
+    ledger.granted(2, now=6.1)
+    assert ledger.held == 4 and ledger.request(in_flight=0, now=7.0) == 0
+
+
+def test_filtered_groups_are_reported_once() -> None:
+    ledger = CreditLedger(max_in_flight=2, timeout_s=5.0)
+    ledger.redeem_without_group()
+    ledger.redeem_without_group(2)
+    assert ledger.report() == 3
+    assert ledger.report() == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Unacknowledged groups
+# --------------------------------------------------------------------------------------------------
+
+
+def wire_group(gid: str) -> Group:
+    s = Sample(
+        tokens=[1, 2],
+        logprobs=[-0.1, -0.2],
+        versions=[0, 0],
+        reward=1.0,
+        correct=True,
+        truncated=False,
+        advantage=0.5,
+    )
+    return Group(gid, "p", "generator-0", "1", [3], 1.0, [s])
+
+
+def test_unacked_groups_are_resent_after_the_timeout_until_acknowledged() -> None:
+    pending = UnackedGroups(resend_after_s=10.0)
+    a, b, c = wire_group("a"), wire_group("b"), wire_group("c")
+    pending.sent(a, now=0.0)
+    pending.sent(b, now=5.0)
+    pending.sent(c, now=5.0)
+    assert len(pending) == 3
+    assert pending.due(now=9.0) == []
+    assert [g.group_id for g in pending.due(now=10.0)] == ["a"]
+    assert pending.due(now=12.0) == [], "a resend restarts the clock"
+    assert [g.group_id for g in pending.due(now=20.0)] == ["a", "b", "c"]
+    assert pending.resent == 4
+
+    result = pending.ack(
+        accepted=["a"], duplicates=["b"], rejected=[{"group_id": "c", "reason": "wrong_group_size"}]
+    )
+    assert result.acked == 2 and result.rejected == [("c", "wrong_group_size")] and result.unknown == 0
+    assert len(pending) == 0 and pending.due(now=100.0) == []
+    assert pending.ack(["a"], [], []).unknown == 1
+
+
+def test_a_reconnect_makes_every_unacked_group_due_and_allows_a_credit_request() -> None:
+    pending = UnackedGroups(resend_after_s=10.0)
+    pending.sent(wire_group("a"), now=0.0)
+    pending.sent(wire_group("b"), now=1.0)
+    pending.expire()
+    assert [g.group_id for g in pending.due(now=2.0)] == ["a", "b"]
+    assert pending.due(now=3.0) == []
+    ledger = CreditLedger(max_in_flight=2, timeout_s=10.0)
+    assert ledger.request(in_flight=0, now=0.0) == 2
+    ledger.forget_request()
+    assert ledger.request(in_flight=0, now=1.0) == 2
+
+
+def test_sending_a_group_twice_keeps_its_first_send_time() -> None:
+    pending = UnackedGroups(resend_after_s=10.0)
+    pending.sent(wire_group("a"), now=0.0)
+    pending.sent(wire_group("a"), now=8.0)
+    assert len(pending) == 1 and [g.group_id for g in pending.due(now=10.0)] == ["a"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Weight watcher
+# --------------------------------------------------------------------------------------------------
+
+
+def test_weight_watcher_hands_over_the_newest_version_and_polls_relative_to_it() -> None:
+    seen: list[int] = []
+    server = {"version": 3}
+
+    def poll(have: int) -> WeightUpdate | None:
+        seen.append(have)
+        v = server["version"]
+        return None if v == have else WeightUpdate(v, Path(f"/w/v{v}"), 10)
+
+    watcher = WeightWatcher(poll, poll_s=60.0, have=0)
+    assert watcher.take() is None
+    assert watcher.poll_once() == WeightUpdate(3, Path("/w/v3"), 10)
+    server["version"] = 4
+    watcher.poll_once()
+    assert watcher.take() == WeightUpdate(4, Path("/w/v4"), 10), "v3 was superseded"
+    assert watcher.take() is None
+    assert watcher.poll_once() is None
+    assert seen == [0, 3, 4]
+    watcher.reset(3)  # v4's file vanished before it was loaded
+    assert watcher.poll_once() == WeightUpdate(4, Path("/w/v4"), 10)
