@@ -10,7 +10,7 @@ STAMP := $(VENV)/.stream-dapo-installed
 UNWANTED := torchvision torchaudio torchcodec triton
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint clean-runs
+.PHONY: install ops-tools run test lint metrics-docs clean-runs
 
 install: $(STAMP)
 
@@ -22,15 +22,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "from vllm import LLM; import deepspeed, zmq, stream_dapo" 2>/dev/null
 	touch $(STAMP)
 
+# Debian's prometheus (server + promtool) and systemd-analyze check what ops/ ships.
+ops-tools:
+	command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
+	command -v systemd-analyze >/dev/null || apt-get install -y -qq --no-install-recommends systemd >/dev/null
+
 run: install
 	$(BIN)/stream-dapo run
 
-test: install
+test: install ops-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check stream_dapo services tests bench
 	$(BIN)/mypy stream_dapo
+
+metrics-docs: install
+	$(BIN)/python -m stream_dapo.metrics_docs > docs/metrics.md
 
 clean-runs:
 	rm -rf runs

@@ -244,7 +244,11 @@ class WeightsConfig(_Section):
 
 class TransportConfig(_Section):
     host: str = "127.0.0.1"
-    """Address the buffer and learner bind and generators connect to."""
+    """Address the buffer and the learner bind (0.0.0.0 to listen on every interface)."""
+    buffer_host: str | None = None
+    """Address generators and the learner connect to for the buffer (default: host)."""
+    learner_host: str | None = None
+    """Address generators connect to for the learner's weights (default: host)."""
     samples_port: int = Field(5555, ge=1, le=65535)
     """Buffer's port for generators (groups, credits, acks)."""
     batches_port: int = Field(5556, ge=1, le=65535)
@@ -259,6 +263,16 @@ class TransportConfig(_Section):
     """Messages larger than this are rejected before decoding."""
     curve_dir: str | None = None
     """Directory with CurveZMQ keys (`stream-dapo keys generate`); null: no authentication."""
+
+
+    def buffer_address(self, which: Literal["samples", "batches"]) -> str:
+        """Client address of the buffer's samples or batches socket."""
+        port = self.samples_port if which == "samples" else self.batches_port
+        return f"tcp://{self.buffer_host or self.host}:{port}"
+
+    def weights_address(self) -> str:
+        """Client address of the learner's weight server."""
+        return f"tcp://{self.learner_host or self.host}:{self.weights_port}"
 
 
 class MetricsConfig(_Section):

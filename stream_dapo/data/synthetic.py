@@ -3,8 +3,10 @@
 Each problem is an integer expression with 1-8 operations (``+``, ``-``, ``*``, usual precedence),
 for example::
 
-    question:  Compute 7 + 12 * 3 - 5.
-    solution:  12 * 3 = 36. 7 + 36 = 43. 43 - 5 = 38.
+    question:  Compute 7+12*3-5.
+    solution:  12*3=36
+               7+36=43
+               43-5=38
                Answer: 38
 
 The worked solution evaluates the multiplications left to right, then the additions and subtractions
@@ -56,7 +58,7 @@ OPERATORS = ("+", "-", "*")
 
 # Bump when the generated text or row layout changes: it is part of the cache key, so old caches
 # are regenerated instead of silently reused.
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 _MANIFEST = "manifest.json"
 
 
@@ -71,7 +73,7 @@ class Step:
 
     @property
     def text(self) -> str:
-        return f"{self.left} {self.op} {self.right} = {self.result}."
+        return f"{self.left}{self.op}{self.right}={self.result}"
 
 
 @dataclass(frozen=True)
@@ -91,11 +93,11 @@ class ArithmeticProblem:
         parts = [str(self.operands[0])]
         for op, operand in zip(self.ops, self.operands[1:], strict=True):
             parts += [op, str(operand)]
-        return "Compute " + " ".join(parts) + "."
+        return "Compute " + "".join(parts) + "."
 
     @property
     def solution(self) -> str:
-        return " ".join(step.text for step in self.steps) + f"\nAnswer: {self.answer}"
+        return "\n".join(step.text for step in self.steps) + f"\nAnswer: {self.answer}"
 
 
 def _apply(left: int, op: str, right: int) -> int:

@@ -476,6 +476,7 @@ class GeneratorService:
         port = mc.generator_port + self.index if mc.generator_port else 0
         try:
             self.metrics_server = MetricsServer(self.registry, self.health, mc.host, port).start()
+            log.info("metrics on http://%s:%d/metrics and /healthz", mc.host, self.metrics_server.port)
         except OSError as exc:
             raise StartupError(
                 f"cannot serve metrics on {mc.host}:{port}: {exc.strerror}; set metrics.generator_port so that "
@@ -589,33 +590,32 @@ class GeneratorService:
         self.watcher.start()
 
     def _first_weights(self, method: str) -> WeightUpdate | None:
-        """Poll until the learner answers (zmq/nccl; up to 4 x transport.timeout_s) or once (shared_dir)."""
+        """The learner's current version, if it differs from ours.
+
+        shared_dir: one look (nothing published yet means start from the initial model). zmq: wait up
+        to 4 x transport.timeout_s for the weight server to answer. nccl: wait as long for the first
+        announcement, since its broadcast must be taken.
+        """
         assert self.watcher is not None
         if method == "shared_dir":
-            return self.watcher.poll_once()
-        t = self.cfg.transport
-        deadline = time.monotonic() + 4 * t.timeout_s
-        while not self._stop.is_set():
+            self.watcher.poll_once()
+            return self.watcher.take()
+        wait_s = 4 * self.cfg.transport.timeout_s
+        deadline = time.monotonic() + wait_s
+        while not self._stop.is_set() and time.monotonic() < deadline:
             try:
-                update = self.watcher.poll_once()
+                if self.watcher.poll_once() is not None or method == "zmq":
+                    return self.watcher.take()
+                log.info("waiting for the learner to announce its weights at %s", self.weights_address)
             except TransportTimeout:
-                update = None
-                if time.monotonic() > deadline:
-                    raise StartupError(
-                        f"the learner's weight server at {self.weights_address} did not answer within "
-                        f"{4 * t.timeout_s:.0f} s: start `stream-dapo learner` (or fix transport.host / "
-                        "transport.weights_port)"
-                    ) from None
                 log.info("waiting for the learner's weight server at %s", self.weights_address)
-                continue
-            if update is not None or method == "zmq":
-                return self.watcher.take()
-            time.sleep(min(1.0, self.cfg.generator.weight_poll_s))  # nccl: wait for the first announcement
-            if time.monotonic() > deadline:
-                raise StartupError(
-                    f"the learner announced no weights at {self.weights_address} within {4 * t.timeout_s:.0f} s"
-                )
-        return None
+            time.sleep(min(1.0, self.cfg.generator.weight_poll_s))
+        if self._stop.is_set():
+            return None
+        raise StartupError(
+            f"no weights from the learner at {self.weights_address} within {wait_s:.0f} s: start "
+            "`stream-dapo learner` (or fix transport.host / transport.weights_port)"
+        )
 
     def _join_nccl(self) -> None:
         from stream_dapo.weights.nccl import nccl_group_spec

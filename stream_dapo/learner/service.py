@@ -248,7 +248,7 @@ class LearnerService:
         self._buffer = open_endpoint(
             self._ctx,
             zmq.DEALER,
-            connect=f"tcp://{t.host}:{t.batches_port}",
+            connect=t.buffer_address("batches"),
             max_bytes=t.max_message_bytes,
             peer="buffer",
             hwm=t.hwm,
@@ -291,8 +291,8 @@ class LearnerService:
             self._request(*m.learner_hello(v, v), retries=3)
         except TransportTimeout as exc:
             raise TransportError(
-                f"{exc} The learner needs the buffer at tcp://{t.host}:{t.batches_port}: start `stream-dapo buffer` "
-                "first, or fix transport.host / transport.batches_port"
+                f"{exc} The learner needs the buffer at {t.buffer_address('batches')}: start `stream-dapo buffer` "
+                "first, or fix transport.buffer_host / transport.batches_port"
             ) from exc
         if state.get("commit_group_ids"):  # the commit of the resumed checkpoint may never have been sent
             self._commit(v, list(state["commit_group_ids"]))

@@ -79,7 +79,7 @@ CHAT_TEMPLATE = (
 MARKER_FILE = "stream_dapo_model.json"
 """Written last into every directory this package builds; its ``key`` says what the directory holds."""
 
-_TOKENIZER_VERSION = 1
+_TOKENIZER_VERSION = 2
 _TOKENIZER_VOCAB = 512
 
 

@@ -71,7 +71,7 @@ def nccl_group_spec(cfg: Any) -> NcclGroupSpec:
     """The group of a resolved `Config`: port = transport.weights_port + 1, one rank per vLLM worker."""
     gen = cfg.generator
     return NcclGroupSpec(
-        host=cfg.transport.host,
+        host=cfg.transport.learner_host or cfg.transport.host,
         port=cfg.transport.weights_port + 1,
         world_size=1 + gen.num_generators * gen.tensor_parallel_size,
     )

@@ -32,12 +32,3 @@ def unknown_metrics(expr: str, recording_rules: Collection[str] = ()) -> set[str
     return {n for n in referenced_names(expr) if n not in series_names() and n not in recording_rules}
 
 
-# Connect addresses the ops/ examples set that config.py does not define yet: with one
-# `transport.host` the buffer and the learner must share a host. See
-# test_ops_systemd.py::test_pending_transport_keys_exist (a strict xfail: it starts passing, and
-# so failing, once config.py has them; then drop this set and the marker).
-PENDING_KEYS = frozenset({"STREAM_DAPO__TRANSPORT__BUFFER_HOST", "STREAM_DAPO__TRANSPORT__LEARNER_HOST"})
-
-
-def without_pending(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k not in PENDING_KEYS}

@@ -109,10 +109,19 @@ def test_known_client_talks_and_strangers_are_refused_without_delivering_anythin
         stranger_keys = dataclasses.replace(
             load_client_keys(tmp_path / "stranger"), server_public=load_server_keys(keys).public
         )
-        stranger = _client(ctx, address, curve=stranger_keys)
+        # Built by hand so its monitor is attached before it connects and no event is missed.
+        stranger = ctx.socket(zmq.DEALER)
+        stranger.linger = 0
+        stranger.curve_serverkey = stranger_keys.server_public
+        stranger.curve_publickey = stranger_keys.public
+        stranger.curve_secretkey = stranger_keys.secret
         stranger_monitor = Monitor(stranger)
-        plain.send(b"from the plain client")
-        stranger.send(b"from the stranger")
+        stranger.connect(address)
+        for sock, payload in ((plain, b"from the plain client"), (stranger, b"from the stranger")):
+            try:
+                sock.send(payload, zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # its handshake already failed and left no pipe to queue on: refused even earlier
 
         monitor.wait_for(zmq.EVENT_HANDSHAKE_FAILED_AUTH)  # the authenticator said no to the stranger
         stranger_monitor.wait_for(zmq.EVENT_HANDSHAKE_FAILED_AUTH)  # and the stranger was told so

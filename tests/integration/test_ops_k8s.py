@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 import yaml
 
 from stream_dapo.config import Config, MetricsConfig, TransportConfig, load_config
-from tests.integration.ops_helpers import require_tool, without_pending
+from tests.integration.ops_helpers import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "ops" / "k8s"
@@ -190,7 +190,7 @@ def test_configmap_holds_the_recipe_unchanged(overlay: str) -> None:
 
 
 def resolved_config(overlay: str, component: str, overrides: list[str] = ()) -> Config:
-    return load_config([OVERLAYS[overlay][1]], overrides, environ=without_pending(env_of(overlay, component)))
+    return load_config([OVERLAYS[overlay][1]], overrides, environ=env_of(overlay, component))
 
 
 @pytest.mark.parametrize("overlay", list(OVERLAYS))
