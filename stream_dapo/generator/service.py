@@ -411,8 +411,12 @@ class GeneratorService:
         self.generator_id = f"generator-{index}"
         self.settings = RolloutSettings.from_config(cfg.algo)
         t = cfg.transport
-        self.buffer_address = f"tcp://{t.host}:{t.samples_port}"
-        self.weights_address = f"tcp://{t.host}:{t.weights_port}"
+        self.buffer_address = t.buffer_address("samples")
+        self.weights_address = t.weights_address()
+        # Lock-step (run.mode = "sync"): credits carry the learner version their rollout batch is
+        # for, and groups start only once this engine samples from at least that version.
+        self._lockstep = cfg.run.mode == "sync"
+        self._credit_version = 0
         self.credits = CreditLedger(cfg.generator.max_groups_in_flight, timeout_s=t.timeout_s)
         self.unacked = UnackedGroups(resend_after_s=t.timeout_s)
         self._stop = threading.Event()
@@ -512,7 +516,7 @@ class GeneratorService:
         except TransportTimeout:
             raise StartupError(
                 f"the buffer did not answer at {self.buffer_address} within {t.timeout_s:.0f} s: start "
-                "`stream-dapo buffer` first (or fix transport.host / transport.samples_port"
+                "`stream-dapo buffer` first (or fix transport.buffer_host / transport.samples_port"
                 + (" / the Curve keys in transport.curve_dir" if t.curve_dir else "")
                 + ")"
             ) from None
@@ -614,7 +618,7 @@ class GeneratorService:
             return None
         raise StartupError(
             f"no weights from the learner at {self.weights_address} within {wait_s:.0f} s: start "
-            "`stream-dapo learner` (or fix transport.host / transport.weights_port)"
+            "`stream-dapo learner` (or fix transport.learner_host / transport.weights_port)"
         )
 
     def _join_nccl(self) -> None:
@@ -705,6 +709,8 @@ class GeneratorService:
     def _on_buffer_message(self, msg: Any) -> None:
         if msg.type == m.CREDIT:
             self.credits.granted(msg.body["granted"], time.monotonic())
+            if msg.body["granted"]:
+                self._credit_version = max(self._credit_version, msg.body["learner_version"])
         elif msg.type == m.ACK:
             self._on_ack(msg.body)
         elif msg.type == m.ERROR:
@@ -729,6 +735,8 @@ class GeneratorService:
     def _start_groups(self) -> None:
         assert self.prompts is not None
         engine = self._engine
+        if self._lockstep and engine.version < self._credit_version:
+            return  # sync mode: these credits are for the next policy; wait for its weights
         while engine.num_in_flight < self.cfg.generator.max_groups_in_flight and self.credits.take():
             engine.add_group(next(self.prompts))
 
