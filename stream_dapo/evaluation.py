@@ -85,7 +85,9 @@ def evaluate(
         raise ValueError(f"n ({n}) samples per prompt cannot estimate pass@{k}; use n >= k")
     requests = [TokensPrompt(prompt_token_ids=list(p.prompt_token_ids)) for p in prompts]
     params = [
-        SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=_request_seed(seed, i, n))
+        SamplingParams(
+            n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=_request_seed(seed, i, n)
+        )
         for i in range(len(prompts))
     ]
     outputs = llm.generate(requests, params, use_tqdm=False)
@@ -128,14 +130,20 @@ def evaluate(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model directory (default: model.path)")
     parser.add_argument(
-        "--data", default=None, help="DAPO-schema .parquet/.jsonl (default: data.eval_path, else the synthetic eval split)"
+        "--data",
+        default=None,
+        help="DAPO-schema .parquet/.jsonl (default: data.eval_path, else the synthetic eval split)",
     )
-    parser.add_argument("--k", type=int, default=None, help="samples per prompt for avg@k/pass@k (default: eval.k)")
+    parser.add_argument(
+        "--k", type=int, default=None, help="samples per prompt for avg@k/pass@k (default: eval.k)"
+    )
     parser.add_argument("--n", type=int, default=None, help="samples drawn per prompt, n >= k (default: k)")
     parser.add_argument("--temperature", type=float, default=None, help="default: eval.temperature")
     parser.add_argument("--top-p", type=float, default=None, help="default: eval.top_p")
     parser.add_argument("--max-prompts", type=int, default=None, help="default: eval.max_prompts")
-    parser.add_argument("--max-tokens", type=int, default=None, help="response budget (default: algo.max_response_len)")
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="response budget (default: algo.max_response_len)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
 
 

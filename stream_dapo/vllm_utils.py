@@ -27,7 +27,14 @@ from stream_dapo.config import GeneratorConfig
 if TYPE_CHECKING:
     import vllm
 
-__all__ = ["apply_cpu_env", "cpu_thread_env", "is_cpu_platform", "make_llm", "shutdown_llm", "vllm_engine_kwargs"]
+__all__ = [
+    "apply_cpu_env",
+    "cpu_thread_env",
+    "is_cpu_platform",
+    "make_llm",
+    "shutdown_llm",
+    "vllm_engine_kwargs",
+]
 
 _GIB = 1 << 30
 
@@ -82,7 +89,9 @@ def vllm_engine_kwargs(
     return kwargs
 
 
-def cpu_thread_env(gen: GeneratorConfig, *, index: int = 0, environ: dict[str, str] | None = None) -> dict[str, str]:
+def cpu_thread_env(
+    gen: GeneratorConfig, *, index: int = 0, environ: dict[str, str] | None = None
+) -> dict[str, str]:
     """Environment for the CPU worker of generator ``index``: its core binding.
 
     Generator ``i`` gets cores ``[i*t, i*t + t)`` (mod the usable cores), ``t = generator.threads``.

@@ -125,7 +125,9 @@ def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise SchemaError(f"{path}:{line_no}: not valid JSON ({exc}); one JSON object per line") from None
+                raise SchemaError(
+                    f"{path}:{line_no}: not valid JSON ({exc}); one JSON object per line"
+                ) from None
             if not isinstance(row, dict):
                 raise SchemaError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
             _check_columns(row.keys(), Path(f"{path}:{line_no}"))
@@ -145,7 +147,9 @@ def read_rows(path: str | Path) -> Iterator[dict[str, Any]]:
         return _read_parquet(path)
     if suffix in (".jsonl", ".json", ".ndjson"):
         return _read_jsonl(path)
-    raise SchemaError(f"{path}: unknown file type '{suffix}'; use .parquet or .jsonl (one JSON object per line)")
+    raise SchemaError(
+        f"{path}: unknown file type '{suffix}'; use .parquet or .jsonl (one JSON object per line)"
+    )
 
 
 def _parse_row(row: dict[str, Any], where: str) -> tuple[list[dict[str, str]], str]:
@@ -157,7 +161,11 @@ def _parse_row(row: dict[str, Any], where: str) -> tuple[list[dict[str, str]], s
         raise SchemaError(f"{where}: 'prompt' must be a non-empty list of messages; {SCHEMA_HELP}")
     messages = []
     for msg in prompt:
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) or not isinstance(msg.get("content"), str):
+        if (
+            not isinstance(msg, dict)
+            or not isinstance(msg.get("role"), str)
+            or not isinstance(msg.get("content"), str)
+        ):
             raise SchemaError(
                 f"{where}: every 'prompt' message needs string 'role' and 'content', got {msg!r}; {SCHEMA_HELP}"
             )
@@ -230,9 +238,13 @@ def load_prompts(
         stats.kept,
     )
     if stats.gold_conflicts:
-        log.warning("%s: %d duplicate prompts disagree on ground_truth; the first is used", path, stats.gold_conflicts)
+        log.warning(
+            "%s: %d duplicate prompts disagree on ground_truth; the first is used", path, stats.gold_conflicts
+        )
     if not items:
-        raise ValueError(f"{path}: every prompt is longer than model.max_prompt_len={max_prompt_len}; raise it")
+        raise ValueError(
+            f"{path}: every prompt is longer than model.max_prompt_len={max_prompt_len}; raise it"
+        )
     return items, stats
 
 
@@ -274,7 +286,9 @@ class PromptStream:
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         if not 0 <= shard_index < num_shards:
-            raise ValueError(f"shard_index {shard_index} is outside [0, {num_shards}); use 0..{num_shards - 1}")
+            raise ValueError(
+                f"shard_index {shard_index} is outside [0, {num_shards}); use 0..{num_shards - 1}"
+            )
         if len(prompts) < num_shards:
             raise ValueError(
                 f"{len(prompts)} prompts cannot feed {num_shards} generators (a shard would be empty); "

@@ -235,7 +235,9 @@ def ensure_synthetic_data(cfg: DataConfig, out_dir: Path) -> tuple[Path, Path]:
         exclude={p.question for p in eval_problems},
     )
     folder.mkdir(parents=True, exist_ok=True)
-    _write_jsonl_atomic(eval_path, [problem_to_row(p, split="eval", index=i) for i, p in enumerate(eval_problems)])
+    _write_jsonl_atomic(
+        eval_path, [problem_to_row(p, split="eval", index=i) for i, p in enumerate(eval_problems)]
+    )
     _write_jsonl_atomic(
         train_path, [problem_to_row(p, split="train", index=i) for i, p in enumerate(train_problems)]
     )

@@ -64,9 +64,7 @@ SPECIAL_TOKENS = (PAD_TOKEN, IM_START, EOS_TOKEN)
 
 # Qwen2's pre-tokenizer regex: words with their leading space, every digit on its own (\p{N}), runs
 # of punctuation, newlines.
-QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
@@ -101,9 +99,13 @@ class TinyModelSpec:
 
     def check(self) -> None:
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
         if self.head_dim not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512):
             raise ValueError(
                 f"head_dim {self.head_dim} is not supported by vLLM's CPU attention backend; "
@@ -275,7 +277,9 @@ def init_model(out: Path, *, seed: int = 0, spec: TinyModelSpec | None = None) -
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         n_params = sum(p.numel() for p in model.parameters())
-        write_marker(staging, {"kind": "init", "key": key, "seed": seed, "spec": asdict(spec), "params": n_params})
+        write_marker(
+            staging, {"kind": "init", "key": key, "seed": seed, "spec": asdict(spec), "params": n_params}
+        )
         publish_dir(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

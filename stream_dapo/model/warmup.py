@@ -202,7 +202,13 @@ def train_supervised(
         if step >= steps - max(1, steps // 10):
             tail_losses.append(loss.item())
         if log_every and (step + 1) % log_every == 0:
-            log.info("warm-up step %d/%d loss %.4f (%.1f s)", step + 1, steps, loss.item(), time.perf_counter() - t0)
+            log.info(
+                "warm-up step %d/%d loss %.4f (%.1f s)",
+                step + 1,
+                steps,
+                loss.item(),
+                time.perf_counter() - t0,
+            )
     model.eval()
     return sum(tail_losses) / len(tail_losses)
 
@@ -244,7 +250,9 @@ def _generate(
             width = max(len(p) for p in chunk)
             # Left padding so that every row's next token follows its own last prompt token.
             ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in chunk])
-            mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in chunk])[:, None]).long()
+            mask = (
+                torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in chunk])[:, None]
+            ).long()
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
             for row in out[:, width:].tolist():
                 if eos_id in row:
@@ -380,7 +388,9 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
         score.num_prompts,
         train_seconds,
     )
-    return WarmupResult(path=out, cached=False, pass_at_1=score, train_seconds=train_seconds, final_loss=final_loss)
+    return WarmupResult(
+        path=out, cached=False, pass_at_1=score, train_seconds=train_seconds, final_loss=final_loss
+    )
 
 
 def _cached_result(out: Path, marker: dict[str, Any]) -> WarmupResult:
@@ -419,7 +429,9 @@ def ensure_warm_model(cfg: Config) -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: model.path)")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default: warmup.steps)")
-    parser.add_argument("--seed", type=int, default=None, help="init and training seed (default: warmup.seed)")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="init and training seed (default: warmup.seed)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -431,7 +443,9 @@ def run(args: argparse.Namespace) -> int:
         updates["seed"] = args.seed
     if updates:
         # Through model_validate so the field limits apply to CLI values too.
-        cfg = cfg.model_copy(update={"warmup": type(cfg.warmup).model_validate({**cfg.warmup.model_dump(), **updates})})
+        cfg = cfg.model_copy(
+            update={"warmup": type(cfg.warmup).model_validate({**cfg.warmup.model_dump(), **updates})}
+        )
     result = warmup(cfg, out=args.out)
     report: dict[str, Any] = {
         "model": str(result.path),

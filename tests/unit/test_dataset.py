@@ -93,7 +93,10 @@ def test_chat_template_is_applied(tokenizer, prompts):
     assert ids[: len(head)] == head
     assert ids[-len(tail) :] == tail
     assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
-    assert tokenizer.decode(ids) == f"<|im_start|>user\n{item.messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tokenizer.decode(ids)
+        == f"<|im_start|>user\n{item.messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])

@@ -1,0 +1,218 @@
+"""The tiny model end to end: init-model output loads in transformers and vLLM and both agree (fp32);
+a reduced warm-up learns part of an easy task; a second warm-up is served from the cache.
+
+One vLLM engine serves this module and test_eval.py (``shared_llm``); it runs the reduced warm-up's
+model, so greedy continuations are real answers rather than an untrained model's repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from stream_dapo.config import Config, load_config
+from stream_dapo.data.dataset import PromptItem, load_prompts
+from stream_dapo.model import tiny, warmup
+from stream_dapo.model.tiny import MARKER_FILE, init_model, read_marker
+from stream_dapo.model.warmup import WarmupResult
+
+# An easy task and a short warm-up: about a minute on 2 cores, enough to answer part of the eval set.
+REDUCED = [
+    "data.synthetic.num_train=3000",
+    "data.synthetic.num_eval=64",
+    "data.synthetic.min_ops=1",
+    "data.synthetic.max_ops=2",
+    "data.synthetic.max_operand=9",
+    "data.synthetic.max_result=99",
+    "warmup.steps=150",
+    "warmup.eval_prompts=64",
+    "model.max_prompt_len=128",
+    "generator.kv_cache_gib=0.25",
+]
+
+_SHARED: dict[str, Any] = {}
+
+
+def reduced_config(root: Path) -> Config:
+    return load_config(
+        overrides=[*REDUCED, f'run.out_dir="{root}"', f'model.path="{root / "tiny" / "warm"}"'], environ={}
+    )
+
+
+def shared_warmup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, WarmupResult]:
+    """The reduced warm-up, run once per test session."""
+    if "warm" not in _SHARED:
+        cfg = reduced_config(tmp_path_factory.mktemp("tiny"))
+        _SHARED["warm"] = (cfg, warmup.warmup(cfg))
+    return _SHARED["warm"]
+
+
+def shared_eval_prompts(cfg: Config, model_dir: Path) -> list[PromptItem]:
+    from transformers import AutoTokenizer
+
+    from stream_dapo.evaluation import resolve_eval_data
+
+    items, _ = load_prompts(
+        resolve_eval_data(cfg), AutoTokenizer.from_pretrained(model_dir), cfg.model.max_prompt_len
+    )
+    return items
+
+
+def shared_llm(request: pytest.FixtureRequest, cfg: Config, model_dir: Path) -> Any:
+    """One vLLM engine on the warm model for the whole session, shut down at the end."""
+    if "llm" not in _SHARED:
+        from stream_dapo.vllm_utils import make_llm, shutdown_llm
+
+        llm = make_llm(
+            str(model_dir),
+            cfg.generator,
+            dtype="float32",
+            max_model_len=cfg.model.max_prompt_len + cfg.algo.max_response_len,
+            seed=0,
+        )
+        _SHARED["llm"] = llm
+        request.config.add_cleanup(lambda: shutdown_llm(llm))
+    return _SHARED["llm"]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory) -> tuple[Config, WarmupResult]:
+    return shared_warmup(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def llm(request, warm):
+    cfg, result = warm
+    return shared_llm(request, cfg, result.path)
+
+
+# --------------------------------------------------------------------------------------------------
+# init-model
+# --------------------------------------------------------------------------------------------------
+
+
+def test_init_model_is_deterministic_and_loads_in_transformers(tmp_path, capsys):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = load_config(environ={})
+    assert tiny.run(argparse.Namespace(cfg=cfg, out=tmp_path / "a", seed=3)) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["model"] == str(tmp_path / "a") and printed["seed"] == 3
+    init_model(tmp_path / "b", seed=3)
+    init_model(tmp_path / "c", seed=4)
+    a, b, c = (load_file(tmp_path / d / "model.safetensors") for d in "abc")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "a")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    assert model.dtype == torch.float32
+    assert model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert model.config.hidden_size // model.config.num_attention_heads in (32, 64)
+    assert model.config.vocab_size == len(tok)
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    # Digits are single tokens, so numbers are spelled digit by digit.
+    assert [tok.decode([i]) for i in tok("1234", add_special_tokens=False)["input_ids"]] == [
+        "1",
+        "2",
+        "3",
+        "4",
+    ]
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_init_model_reuses_its_output_and_refuses_foreign_directories(tmp_path):
+    out = init_model(tmp_path / "m", seed=0)
+    stamp = (out / MARKER_FILE).stat().st_mtime_ns
+    init_model(out, seed=0)
+    assert (out / MARKER_FILE).stat().st_mtime_ns == stamp
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "weights.bin").write_bytes(b"x")
+    with pytest.raises(FileExistsError, match="not built by stream-dapo"):
+        init_model(foreign, seed=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# warm-up
+# --------------------------------------------------------------------------------------------------
+
+
+def test_reduced_warmup_solves_part_of_the_eval_split(warm):
+    _, result = warm
+    assert not result.cached
+    score = result.pass_at_1
+    assert score is not None and score.num_prompts == 64
+    assert 0.0 < score.sampled < 1.0
+    assert 0.0 < score.greedy < 1.0
+    assert result.final_loss is not None and result.final_loss < 1.0
+    marker = read_marker(result.path)
+    assert marker is not None and marker["kind"] == "warm" and marker["pass_at_1"]["sampled"] == score.sampled
+
+
+def test_second_warmup_with_the_same_settings_comes_from_the_cache(warm, capsys):
+    cfg, first = warm
+    stamp = (first.path / MARKER_FILE).stat().st_mtime_ns
+    weights = (first.path / "model.safetensors").stat().st_mtime_ns
+    again = warmup.warmup(cfg)
+    assert again.cached and again.path == first.path
+    assert again.pass_at_1 == first.pass_at_1
+    assert (first.path / MARKER_FILE).stat().st_mtime_ns == stamp
+    assert (first.path / "model.safetensors").stat().st_mtime_ns == weights
+    # The CLI reports the cached result too; --steps changes the key, so it is not passed here.
+    assert warmup.run(argparse.Namespace(cfg=cfg, out=None, steps=None, seed=None)) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["cached"] is True and printed["pass_at_1_t1"] == first.pass_at_1.sampled
+    assert warmup.ensure_warm_model(cfg) == first.path
+    assert (first.path / MARKER_FILE).stat().st_mtime_ns == stamp
+    # Another setting is another key.
+    other = cfg.model_copy(update={"warmup": cfg.warmup.model_copy(update={"steps": 151})})
+    assert warmup.warmup_key(other, tiny.TinyModelSpec()) != read_marker(first.path)["key"]
+
+
+# --------------------------------------------------------------------------------------------------
+# vLLM agrees with transformers
+# --------------------------------------------------------------------------------------------------
+
+
+def test_vllm_and_transformers_agree_on_greedy_text_and_logprobs(warm, llm):
+    from transformers import AutoModelForCausalLM
+    from vllm import SamplingParams, TokensPrompt
+
+    cfg, result = warm
+    prompts = shared_eval_prompts(cfg, result.path)[:6]
+    params = SamplingParams(temperature=0.0, max_tokens=48, logprobs=0)
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=p.prompt_token_ids) for p in prompts], params, use_tqdm=False
+    )
+    model = AutoModelForCausalLM.from_pretrained(result.path, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    worst = 0.0
+    for item, out in zip(prompts, outputs, strict=True):
+        completion = out.outputs[0]
+        ids = list(completion.token_ids)
+        assert completion.finish_reason == "stop" and ids[-1] == eos  # the warm model ends its answers
+        with torch.no_grad():
+            hf = model.generate(
+                torch.tensor([item.prompt_token_ids]), max_new_tokens=48, do_sample=False, eos_token_id=eos
+            )[0, len(item.prompt_token_ids) :].tolist()
+        assert hf == ids
+        full = torch.tensor([item.prompt_token_ids + ids])
+        with torch.no_grad():
+            logits = model(full).logits[0, len(item.prompt_token_ids) - 1 : -1]
+        hf_lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+        vllm_lp = torch.tensor([pos[tok].logprob for pos, tok in zip(completion.logprobs, ids, strict=True)])
+        worst = max(worst, (hf_lp - vllm_lp).abs().max().item())
+    assert worst < 1e-4
