@@ -10,7 +10,7 @@ STAMP := $(VENV)/.stream-dapo-installed
 UNWANTED := torchvision torchaudio torchcodec triton
 PYTEST_ARGS ?=
 
-.PHONY: install ops-tools run test lint metrics-docs clean-runs
+.PHONY: install ops-tools run test lint docs clean-runs
 
 install: $(STAMP)
 
@@ -37,8 +37,9 @@ lint: install
 	$(BIN)/ruff check stream_dapo services tests bench
 	$(BIN)/mypy stream_dapo
 
-metrics-docs: install
+docs: install
 	$(BIN)/python -m stream_dapo.metrics_docs > docs/metrics.md
+	$(BIN)/stream-dapo config docs > docs/config.md
 
 clean-runs:
 	rm -rf runs

@@ -119,3 +119,9 @@ def test_toml_round_trip_and_docs(tmp_path: Path) -> None:
     assert load_config([path], environ={}) == cfg
     docs = config_docs()
     assert "`algo.eps_high`" in docs and "Clip-Higher" in docs and "`data.synthetic.max_ops`" in docs
+
+
+def test_committed_config_reference_is_current() -> None:
+    """docs/config.md is generated: regenerate with `stream-dapo config docs > docs/config.md`."""
+    committed = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
+    assert committed.strip() == config_docs().strip()
