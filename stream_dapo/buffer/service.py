@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
 from stream_dapo.config import Config, ConfigError, config_to_toml
 from stream_dapo.metrics import BufferMetrics, start_metrics
+from stream_dapo.signals import on_stop_signal
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.messages import Body, Outgoing, SchemaError
 from stream_dapo.transport.sockets import (
@@ -479,13 +479,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start the buffer: %s", exc)
         return 2
     stop = threading.Event()
-
-    def request_stop(signum: int, _frame: Any) -> None:
-        log.info("received %s: draining", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    on_stop_signal(stop.set)
     try:
         service.serve_forever(stop)
     except JournalError as exc:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import threading
 import time
 from collections import Counter, deque
@@ -51,6 +50,7 @@ from stream_dapo.config import Config, ConfigError, config_to_toml
 from stream_dapo.generator.engine import WeightUpdateError
 from stream_dapo.generator.rollout import FinishedGroup, GroupOutcome, RolloutSettings, process_group
 from stream_dapo.metrics import GeneratorMetrics, Health, MetricsServer
+from stream_dapo.signals import on_stop_signal
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.messages import Group
 from stream_dapo.transport.sockets import (
@@ -895,12 +895,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start the generator: %s", exc)
         return 2
 
-    def request_stop(signum: int, _frame: Any) -> None:
-        log.info("received %s: draining", signal.Signals(signum).name)
-        service.request_stop()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    on_stop_signal(service.request_stop)
     try:
         service.start()
         service.serve()

@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import threading
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from prometheus_client import CollectorRegistry
 
 from stream_dapo.config import Config, ConfigError, config_to_toml
 from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, start_metrics
+from stream_dapo.signals import on_stop_signal
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import Endpoint, TransportError, TransportTimeout, open_endpoint, request
@@ -574,12 +574,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start the learner: %s", exc)
         return 2
 
-    def request_stop(signum: int, _frame: Any) -> None:
-        log.info("received %s: finishing the current step, then checkpointing", signal.Signals(signum).name)
-        service.request_stop()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    on_stop_signal(service.request_stop, "finishing the current step, then checkpointing")
     try:
         return service.run()
     except (ConfigError, TransportError, FileNotFoundError) as exc:
