@@ -60,13 +60,13 @@ class SyntheticTaskConfig(_Section):
     """Number of training problems generated."""
     num_eval: int = Field(200, ge=1)
     """Number of held-out evaluation problems (a disjoint seed stream)."""
-    min_ops: int = Field(2, ge=1, le=8)
+    min_ops: int = Field(1, ge=1, le=8)
     """Fewest arithmetic operations per problem."""
     max_ops: int = Field(3, ge=1, le=8)
     """Most arithmetic operations per problem."""
-    max_operand: int = Field(20, ge=2, le=10_000)
+    max_operand: int = Field(9, ge=2, le=10_000)
     """Operands are drawn from [1, max_operand]."""
-    max_result: int = Field(999, ge=1)
+    max_result: int = Field(99, ge=1)
     """Problems with an intermediate result above this (or below 0) are redrawn."""
 
     @model_validator(mode="after")
@@ -300,12 +300,17 @@ class EvalConfig(_Section):
 
 
 class WarmupConfig(_Section):
-    steps: int = Field(600, ge=1)
+    steps: int = Field(2000, ge=1)
     """Optimizer steps of the supervised warm-up of the tiny model (`stream-dapo warmup`)."""
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(16, ge=1)
     """Worked solutions per warm-up step."""
-    lr: float = Field(2e-3, gt=0.0)
+    lr: float = Field(3e-3, gt=0.0)
     """Peak AdamW learning rate (linear warm-up over 5% of the steps, cosine decay to 10%)."""
+    fold_temperature: float = Field(1.9, ge=1.0, le=10.0)
+    """Sampling temperature folded into the saved weights (logits divided by it), so the warm
+    policy samples at temperature 1 like the trained model at this temperature: greedy stays
+    ~85%, temperature-1 pass@1 drops to ~30%, groups are mixed and RL has entropy to sharpen.
+    1.0 saves the trained distribution unchanged."""
     seed: int = 0
     """Seed of the tiny model's initialisation and of the warm-up's batch order."""
     eval_prompts: int = Field(128, ge=1)

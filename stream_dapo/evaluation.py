@@ -83,19 +83,23 @@ def evaluate(
         raise ValueError("no prompts to evaluate; check --data and --max-prompts")
     if n < k:
         raise ValueError(f"n ({n}) samples per prompt cannot estimate pass@{k}; use n >= k")
-    requests = [TokensPrompt(prompt_token_ids=list(p.prompt_token_ids)) for p in prompts]
+    # One n=1 request per sample, prompt-major: vLLM refuses n > 1 with greedy sampling, and the
+    # G requests of a prompt still share its prefix in the cache.
+    requests = [TokensPrompt(prompt_token_ids=list(p.prompt_token_ids)) for p in prompts for _ in range(n)]
     params = [
         SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=_request_seed(seed, i, n)
+            n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=_request_seed(seed, i, n) + j
         )
         for i in range(len(prompts))
+        for j in range(n)
     ]
     outputs = llm.generate(requests, params, use_tqdm=False)
 
     pairs: list[tuple[str, str]] = []
     lengths: list[int] = []
     truncated = 0
-    for item, out in zip(prompts, outputs, strict=True):
+    for idx, out in enumerate(outputs):
+        item = prompts[idx // n]
         for completion in out.outputs:
             pairs.append((completion.text, item.gold))
             lengths.append(len(completion.token_ids))

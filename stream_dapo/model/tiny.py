@@ -83,13 +83,18 @@ _TOKENIZER_VOCAB = 512
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Architecture of the tiny Qwen2 model (about 2.4M parameters at the defaults)."""
+    """Architecture of the tiny Qwen2 model (0.83M parameters at the defaults).
 
-    hidden_size: int = 256
+    Small on purpose: the warm-up is step-bound, not capacity-bound (the copy and arithmetic circuits
+    form after ~1000 optimizer steps whatever the width), so a narrow model that takes 4x cheaper
+    steps than a 256-wide one reaches a useful policy in a fraction of the time.
+    """
+
+    hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
     num_kv_heads: int = 2
-    intermediate_size: int = 512
+    intermediate_size: int = 384
     max_position_embeddings: int = 512
     rope_theta: float = 10_000.0
 

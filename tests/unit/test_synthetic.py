@@ -18,7 +18,7 @@ from stream_dapo.data.synthetic import (
 )
 from stream_dapo.verifier import verify
 
-STEP = re.compile(r"(\d+) ([+*-]) (\d+) = (\d+)\.")
+STEP = re.compile(r"^(\d+)([+*-])(\d+)=(\d+)$", re.MULTILINE)
 SMALL = SyntheticTaskConfig(num_train=400, num_eval=100, min_ops=1, max_ops=4, max_operand=20, max_result=999)
 
 
@@ -38,10 +38,10 @@ def _reference_value(question: str) -> int:
 
 def test_solve_follows_operator_precedence():
     steps = solve((7, 12, 3, 5), ("+", "*", "-"))
-    assert [s.text for s in steps] == ["12 * 3 = 36.", "7 + 36 = 43.", "43 - 5 = 38."]
+    assert [s.text for s in steps] == ["12*3=36", "7+36=43", "43-5=38"]
     problem = ArithmeticProblem((7, 12, 3, 5), ("+", "*", "-"), steps)
-    assert problem.question == "Compute 7 + 12 * 3 - 5."
-    assert problem.solution == "12 * 3 = 36. 7 + 36 = 43. 43 - 5 = 38.\nAnswer: 38"
+    assert problem.question == "Compute 7+12*3-5."
+    assert problem.solution == "12*3=36\n7+36=43\n43-5=38\nAnswer: 38"
     # Subtraction is left-associative: 20 - 5 - 3 = 12, not 18.
     assert solve((20, 5, 3), ("-", "-"))[-1].result == 12
 
