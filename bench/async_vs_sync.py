@@ -27,7 +27,9 @@ from tests.helpers import free_ports, tiny_overrides  # noqa: E402
 def run_once(mode: str, steps: int, config: Path, model: Path, out: Path) -> dict:
     overrides = tiny_overrides(model, out, free_ports(8))
     # Keep the tiny config's batch shape; only move ports and the run directory.
-    overrides = [o for o in overrides if o.split("=")[0].startswith(("transport.", "metrics.", "run.", "model."))]
+    overrides = [
+        o for o in overrides if o.split("=")[0].startswith(("transport.", "metrics.", "run.", "model."))
+    ]
     argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--config", str(config), "--no-eval", "--quiet"]
     argv += ["--mode", mode]
     for item in [*overrides, f"learner.total_steps={steps}"]:
@@ -37,7 +39,9 @@ def run_once(mode: str, steps: int, config: Path, model: Path, out: Path) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "tiny-cpu.toml")

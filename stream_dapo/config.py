@@ -21,11 +21,11 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ENV_PREFIX = "STREAM_DAPO__"
@@ -263,7 +263,6 @@ class TransportConfig(_Section):
     """Messages larger than this are rejected before decoding."""
     curve_dir: str | None = None
     """Directory with CurveZMQ keys (`stream-dapo keys generate`); null: no authentication."""
-
 
     def buffer_address(self, which: Literal["samples", "batches"]) -> str:
         """Client address of the buffer's samples or batches socket."""

@@ -88,7 +88,11 @@ def evaluate(
     requests = [TokensPrompt(prompt_token_ids=list(p.prompt_token_ids)) for p in prompts for _ in range(n)]
     params = [
         SamplingParams(
-            n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=_request_seed(seed, i, n) + j
+            n=1,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            seed=_request_seed(seed, i, n) + j,
         )
         for i in range(len(prompts))
         for j in range(n)

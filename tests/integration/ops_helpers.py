@@ -30,5 +30,3 @@ def referenced_names(expr: str) -> set[str]:
 def unknown_metrics(expr: str, recording_rules: Collection[str] = ()) -> set[str]:
     """Names the expression uses that neither stream_dapo/metrics.py nor the recording rules define."""
     return {n for n in referenced_names(expr) if n not in series_names() and n not in recording_rules}
-
-

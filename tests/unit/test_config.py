@@ -12,7 +12,11 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"
 
 
 def test_every_shipped_config_loads() -> None:
-    assert {p.name for p in CONFIGS} >= {"tiny-cpu.toml", "dapo-qwen2.5-32b.toml", "dapo-qwen2.5-7b-1node.toml"}
+    assert {p.name for p in CONFIGS} >= {
+        "tiny-cpu.toml",
+        "dapo-qwen2.5-32b.toml",
+        "dapo-qwen2.5-7b-1node.toml",
+    }
     for path in CONFIGS:
         assert isinstance(load_config([path], environ={}), Config)
 
