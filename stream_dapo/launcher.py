@@ -283,6 +283,11 @@ def check_ports_free(cfg: Config) -> None:
                 ) from None
 
 
+_LAUNCHER_VARS = frozenset(
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
+)
+
+
 def child_env(cfg: Config, service: str, index: int = 0) -> dict[str, str]:
     """Thread budgets: on a small CPU box every process gets few threads, pinned apart."""
     env = dict(os.environ)
@@ -293,8 +298,10 @@ def child_env(cfg: Config, service: str, index: int = 0) -> dict[str, str]:
     if service == "generator":
         cores = os.cpu_count() or 1
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(index % cores))
-    # Children must not inherit our stray env overrides of the resolved config: it is in config.toml.
-    for key in [k for k in env if k.startswith("STREAM_DAPO__")]:
+    # Children must not inherit our stray env overrides of the resolved config (it is in config.toml),
+    # nor torch.distributed launcher variables: the one-machine learner is a world of one, and a
+    # parent's MASTER_PORT may still be held by the parent.
+    for key in [k for k in env if k.startswith("STREAM_DAPO__") or k in _LAUNCHER_VARS]:
         del env[key]
     return env
 

@@ -186,7 +186,8 @@ def encode_prompt(tokenizer: ChatTokenizer, messages: Sequence[dict[str, str]]) 
     text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
     # The template already spells every special token the model expects; adding BOS/EOS on top
     # would put tokens in the prompt that the model never sees in this position.
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # verbose=False: over-long prompts are expected here; the loader counts and skips them itself.
+    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
 
 def load_prompts(
@@ -270,8 +271,9 @@ class PromptStream:
     in size by at most one, the order is the same on every run with the same seed, and it changes from
     epoch to epoch. All generators must be given the same prompts and seed.
 
-    Example: 5 prompts, 2 shards, epoch 0 order [3, 0, 4, 1, 2] -> shard 0 gets 3, 4, 2; shard 1 gets
-    0, 1. ``state`` after two ``next`` calls on shard 0 is ``StreamState(epoch=0, position=2)``.
+    Example: 5 prompts and 2 shards; if epoch 0 shuffles to [3, 0, 4, 1, 2], shard 0 serves prompts
+    3, 4, 2 and shard 1 serves 0, 1. After two ``next`` calls, shard 0's ``state`` is
+    ``StreamState(epoch=0, position=2)``, and a stream built with that state serves prompt 2 next.
     """
 
     def __init__(

@@ -15,6 +15,15 @@ both this task and DAPO-Math-17k. Problems whose intermediate results would be n
 ``max_result`` are redrawn: negative numbers and long products add tokens and failure modes without
 making the task more instructive for a tiny model.
 
+The text has no spaces inside expressions and one step per line. Under Qwen2's pre-tokenizer a space
+before a digit is a token of its own; without them, the operand a step copies sits right next to its
+operator in the question, and the tiny model learns to copy it several times faster (about 1500
+instead of 5000+ warm-up steps in our measurements).
+
+Question texts are distinct within each split. There are few one-operation problems (about 200 at
+the defaults), so the 20k-problem train split is mostly two- and three-operation problems, while the
+eval split, small enough not to exhaust any class, has about a third of each.
+
 Splits come from disjoint seed streams (``random.Random`` seeded with a string, which is stable across
 Python processes and versions), and no eval question text appears in the train split. Both splits are
 written once as JSON lines (``ensure_synthetic_data``), keyed by a hash of the task config, so the

@@ -47,9 +47,14 @@ __all__ = [
     "PAD_TOKEN",
     "TinyModelSpec",
     "add_arguments",
-    "build_tokenizer",
     "build_tiny_model",
+    "build_tokenizer",
+    "check_replaceable",
+    "default_init_dir",
+    "fingerprint",
+    "init_key",
     "init_model",
+    "publish_dir",
     "read_marker",
     "run",
     "write_marker",
@@ -218,13 +223,14 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec, se
     return model
 
 
-def _fingerprint(payload: dict[str, Any]) -> str:
+def fingerprint(payload: dict[str, Any]) -> str:
+    """Short stable hash of a JSON-able payload (cache keys)."""
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def init_key(spec: TinyModelSpec, seed: int) -> str:
     """Identity of an init-model output: architecture, seed and tokenizer version."""
-    return _fingerprint({"kind": "init", "spec": asdict(spec), "seed": seed, "tokenizer": _TOKENIZER_VERSION})
+    return fingerprint({"kind": "init", "spec": asdict(spec), "seed": seed, "tokenizer": _TOKENIZER_VERSION})
 
 
 def read_marker(folder: Path) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ learn from. ``stream-dapo warmup`` fixes that in a few CPU minutes:
 5. save the model and tokenizer, and write the marker file last.
 
 The output directory is keyed by a hash of everything that determines the weights (task, data seed,
-architecture, init seed, warm-up settings, prompt length limit): a second call with the same settings
+architecture, init seed, warm-up settings): a second call with the same settings
 finds the marker and returns at once, a call with other settings rebuilds the directory.
 
 Why fold a temperature. A tiny model learns this task through an abrupt transition (copying operands
@@ -44,9 +44,9 @@ from stream_dapo.data.dataset import PromptItem, load_prompts
 from stream_dapo.data.synthetic import ensure_synthetic_data, synthetic_task_key
 from stream_dapo.model.tiny import (
     TinyModelSpec,
-    _fingerprint,
     check_replaceable,
     default_init_dir,
+    fingerprint,
     init_key,
     init_model,
     publish_dir,
@@ -109,7 +109,6 @@ def warmup_key(cfg: Config, spec: TinyModelSpec) -> str:
         "version": _WARMUP_VERSION,
         "data": synthetic_task_key(cfg.data),
         "init": init_key(spec, w.seed),
-        "max_prompt_len": cfg.model.max_prompt_len,
         "steps": w.steps,
         "batch_size": w.batch_size,
         "lr": w.lr,
@@ -117,7 +116,7 @@ def warmup_key(cfg: Config, spec: TinyModelSpec) -> str:
         "seed": w.seed,
         "threads": w.threads,  # reduction order of the matmuls depends on it
     }
-    return _fingerprint(payload)
+    return fingerprint(payload)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -357,8 +356,10 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
         init_dir = init_model(default_init_dir(str(out)), seed=w.seed, spec=spec)
         tokenizer = AutoTokenizer.from_pretrained(init_dir)
         model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
-        train_items, _ = load_prompts(train_path, tokenizer, cfg.model.max_prompt_len)
-        eval_items, _ = load_prompts(eval_path, tokenizer, cfg.model.max_prompt_len)
+        # The synthetic prompts are ~45 tokens; the model's own limit, not model.max_prompt_len, applies
+        # here, so that the weights (and the cache key) do not depend on that serving setting.
+        train_items, _ = load_prompts(train_path, tokenizer, spec.max_position_embeddings)
+        eval_items, _ = load_prompts(eval_path, tokenizer, spec.max_position_embeddings)
         examples = build_examples(train_items, tokenizer)
         t_train = time.perf_counter()
         with torch.random.fork_rng(devices=[]):

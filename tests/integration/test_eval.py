@@ -56,13 +56,23 @@ def test_evaluate_counts_and_bounds(llm, prompts):
     assert again == result
 
 
-def test_extra_samples_use_the_unbiased_estimator_and_greedy_is_deterministic(llm, prompts):
-    greedy = evaluate(llm, prompts[:8], k=1, n=2, temperature=0.0, top_p=1.0, max_tokens=64, seed=0)
-    # Two greedy samples are identical, so each prompt has 0 or 2 correct and pass@1 equals avg@1.
-    assert greedy["num_samples"] == 16
-    assert greedy["pass_at_k"] == pytest.approx(greedy["avg_at_k"])
+def test_extra_samples_use_the_unbiased_estimator(llm, prompts):
+    result = evaluate(llm, prompts[:8], k=1, n=8, temperature=1.0, top_p=1.0, max_tokens=64, seed=1)
+    assert (result["k"], result["n"], result["num_samples"]) == (1, 8, 64)
+    # The unbiased pass@1 is each prompt's c/n, averaged: exactly avg@1.
+    assert result["pass_at_k"] == pytest.approx(result["avg_at_k"])
+    wider = evaluate(llm, prompts[:8], k=4, n=8, temperature=1.0, top_p=1.0, max_tokens=64, seed=1)
+    assert wider["avg_at_k"] == result["avg_at_k"]  # same seeds, same samples
+    assert wider["pass_at_k"] >= wider["avg_at_k"]
+
+
+def test_greedy_is_deterministic_and_truncation_is_counted(llm, prompts):
+    greedy = evaluate(llm, prompts[:8], k=1, temperature=0.0, top_p=1.0, max_tokens=64, seed=0)
+    assert greedy == evaluate(llm, prompts[:8], k=1, temperature=0.0, top_p=1.0, max_tokens=64, seed=5)
+    assert greedy["pass_at_k"] == greedy["avg_at_k"]
     truncated = evaluate(llm, prompts[:8], k=1, temperature=0.0, top_p=1.0, max_tokens=2, seed=0)
     assert truncated["truncation_rate"] == 1.0 and truncated["avg_at_k"] == 0.0
+    assert truncated["mean_response_len"] == 2.0
 
 
 def test_eval_cli_prints_one_json_object(llm, warm, monkeypatch, capsys):

@@ -21,7 +21,8 @@ from stream_dapo.model import tiny, warmup
 from stream_dapo.model.tiny import MARKER_FILE, init_model, read_marker
 from stream_dapo.model.warmup import WarmupResult
 
-# An easy task and a short warm-up: about a minute on 2 cores, enough to answer part of the eval set.
+# An easier task (1-2 operations) and a short warm-up without the folded temperature: about a minute on
+# 2 cores, before the copy circuit fully forms, so the model answers part of the eval set (~10-15%).
 REDUCED = [
     "data.synthetic.num_train=3000",
     "data.synthetic.num_eval=64",
@@ -29,8 +30,9 @@ REDUCED = [
     "data.synthetic.max_ops=2",
     "data.synthetic.max_operand=9",
     "data.synthetic.max_result=99",
-    "warmup.steps=150",
+    "warmup.steps=400",
     "warmup.eval_prompts=64",
+    "warmup.fold_temperature=1.0",
     "model.max_prompt_len=128",
     "generator.kv_cache_gib=0.25",
 ]
@@ -178,8 +180,48 @@ def test_second_warmup_with_the_same_settings_comes_from_the_cache(warm, capsys)
     assert warmup.ensure_warm_model(cfg) == first.path
     assert (first.path / MARKER_FILE).stat().st_mtime_ns == stamp
     # Another setting is another key.
-    other = cfg.model_copy(update={"warmup": cfg.warmup.model_copy(update={"steps": 151})})
+    other = cfg.model_copy(update={"warmup": cfg.warmup.model_copy(update={"steps": 401})})
     assert warmup.warmup_key(other, tiny.TinyModelSpec()) != read_marker(first.path)["key"]
+
+
+def test_supervised_training_is_deterministic_for_a_seed(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stream_dapo.data.synthetic import ensure_synthetic_data
+
+    cfg = load_config(overrides=["data.synthetic.num_train=64", "data.synthetic.num_eval=8"], environ={})
+    train, _ = ensure_synthetic_data(cfg.data, tmp_path / "data")
+    init = init_model(tmp_path / "init", seed=0)
+    tok = AutoTokenizer.from_pretrained(init)
+    items, _ = load_prompts(train, tok, 128)
+    examples = warmup.build_examples(items, tok)
+    # Labels cover exactly the response: solution tokens plus EOS.
+    ids, prompt_len = examples[0]
+    assert tok.decode(ids[prompt_len:]) == items[0].extra_info["solution"] + "<|im_end|>"
+
+    def train(seed: int) -> dict[str, torch.Tensor]:
+        model = AutoModelForCausalLM.from_pretrained(init)
+        warmup.train_supervised(
+            model, examples, steps=4, batch_size=8, lr=1e-3, seed=seed, pad_id=tok.pad_token_id
+        )
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    a, b, c = train(0), train(0), train(1)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_fold_temperature_divides_every_logit(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(init_model(tmp_path / "init", seed=0)).eval()
+    x = torch.tensor([[1, 5, 9, 30, 7]])
+    with torch.no_grad():
+        before = model(x).logits
+        warmup.fold_temperature(model, 1.9)
+        after = model(x).logits
+    torch.testing.assert_close(after, before / 1.9, rtol=1e-5, atol=1e-6)
+    assert torch.equal(before.argmax(-1), after.argmax(-1))  # greedy answers do not change
 
 
 # --------------------------------------------------------------------------------------------------

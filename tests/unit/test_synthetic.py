@@ -121,4 +121,4 @@ def test_operand_and_result_knobs_bound_the_numbers():
 def test_a_task_space_too_small_is_an_error_that_names_the_knobs():
     tiny = SyntheticTaskConfig(num_train=10, num_eval=10, min_ops=1, max_ops=1, max_operand=2)
     with pytest.raises(ValueError, match="num_train or raise data.synthetic.max_operand"):
-        generate_split(tiny, seed=0, split="train", count=1000)
+        generate_split(tiny, seed=0, split="train", count=100)
