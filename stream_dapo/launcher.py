@@ -260,6 +260,28 @@ def prepare_run_dir(cfg: Config, resume: bool) -> Path:
     return run_dir
 
 
+def prepare_model(cfg: Config) -> None:
+    """Build the tiny warm model when model.path holds no model; use an existing one as it is.
+
+    A run never retrains the policy it was pointed at: when the cached tiny model was built with
+    other warm-up settings, say so and leave the rebuild to `stream-dapo warmup`.
+    """
+    from stream_dapo.model.tiny import TinyModelSpec, read_marker
+    from stream_dapo.model.warmup import ensure_warm_model, warmup_key
+
+    path = Path(cfg.model.path)
+    if not (path / "config.json").is_file():
+        ensure_warm_model(cfg)
+        return
+    marker = read_marker(path)
+    if marker is not None and marker.get("key") != warmup_key(cfg, TinyModelSpec()):
+        log.warning(
+            "%s was warmed up with other settings than this config's; using it as it is "
+            "(run `stream-dapo warmup` to rebuild it)",
+            path,
+        )
+
+
 def check_ports_free(cfg: Config) -> None:
     """Fail before starting anything if a port the services need is taken."""
     wanted = {
@@ -380,11 +402,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"mode": args.mode})})
     if args.no_eval:
         cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"eval_before_after": False})})
-    from stream_dapo.model.warmup import ensure_warm_model
-
     t0 = time.monotonic()
     check_ports_free(cfg)
-    ensure_warm_model(cfg)
+    prepare_model(cfg)
     run_dir = prepare_run_dir(cfg, args.resume)
     config_path = run_dir / "config.toml"
     summary: dict[str, Any] = {"mode": cfg.run.mode, "config": str(config_path)}
