@@ -315,7 +315,9 @@ class WarmupConfig(_Section):
     eval_prompts: int = Field(128, ge=1)
     """Eval-split prompts on which the warm-up reports pass@1 (greedy and temperature 1.0)."""
     threads: int = Field(2, ge=1)
-    """torch intra-op threads during the warm-up."""
+    """Most torch intra-op threads of the warm-up. Every 250 steps it times this many against one
+    and keeps the faster: OpenMP threads spin at barriers, so next to another busy process two
+    threads on two cores run several times slower than one. The weights do not depend on it."""
 
 
 class RunConfig(_Section):
