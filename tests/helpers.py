@@ -41,3 +41,21 @@ def tiny_overrides(model: Path, out: Path, ports: list[int]) -> list[str]:
         f"metrics.learner_port={ports[4]}",
         f"metrics.generator_port={ports[5]}",
     ]
+
+
+def tiny_qwen2(seed: int = 0, tied: bool = True):  # -> transformers.Qwen2ForCausalLM (imported lazily)
+    """A randomly initialised 20k-parameter Qwen2 for learner and weight tests (fp32)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        tie_word_embeddings=tied,
+    )
+    return Qwen2ForCausalLM(cfg).float()

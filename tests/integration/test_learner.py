@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 import zmq
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
 from stream_dapo.config import Config
 from stream_dapo.learner.service import LearnerService
@@ -26,22 +26,12 @@ from stream_dapo.learner.trainer import Learner
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import open_endpoint
 from stream_dapo.weights import fetch_weights_zmq
+from tests.helpers import tiny_qwen2
 
 LR = 1e-3
 
 
-def tiny_model(seed: int = 0) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg).float()
+tiny_model = tiny_qwen2
 
 
 def make_cfg(tmp: Path, **sections: dict[str, Any]) -> Config:

@@ -12,29 +12,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from stream_dapo.config import Config, ConfigError
 from stream_dapo.core.loss import policy_loss, token_logprobs
 from stream_dapo.learner.packing import sequences_from_groups
 from stream_dapo.learner.trainer import Learner, deepspeed_config, loss_params_from_config
 from stream_dapo.transport.messages import Group, Sample
+from tests.helpers import tiny_qwen2
 
 LR = 1e-3
 
 
-def tiny_model(seed: int = 0) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg).float()
+tiny_model = tiny_qwen2
 
 
 def make_cfg(micro_batch_tokens: int, **learner: object) -> Config:

@@ -10,7 +10,7 @@ import pytest
 import torch
 import zmq
 from safetensors.torch import load, load_file
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from stream_dapo.transport import messages
 from stream_dapo.transport.sockets import open_endpoint, request
@@ -25,22 +25,12 @@ from stream_dapo.weights import (
     read_shared_dir,
     serialize_weights,
 )
+from tests.helpers import tiny_qwen2
 
 CHUNK = 4096  # the smallest allowed chunk: the tiny model spans many of them
 
 
-def tiny_model(seed: int = 0, tied: bool = True) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        tie_word_embeddings=tied,
-    )
-    return Qwen2ForCausalLM(cfg).float()
+tiny_model = tiny_qwen2
 
 
 def payload_of(seed: int, version: int) -> WeightsPayload:
