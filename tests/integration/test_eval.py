@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 
 import pytest
 
@@ -54,6 +55,43 @@ def test_evaluate_counts_and_bounds(llm, prompts):
     # Per-request seeds: the same call gives the same numbers.
     again = evaluate(llm, prompts[:16], k=4, temperature=1.0, top_p=1.0, max_tokens=64, seed=0)
     assert again == result
+
+
+def test_many_seeded_requests_survive_prompts_split_across_steps(llm, prompts):
+    # 64 prompts x 4 samples is more prompt tokens than one scheduler step takes (2048): with chunked
+    # prefill, vLLM's CPU engine died on seeded requests ("CPU Generator does not use offset").
+    result = evaluate(llm, prompts, k=4, temperature=1.0, top_p=0.7, max_tokens=64, seed=0)
+    assert (result["num_prompts"], result["num_samples"]) == (64, 256)
+    assert 0.0 < result["avg_at_k"] <= result["pass_at_k"] <= 1.0
+
+
+def test_engine_kwargs_for_cpu_and_gpu(warm, tmp_path):
+    from stream_dapo.vllm_utils import cpu_thread_env, vllm_engine_kwargs
+
+    cfg, result = warm
+    gen = cfg.generator.model_copy(update={"kv_cache_gib": 0.5, "threads": 1})
+    cpu = vllm_engine_kwargs(str(result.path), gen, dtype="float32", max_model_len=224, seed=3, cpu=True)
+    assert cpu["kv_cache_memory_bytes"] == 512 * 1024**2
+    assert cpu["enable_chunked_prefill"] is False and cpu["enable_prefix_caching"] is True
+    assert (cpu["dtype"], cpu["max_model_len"], cpu["seed"], cpu["enforce_eager"]) == (
+        "float32",
+        224,
+        3,
+        True,
+    )
+    assert "gpu_memory_utilization" not in cpu
+    gpu = vllm_engine_kwargs(str(result.path), gen, dtype="bfloat16", max_model_len=224, seed=3, cpu=False)
+    assert gpu["gpu_memory_utilization"] == gen.gpu_memory_utilization
+    assert "kv_cache_memory_bytes" not in gpu and "enable_chunked_prefill" not in gpu
+    with pytest.raises(FileNotFoundError, match="stream-dapo warmup"):
+        vllm_engine_kwargs(str(tmp_path), gen, dtype="float32", max_model_len=224, seed=0, cpu=True)
+    # Generators get their own cores, round-robin; an operator's binding wins.
+    cores = sorted(os.sched_getaffinity(0))
+    assert cpu_thread_env(gen, index=0, environ={}) == {"VLLM_CPU_OMP_THREADS_BIND": str(cores[0])}
+    assert cpu_thread_env(gen, index=1, environ={}) == {
+        "VLLM_CPU_OMP_THREADS_BIND": str(cores[1 % len(cores)])
+    }
+    assert cpu_thread_env(gen, index=0, environ={"VLLM_CPU_OMP_THREADS_BIND": "0-1"}) == {}
 
 
 def test_extra_samples_use_the_unbiased_estimator(llm, prompts):

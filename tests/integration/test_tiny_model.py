@@ -211,6 +211,27 @@ def test_supervised_training_is_deterministic_for_a_seed(tmp_path):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+def test_thread_picker_keeps_the_faster_count_and_retimes_when_steps_slow_down(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(warmup.time, "perf_counter", lambda: clock[0])
+    step_seconds = {1: 0.10, 2: 0.60}  # a busy box: two spinning threads are slower
+    previous = torch.get_num_threads()
+    picker = warmup.ThreadPicker(2, probe=2, check=3, slack=1.5, every=1000)
+    used = []
+    try:
+        for step in range(40):
+            picker.before_step()
+            used.append(torch.get_num_threads())
+            if step == 20:
+                step_seconds = {1: 0.50, 2: 0.06}  # the other job ended, and this one got slower
+            clock[0] += step_seconds[torch.get_num_threads()]
+    finally:
+        torch.set_num_threads(previous)
+    assert used[:4] == [2, 2, 1, 1]  # probe both
+    assert set(used[4:21]) == {1}  # 1 thread won while the box was busy
+    assert picker.chosen == 2 and used[-5:] == [2] * 5  # slowdown noticed, re-timed, switched back
+
+
 def test_fold_temperature_divides_every_logit(tmp_path):
     from transformers import AutoModelForCausalLM
 
