@@ -14,6 +14,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from stream_dapo.exit_codes import ExitCode
+
 # command name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("stream_dapo.launcher", "start buffer, learner and generators on this machine"),
@@ -77,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
-        return 2
+        return ExitCode.CONFIG
     from stream_dapo.logs import setup_logging
 
     setup_logging(args.log_level)
@@ -88,14 +90,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.cfg = load_config(args.config, args.overrides)
         except ConfigError as exc:
             print(f"stream-dapo {args.command}: {exc}", file=sys.stderr)
-            return 2
+            return ExitCode.CONFIG
         if args.cfg.metrics.json_logs:
             setup_logging(args.log_level, json_logs=True)
     try:
         return int(args._module.run(args) or 0)
     except KeyboardInterrupt:
         logging.getLogger("stream_dapo").warning("interrupted")
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

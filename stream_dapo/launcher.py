@@ -251,7 +251,10 @@ class LiveView:
 def prepare_run_dir(cfg: Config, resume: bool) -> Path:
     """Create run.out_dir; an old run there is moved aside unless --resume."""
     run_dir = Path(cfg.run.out_dir)
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+    # Only a run's own files make it an earlier run: the synthetic data (run_dir/data) that
+    # `stream-dapo warmup` writes there before the first run is kept in place.
+    earlier = any((run_dir / name).exists() for name in ("config.toml", "buffer", "checkpoints", "logs"))
+    if earlier and not resume:
         aside = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}")
         log.warning("%s holds an earlier run: moving it to %s (pass --resume to continue it)", run_dir, aside)
         shutil.move(str(run_dir), aside)

@@ -1,4 +1,4 @@
-"""Prometheus metrics and the /metrics + /healthz HTTP server of every service.
+"""Prometheus metrics and the /metrics, /healthz, /livez and /readyz HTTP server of every service.
 
 Each process owns one `CollectorRegistry` (never the global one), so tests can start several
 services in one interpreter. Names follow `stream_dapo_<component>_<what>_<unit>`; counters end
@@ -147,6 +147,11 @@ class BufferMetrics:
         self.learner_version = Gauge(
             p + "learner_version", "Learner version last reported.", registry=registry
         )
+        self.max_staleness = Gauge(
+            p + "max_staleness_versions",
+            "The staleness bound the dequeue gate enforces (algo.max_staleness).",
+            registry=registry,
+        )
         self.messages_rejected = Counter(
             p + "messages_rejected", "Malformed messages received.", ["reason"], registry=registry
         )
@@ -244,15 +249,22 @@ class Health:
         """Call from the main loop whenever it makes progress (or idles on purpose)."""
         self.last_progress = time.monotonic()
 
-    def status(self) -> tuple[int, dict[str, Any]]:
+    def status(self, probe: str = "health") -> tuple[int, dict[str, Any]]:
+        """HTTP status and JSON body of one probe.
+
+        `live`: the main loop made progress within `stall_after_s` (restart me if not).
+        `ready`: the service can do its job (model loaded, peers reached): route work to me.
+        `health`: both, for humans and for orchestrators with a single probe.
+        """
         age = time.monotonic() - self.last_progress
         live = age < self.stall_after_s
         body = {"ready": self.ready, "live": live, "seconds_since_progress": round(age, 3), **self.detail}
-        return (200 if self.ready and live else 503), body
+        ok = {"live": live, "ready": self.ready, "health": self.ready and live}[probe]
+        return (200 if ok else 503), body
 
 
 class MetricsServer:
-    """Serves `/metrics` from one registry and `/healthz` from a `Health`, on a background thread."""
+    """Serves `/metrics` from one registry and the probes of a `Health`, on a background thread."""
 
     def __init__(self, registry: CollectorRegistry, health: Health, host: str = "127.0.0.1", port: int = 0):
         self.registry = registry
@@ -275,19 +287,28 @@ class MetricsServer:
         self._server.server_close()
 
 
+# path -> Health.status probe. Liveness and readiness are separate so an orchestrator does not
+# restart a healthy generator whose buffer is away (not ready, but live).
+_PROBES = {"/healthz": "health", "/health": "health", "/livez": "live", "/readyz": "ready"}
+
+
 def _make_handler(
-    registry: CollectorRegistry, health: Callable[[], tuple[int, dict[str, Any]]]
+    registry: CollectorRegistry, health: Callable[[str], tuple[int, dict[str, Any]]]
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server API)
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 body, ctype, code = generate_latest(registry), CONTENT_TYPE_LATEST, 200
-            elif path in ("/healthz", "/health"):
-                code, status = health()
+            elif path in _PROBES:
+                code, status = health(_PROBES[path])
                 body, ctype = json.dumps(status).encode(), "application/json"
             else:
-                body, ctype, code = b"not found: try /metrics or /healthz\n", "text/plain", 404
+                body, ctype, code = (
+                    b"not found: try /metrics, /healthz, /livez or /readyz\n",
+                    "text/plain",
+                    404,
+                )
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))

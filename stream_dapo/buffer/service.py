@@ -37,6 +37,7 @@ import zmq
 from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
 from stream_dapo.config import Config, ConfigError, config_to_toml
+from stream_dapo.exit_codes import ExitCode
 from stream_dapo.metrics import BufferMetrics, start_metrics
 from stream_dapo.signals import on_stop_signal
 from stream_dapo.transport import messages as m
@@ -216,6 +217,7 @@ class BufferService:
                 "free port (0 picks one)"
             ) from exc
         self.metrics = BufferMetrics(self.registry)
+        self.metrics.max_staleness.set(self.cfg.algo.max_staleness)
 
     @property
     def metrics_port(self) -> int:
@@ -477,12 +479,12 @@ def run(args: argparse.Namespace) -> int:
         service = BufferService(cfg)
     except (ConfigError, JournalError, TransportError) as exc:
         log.error("cannot start the buffer: %s", exc)
-        return 2
+        return ExitCode.CONFIG
     stop = threading.Event()
     on_stop_signal(stop.set)
     try:
         service.serve_forever(stop)
     except JournalError as exc:
         log.error("persistence failed, stopping so nothing unrecorded is acknowledged: %s", exc)
-        return 1
-    return 0
+        return ExitCode.FAILURE
+    return ExitCode.OK

@@ -9,14 +9,14 @@ which would let a useless group through.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 import numpy as np
 
 __all__ = ["FilterDecision", "FilterReason", "dynamic_sampling_filter"]
 
 
-class FilterReason(str, Enum):
+class FilterReason(StrEnum):
     """Why a group was kept or dropped; also the label of the filtered-groups metric."""
 
     MIXED = "mixed"

@@ -47,6 +47,7 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from stream_dapo.config import Config, ConfigError, config_to_toml
+from stream_dapo.exit_codes import ExitCode
 from stream_dapo.generator.engine import WeightUpdateError
 from stream_dapo.generator.rollout import FinishedGroup, GroupOutcome, RolloutSettings, process_group
 from stream_dapo.metrics import GeneratorMetrics, Health, MetricsServer
@@ -57,6 +58,7 @@ from stream_dapo.transport.sockets import (
     WEIGHTS_MAX_BYTES,
     CurveKeys,
     Endpoint,
+    PeerUnavailable,
     TransportError,
     TransportTimeout,
     open_endpoint,
@@ -514,7 +516,7 @@ class GeneratorService:
                 accept=lambda msg: msg.type == m.CREDIT,
             )
         except TransportTimeout:
-            raise StartupError(
+            raise PeerUnavailable(
                 f"the buffer did not answer at {self.buffer_address} within {t.timeout_s:.0f} s: start "
                 "`stream-dapo buffer` first (or fix transport.buffer_host / transport.samples_port"
                 + (" / the Curve keys in transport.curve_dir" if t.curve_dir else "")
@@ -616,7 +618,7 @@ class GeneratorService:
             time.sleep(min(1.0, self.cfg.generator.weight_poll_s))
         if self._stop.is_set():
             return None
-        raise StartupError(
+        raise PeerUnavailable(
             f"no weights from the learner at {self.weights_address} within {wait_s:.0f} s: start "
             "`stream-dapo learner` (or fix transport.learner_host / transport.weights_port)"
         )
@@ -699,9 +701,13 @@ class GeneratorService:
             event = recv_monitor_message(self._monitor)["event"]
             if event == zmq.EVENT_DISCONNECTED:
                 self._disconnected = True
+                self.health.ready = False  # /readyz fails, /livez still passes: no restart needed
+                self.health.detail["buffer_connected"] = False
                 log.warning("lost the connection to the buffer at %s; ZeroMQ reconnects", self.buffer_address)
             elif event == zmq.EVENT_CONNECTED and self._disconnected:
                 self._disconnected = False
+                self.health.ready = True
+                self.health.detail["buffer_connected"] = True
                 log.info("reconnected to the buffer: resending %d unacknowledged groups", len(self.unacked))
                 self.unacked.expire()
                 self.credits.forget_request()
@@ -893,18 +899,21 @@ def run(args: argparse.Namespace) -> int:
         service = GeneratorService(cfg, getattr(args, "index", 0))
     except StartupError as exc:
         log.error("cannot start the generator: %s", exc)
-        return 2
+        return ExitCode.CONFIG
 
     on_stop_signal(service.request_stop)
     try:
         service.start()
         service.serve()
-        return 0
+        return ExitCode.OK
+    except PeerUnavailable as exc:
+        log.error("generator stopped: %s", exc)
+        return ExitCode.PEER_UNAVAILABLE
     except (StartupError, ConfigError, FileNotFoundError, TransportError) as exc:
         log.error("generator stopped: %s", exc)
-        return 2
+        return ExitCode.CONFIG
     except WeightUpdateError as exc:
         log.error("generator stopped: %s", exc)
-        return 1
+        return ExitCode.FAILURE
     finally:
         service.close()

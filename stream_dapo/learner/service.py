@@ -42,11 +42,19 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from stream_dapo.config import Config, ConfigError, config_to_toml
+from stream_dapo.exit_codes import ExitCode
 from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, start_metrics
 from stream_dapo.signals import on_stop_signal
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
-from stream_dapo.transport.sockets import Endpoint, TransportError, TransportTimeout, open_endpoint, request
+from stream_dapo.transport.sockets import (
+    Endpoint,
+    PeerUnavailable,
+    TransportError,
+    TransportTimeout,
+    open_endpoint,
+    request,
+)
 
 if TYPE_CHECKING:  # torch and DeepSpeed load in start(), so `stream-dapo learner --help` is instant
     import torch
@@ -290,7 +298,7 @@ class LearnerService:
         try:
             self._request(*m.learner_hello(v, v), retries=3)
         except TransportTimeout as exc:
-            raise TransportError(
+            raise PeerUnavailable(
                 f"{exc} The learner needs the buffer at {t.buffer_address('batches')}: start `stream-dapo buffer` "
                 "first, or fix transport.buffer_host / transport.batches_port"
             ) from exc
@@ -572,11 +580,14 @@ def run(args: argparse.Namespace) -> int:
         service = LearnerService(cfg, max_steps=getattr(args, "max_steps", None))
     except ConfigError as exc:
         log.error("cannot start the learner: %s", exc)
-        return 2
+        return ExitCode.CONFIG
 
     on_stop_signal(service.request_stop, "finishing the current step, then checkpointing")
     try:
         return service.run()
+    except PeerUnavailable as exc:
+        log.error("learner stopped: %s", exc)
+        return ExitCode.PEER_UNAVAILABLE
     except (ConfigError, TransportError, FileNotFoundError) as exc:
         log.error("learner stopped: %s", exc)
-        return 2
+        return ExitCode.CONFIG

@@ -58,6 +58,14 @@ class PeerUnreachable(TransportError):
         self.peer_id = peer_id
 
 
+class PeerUnavailable(TransportError):
+    """A peer a service needs at start-up (the buffer, the learner's weights) did not answer in time.
+
+    Services exit with `ExitCode.PEER_UNAVAILABLE` (69) on it: restarting later may help, unlike a
+    configuration error (2).
+    """
+
+
 class RemoteError(TransportError):
     """The peer answered with an `error` message."""
 

@@ -152,6 +152,8 @@ def test_groups_in_acked_batch_out_committed(tmp_path: Path) -> None:
     with service_in_thread(cfg) as svc:
         status, health = scrape(svc.metrics_port, "/healthz")
         assert status == 200 and json.loads(health)["ready"] is True
+        # The staleness alert reads the bound from here (algo.max_staleness=4 above).
+        assert metric(scrape(svc.metrics_port)[1], "stream_dapo_buffer_max_staleness_versions") == 4.0
         peers = Peers(cfg)
         try:
             hello = peers.ask(peers.gen, m.hello("gen-0", 0))

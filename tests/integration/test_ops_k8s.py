@@ -273,32 +273,38 @@ def test_generator_index_is_the_pod_ordinal_and_metrics_land_on_the_probed_port(
         assert cfg.metrics.generator_port + index == metrics_port, "generator i serves generator_port + i"
 
 
+PROBE_PATHS = {"startupProbe": "/readyz", "readinessProbe": "/readyz", "livenessProbe": "/livez"}
+
+
 @pytest.mark.parametrize("overlay", list(OVERLAYS))
 def test_every_service_has_health_probes_on_its_metrics_port(overlay: str) -> None:
+    """Readiness and startup ask /readyz, liveness asks /livez: a generator whose buffer is away is
+    taken out of service but not restarted."""
     for component in ("buffer", "generator"):
         c = container(overlay, component)
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, (component, probe)
+        for probe, path in PROBE_PATHS.items():
+            assert c[probe]["httpGet"] == {"path": path, "port": "metrics"}, (component, probe)
         # A slow start (model load, waiting for the learner's first weights) must not be killed.
         start = c["startupProbe"]
         assert start["periodSeconds"] * start["failureThreshold"] >= 300
-    # Learner: only node rank 0 serves HTTP, so its probe asks /healthz on rank 0 and passes elsewhere.
+    # Learner: only node rank 0 serves HTTP, so its probe asks rank 0 and passes elsewhere.
     c = container(overlay, "learner")
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    port = MetricsConfig().learner_port
+    for probe, path in PROBE_PATHS.items():
         command = c[probe]["exec"]["command"]
-        port = MetricsConfig().learner_port
-        assert f"http://127.0.0.1:{port}/healthz" in command[-1] and "NODE_RANK" in command[-1]
+        assert f"http://127.0.0.1:{port}{path}" in command[-1] and "NODE_RANK" in command[-1]
 
 
-def test_learner_probe_follows_rank_0_health_and_passes_on_other_ranks() -> None:
+@pytest.mark.parametrize("probe_name", ["readinessProbe", "livenessProbe"])
+def test_learner_probe_follows_rank_0_health_and_passes_on_other_ranks(probe_name: str) -> None:
     """The probe script run against a real metrics server (stream_dapo.metrics) on a free port."""
     import sys
 
     from stream_dapo.metrics import start_metrics
 
-    command = container("base", "learner")["livenessProbe"]["exec"]["command"]
+    command = container("base", "learner")[probe_name]["exec"]["command"]
     assert command[:2] == ["python", "-c"]
-    _, health, server = start_metrics("127.0.0.1", 0)
+    _, health, server = start_metrics("127.0.0.1", 0, stall_after_s=60.0)
     try:
         script = command[2].replace(f":{MetricsConfig().learner_port}/", f":{server.port}/")
 
@@ -307,10 +313,15 @@ def test_learner_probe_follows_rank_0_health_and_passes_on_other_ranks() -> None
                 [sys.executable, "-c", script], env={"NODE_RANK": rank}, capture_output=True
             ).returncode
 
-        assert probe("0") != 0, "rank 0 not ready yet: /healthz answers 503"
         assert probe("1") == 0, "other ranks serve no HTTP and must pass"
-        health.ready = True
-        health.beat()
+        if probe_name == "readinessProbe":
+            assert probe("0") != 0, "rank 0 not ready yet: /readyz answers 503"
+            health.ready = True
+        else:
+            assert probe("0") == 0, "a live rank 0 that is not ready yet must not be restarted"
+            health.last_progress -= 120.0
+            assert probe("0") != 0, "rank 0 stalled for longer than stall_after_s: /livez answers 503"
+            health.beat()
         assert probe("0") == 0
     finally:
         server.stop()
