@@ -410,8 +410,8 @@ class Config(_Section):
 
         A group at position k of the line is trained at most S + floor(k / B_v) versions after the
         learner version at which it started (S = steps per rollout batch: the learner may have just
-        taken a batch), and a generator's weights lag the learner by at most sync_every - 1
-        versions. Keeping k < (max_staleness - S - (sync_every - 1) + 1) * B_v therefore keeps every
+        taken a batch), and a generator starts a credited group only on weights at most
+        sync_every - 1 versions older than the credit (it waits for newer weights otherwise). Keeping k < (max_staleness - S - (sync_every - 1) + 1) * B_v therefore keeps every
         token's staleness <= max_staleness: admission paces generators instead of discarding work.
         """
         slack = self.algo.max_staleness - self.steps_per_rollout - (self.learner.sync_every - 1) + 1

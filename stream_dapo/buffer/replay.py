@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stream_dapo.config import Config, ConfigError
-from stream_dapo.transport.messages import Group
+from stream_dapo.transport.messages import MAX_FILTERED_PER_MESSAGE, Group
 
 __all__ = [
     "AckResult",
@@ -246,24 +246,26 @@ _COUNTERS = (
 
 
 class ReplayBuffer:
-    """FIFO of whole groups with admission credits, leases, commits and a staleness gate.
+    """Queue of whole groups with admission credits, leases, commits and a staleness gate.
 
     Admission and back-pressure: a generator starts a group only with a credit, and credits are
     granted only while waiting groups + outstanding credits stay within
     `AdmissionPolicy.line_capacity` (and waiting + leased + credits within capacity_groups). The
     queue therefore never holds more than the learner consumes within max_staleness versions, so
     generators are paced instead of their work being thrown away; the gate in `serve` is only a
-    backstop.
+    backstop. Groups are served oldest policy first (then in arrival order), so a long group that
+    finishes after shorter ones credited later is not pushed past the bound.
 
     Lifecycle (see `GroupState`), for example with B_v = 2 and max_staleness = 1, where groups
     a and b were generated at version 4 and c at version 3::
 
         add_groups("gen-0", [a, b, c])   a, b, c WAITING (each redeems a credit of gen-0)
-        serve(v=5, max_groups=2)         a, b LEASED, both trained at version 5 (staleness 1)
+        serve(v=5, max_groups=2)         c (oldest policy) would be trained at version 5, 2 > 1
+                                         versions after its oldest token: dropped, counted;
+                                         a, b LEASED, trained at version 5 (staleness 1)
         learner_hello(v=4, through=4)    the learner restarted from its step-4 checkpoint:
-                                         a, b back to the front, in order: a, b, c WAITING
-        serve(v=4, max_groups=3)         a, b trained at version 4; c would be trained at 5,
-                                         2 > 1 versions after its oldest token: dropped, counted
+                                         a, b back to WAITING
+        serve(v=4, max_groups=2)         a, b LEASED again, trained at version 4
         commit(v=6, [a, b])              a, b COMMITTED (only their ids are kept)
         add_groups("gen-0", [a])         a is a duplicate: acknowledged again, stored once
 
@@ -358,8 +360,11 @@ class ReplayBuffer:
         message. Groups with a wrong sample count, or beyond capacity_groups, are rejected.
         """
         _check_id(generator_id, "generator_id")
-        if not isinstance(filtered, int) or filtered < 0:
-            raise BufferInputError(f"filtered must be an int >= 0, got {filtered!r}")
+        if not isinstance(filtered, int) or not 0 <= filtered <= MAX_FILTERED_PER_MESSAGE:
+            raise BufferInputError(
+                f"filtered must be an int >= 0 and <= {MAX_FILTERED_PER_MESSAGE} (groups dropped since "
+                f"the last message), got {filtered!r}"
+            )
         result = AckResult()
         seen_now: set[str] = set()
         reasons: dict[str, int] = {}
@@ -454,7 +459,7 @@ class ReplayBuffer:
         staleness: list[int] = []
         tokens = 0
         nbytes = 0
-        for gid, entry in self._waiting.items():
+        for gid, entry in self._in_serving_order():
             if len(chosen) >= max_groups:
                 break
             trained_at = learner_version + (pos + len(chosen)) // self.policy.groups_per_version
@@ -480,6 +485,17 @@ class ReplayBuffer:
         else:
             self._note_version(learner_version)
         return ServeResult(groups, dropped, staleness)
+
+    def _in_serving_order(self) -> list[tuple[str, _Entry]]:
+        """Waiting groups oldest policy first (by the version of their oldest token), then in
+        arrival order.
+
+        Groups finish out of order: a long group started before a burst of short ones arrives
+        after them. Served in arrival order it would wait behind groups that were credited after
+        it and could cross max_staleness; served by age, the line behaves as the admission bound
+        assumes (a group is trained in the order it was credited), so the gate stays a backstop.
+        """
+        return sorted(self._waiting.items(), key=lambda item: item[1].group.min_version)
 
     def commit(self, learner_version: int, group_ids: Sequence[str]) -> CommitResult:
         """The learner checkpointed these groups. Waiting ones count too: a commit resent after

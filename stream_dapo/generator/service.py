@@ -415,9 +415,13 @@ class GeneratorService:
         t = cfg.transport
         self.buffer_address = t.buffer_address("samples")
         self.weights_address = t.weights_address()
-        # Lock-step (run.mode = "sync"): credits carry the learner version their rollout batch is
-        # for, and groups start only once this engine samples from at least that version.
+        # Credits carry the learner version at which the buffer granted them. A credited group
+        # starts only on weights at most `_max_lag` versions older: sync_every - 1 in async mode
+        # (the lag Config.admission_capacity allows for; without this gate a generator still
+        # fetching the newest weights starts groups that the buffer's staleness gate later drops),
+        # 0 in lock-step mode (run.mode = "sync": a rollout batch is sampled from the policy it is for).
         self._lockstep = cfg.run.mode == "sync"
+        self._max_lag = 0 if self._lockstep else cfg.learner.sync_every - 1
         self._credit_version = 0
         self.credits = CreditLedger(cfg.generator.max_groups_in_flight, timeout_s=t.timeout_s)
         self.unacked = UnackedGroups(resend_after_s=t.timeout_s)
@@ -722,6 +726,7 @@ class GeneratorService:
         elif msg.type == m.ERROR:
             log.warning("the buffer answered error %s: %s", msg.body["reason"], msg.body["detail"])
         else:
+            self.metrics.messages_rejected.labels(reason="unexpected_type").inc()
             log.warning("unexpected %r message from the buffer; ignored", msg.type)
 
     def _on_ack(self, body: dict[str, Any]) -> None:
@@ -741,8 +746,8 @@ class GeneratorService:
     def _start_groups(self) -> None:
         assert self.prompts is not None
         engine = self._engine
-        if self._lockstep and engine.version < self._credit_version:
-            return  # sync mode: these credits are for the next policy; wait for its weights
+        if engine.version < self._credit_version - self._max_lag:
+            return  # these credits are for a newer policy: wait for its weights (in-flight groups go on)
         while engine.num_in_flight < self.cfg.generator.max_groups_in_flight and self.credits.take():
             engine.add_group(next(self.prompts))
 

@@ -20,13 +20,16 @@ import pytest
 
 from stream_dapo.config import load_config
 from tests.helpers import free_ports, tiny_overrides
+from tests.integration.prometheus_live import live_prometheus, query
 
 pytestmark = pytest.mark.timeout(900)
 
 
-def run_pipeline(tmp: Path, warm: Path, mode: str, steps: int) -> tuple[int, dict, set[int], Path]:
+def run_pipeline(
+    tmp: Path, warm: Path, mode: str, steps: int, ports: list[int] | None = None
+) -> tuple[int, dict, set[int], Path]:
     out = tmp / f"run-{mode}"
-    overrides = tiny_overrides(warm, out, free_ports(8)) + [f"learner.total_steps={steps}"]
+    overrides = tiny_overrides(warm, out, ports or free_ports(8)) + [f"learner.total_steps={steps}"]
     argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--no-eval", "--quiet", "--mode", mode]
     for item in overrides:
         argv += ["--set", item]
@@ -70,9 +73,22 @@ def assert_every_parameter_changed(initial: Path, final: Path) -> None:
     assert unchanged == [], f"parameters the learner never changed: {unchanged}"
 
 
-def test_async_run_trains_and_cleans_up(tmp_path: Path, warm_model: Path) -> None:
-    steps = 6
-    rc, summary, seen, out = run_pipeline(tmp_path, warm_model, "async", steps)
+ASYNC_STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory: pytest.TempPathFactory, warm_model: Path):
+    """One async run, scraped every second by a real Prometheus server (Debian's `prometheus`)."""
+    tmp = tmp_path_factory.mktemp("async")
+    ports = free_ports(9)
+    with live_prometheus(tmp, ports[8], buffer=ports[3], learner=ports[4], generator=ports[5]) as prom:
+        result = run_pipeline(tmp, warm_model, "async", ASYNC_STEPS, ports)
+        yield (*result, prom)
+
+
+def test_async_run_trains_and_cleans_up(async_run, warm_model: Path) -> None:
+    steps = ASYNC_STEPS
+    rc, summary, seen, out, _ = async_run
     assert rc == 0
     cfg = load_config([out / "config.toml"], environ={})
     assert summary["final_version"] == steps == summary["learner_steps"]
@@ -101,3 +117,68 @@ def test_sync_run_is_on_policy_at_rollout_start(tmp_path: Path, warm_model: Path
     assert summary["max_staleness_trained"] <= cfg.steps_per_rollout - 1
     assert summary["groups_trained_twice"] == 0
     assert alive(seen) == []
+
+
+# What DESIGN.md's metrics section requires, as the series each job must have sent Prometheus.
+REQUIRED_SERIES = {
+    "stream-dapo-generator": [
+        "stream_dapo_generator_tokens_total",
+        "stream_dapo_generator_samples_total",
+        'stream_dapo_generator_groups_total{outcome="mixed"}',
+        "stream_dapo_generator_reward_count",
+        "stream_dapo_generator_accuracy_ratio",
+        "stream_dapo_generator_response_length_tokens_count",
+        "stream_dapo_generator_truncated_samples_total",
+        "stream_dapo_generator_verifier_latency_seconds_count",
+        "stream_dapo_generator_verifier_results_total",
+        "stream_dapo_generator_credits_available",
+        "stream_dapo_generator_weight_sync_seconds_count",
+        "stream_dapo_generator_weight_sync_bytes_total",
+        "stream_dapo_generator_policy_version",
+        "stream_dapo_generator_tokens_per_second",
+    ],
+    "stream-dapo-buffer": [
+        "stream_dapo_buffer_depth_groups",
+        "stream_dapo_buffer_staleness_versions_count",
+        "stream_dapo_buffer_dropped_stale_groups_total",
+        "stream_dapo_buffer_credits_granted_total",
+        "stream_dapo_buffer_credits_outstanding",
+        "stream_dapo_buffer_learner_version",
+        "stream_dapo_buffer_max_staleness_versions",
+    ],
+    "stream-dapo-learner": [
+        "stream_dapo_learner_step",
+        "stream_dapo_learner_policy_version",
+        "stream_dapo_learner_loss",
+        "stream_dapo_learner_entropy_nats",
+        'stream_dapo_learner_clip_fraction{side="low"}',
+        'stream_dapo_learner_clip_fraction{side="high"}',
+        "stream_dapo_learner_importance_weight",
+        "stream_dapo_learner_grad_norm",
+        "stream_dapo_learner_tokens_per_second",
+        "stream_dapo_learner_staleness_versions_count",
+        "stream_dapo_learner_weight_sync_seconds_count",
+        "stream_dapo_learner_weight_sync_bytes_total",
+    ],
+}
+
+
+def test_prometheus_scraped_every_required_metric_from_its_job(async_run) -> None:
+    """Query the live server's HTTP API: each required metric has a non-empty series, from the job
+    of the service that owns it; the alert rules' recording rules evaluate on the live data."""
+    *_, prom = async_run
+    for job in REQUIRED_SERIES:
+        (up,) = query(prom, f'max_over_time(up{{job="{job}"}}[15m])')
+        assert float(up["value"][1]) == 1.0, f"{job} was never scraped successfully"
+    missing = []
+    for job, selectors in REQUIRED_SERIES.items():
+        for selector in selectors:
+            series = query(prom, f"last_over_time({selector}[15m])")
+            jobs = {s["metric"].get("job") for s in series}
+            if jobs != {job}:
+                missing.append(f"{selector}: jobs {sorted(j or '?' for j in jobs)}")
+    assert missing == [], "required series missing or from the wrong job:\n" + "\n".join(missing)
+    (step,) = query(prom, "max_over_time(stream_dapo_learner_step[15m])")
+    assert float(step["value"][1]) == ASYNC_STEPS
+    (bound,) = query(prom, "last_over_time(stream_dapo:staleness_bound_versions[15m])")
+    assert float(bound["value"][1]) == 4.0, "the recording rule reads algo.max_staleness from the buffer"

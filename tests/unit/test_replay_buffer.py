@@ -183,6 +183,27 @@ def test_filtered_groups_redeem_credits() -> None:
     assert buf.stats()["uncredited"] == 3
 
 
+def test_a_filtered_count_the_journal_cannot_store_is_refused(tmp_path) -> None:
+    """Regression: `filtered = 2**64 - 1` once pushed the uncredited counter past msgpack's largest
+    integer, so the journal could not encode the credit record (or a later snapshot) and the buffer
+    service stopped. Such a count is refused before anything changes."""
+    from stream_dapo.buffer.journal import Journal
+    from stream_dapo.transport.messages import MAX_FILTERED_PER_MESSAGE
+
+    journal = Journal(tmp_path / "state.msgpack")
+    journal.load()
+    buf = ReplayBuffer(policy(), journal)
+    for count in (2**64 - 1, 2**63, MAX_FILTERED_PER_MESSAGE + 1, -1):
+        with pytest.raises(BufferInputError, match="filtered must be an int >= 0 and <="):
+            buf.add_groups("gen-0", [make_group("a", samples=1)], filtered=count)
+    buf.add_groups("gen-0", [], filtered=MAX_FILTERED_PER_MESSAGE)
+    buf.add_groups("gen-0", [], filtered=MAX_FILTERED_PER_MESSAGE)
+    assert buf.stats()["uncredited"] == 2 * MAX_FILTERED_PER_MESSAGE
+    assert buf.stats()["rejected_groups"] == {}
+    journal.sync()
+    journal.compact(buf.snapshot_records())
+
+
 def test_generator_hello_releases_its_credits() -> None:
     buf = ReplayBuffer(policy(line_capacity=6))
     buf.grant_credits("gen-0", 4)
@@ -279,12 +300,23 @@ def test_uncredited_groups_beyond_capacity_groups_are_rejected_as_full() -> None
 # --------------------------------------------------------------------------------------------------
 
 
-def test_groups_are_served_in_arrival_order() -> None:
+def test_groups_of_one_policy_version_are_served_in_arrival_order() -> None:
     buf = ReplayBuffer(policy())
     buf.add_groups("gen-0", [make_group(g) for g in "abcde"])
     assert [g.group_id for g in buf.serve(0, max_groups=2).groups] == ["a", "b"]
     assert [g.group_id for g in buf.serve(0, max_groups=2).groups] == ["c", "d"]
     assert buf.state_of("a") is GroupState.LEASED and buf.state_of("e") is GroupState.WAITING
+
+
+def test_an_older_policys_group_that_finished_late_is_served_first() -> None:
+    """A long group started on version 4 arrives after four short ones started on version 6. In
+    arrival order it would be trained at version 8 (4 versions behind: dropped at max_staleness 3);
+    oldest policy first, it is trained at 7 and the short ones behind it still fit."""
+    buf = ReplayBuffer(policy(max_staleness=3, groups_per_version=2))
+    buf.add_groups("gen-0", [make_group(f"short{i}", 6) for i in range(4)] + [make_group("long", 4)])
+    result = buf.serve(7, max_groups=5)
+    assert [g.group_id for g in result.groups] == ["long", "short0", "short1", "short2", "short3"]
+    assert result.dropped_stale == [] and result.staleness == [3, 1, 2, 2, 3]
 
 
 def test_stale_group_is_dropped_at_dequeue_and_counted() -> None:
