@@ -214,6 +214,12 @@ class LearnerMetrics:
         self.weight_sync_bytes = Counter(
             p + "weight_sync_bytes", "Weight bytes published.", registry=registry
         )
+        self.messages_rejected = Counter(
+            p + "messages_rejected",
+            "Requests the weight server refused: malformed, unexpected type or bad chunk index.",
+            ["reason"],
+            registry=registry,
+        )
         self.batch_wait_seconds = Histogram(
             p + "batch_wait_seconds",
             "Time waiting for the buffer.",

@@ -239,6 +239,7 @@ class LearnerService:
                 curve=curve,
                 allowed_clients_dir=allowed,
                 hwm=t.hwm,
+                rejected_metric=self.metrics.messages_rejected,
             )
             try:
                 self._server.start()

@@ -242,6 +242,10 @@ class Struct(Spec):
 # --------------------------------------------------------------------------------------------
 
 MAX_SAMPLES_PER_GROUP = 1024
+MAX_FILTERED_PER_MESSAGE = 1 << 20
+"""Most groups one `groups` message may report as `filtered`. A generator reports at most the
+credits it held (a few hundred); the bound keeps a corrupt count from pushing the buffer's
+counters past what its journal can store (msgpack integers end at 2**64 - 1)."""
 
 ID = Str(min_len=1, max_len=256)
 VERSION = Int(min=0)
@@ -320,7 +324,11 @@ SCHEMAS: dict[str, Struct] = {
     # last `groups` message; each returns the credit it used. May come with an empty `groups`.
     GROUPS: Struct(
         GROUPS,
-        {"generator_id": ID, "groups": ListOf(GROUP), "filtered": COUNT},
+        {
+            "generator_id": ID,
+            "groups": ListOf(GROUP),
+            "filtered": Int(min=0, max=MAX_FILTERED_PER_MESSAGE),
+        },
         optional=frozenset({"filtered"}),
     ),
     # buffer -> generator

@@ -33,7 +33,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import zmq
@@ -48,6 +48,9 @@ from stream_dapo.transport.sockets import (
     TransportTimeout,
     open_endpoint,
 )
+
+if TYPE_CHECKING:
+    import prometheus_client
 
 __all__ = [
     "LATEST_FILE",
@@ -157,7 +160,9 @@ class WeightServer:
 
     ``bind`` is a ZeroMQ address (``tcp://0.0.0.0:5557``; ``tcp://127.0.0.1:*`` picks a free port,
     see `address`). The socket is created and bound in `start` (so a port clash fails there, in the
-    caller) and used only by the serving thread afterwards.
+    caller) and used only by the serving thread afterwards. ``rejected_metric``, a Prometheus counter
+    with a ``reason`` label (the learner's ``messages_rejected``), counts refused requests as
+    `rejected` does.
     """
 
     def __init__(
@@ -170,6 +175,7 @@ class WeightServer:
         allowed_clients_dir: str | os.PathLike[str] | None = None,
         hwm: int = 1000,
         poll_ms: int = 50,
+        rejected_metric: prometheus_client.Counter | None = None,
     ) -> None:
         if not 4096 <= chunk_bytes <= WEIGHTS_MAX_BYTES - _CHUNK_OVERHEAD:
             raise ValueError(
@@ -200,6 +206,11 @@ class WeightServer:
         self.address = bind
         self.stats: Counter[str] = Counter()
         """queries, manifests, chunks, bytes, not_available, errors (served by the thread)."""
+        self.rejected: Counter[str] = Counter()
+        """Requests refused, by reason: undecodable ones (the codec's reasons, answered with `error` by
+        the endpoint), `unexpected_type` and `bad_chunk_index`."""
+        self._rejected_metric = rejected_metric
+        self._endpoint_rejected: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -281,6 +292,7 @@ class WeightServer:
         while not self._stop.is_set():
             try:
                 got = ep.recv(self.poll_ms)
+                self._count_endpoint_rejections(ep)
                 if got is None:
                     continue
                 peer, msg = got
@@ -303,10 +315,27 @@ class WeightServer:
             return self._answer_query(body["have_version"])
         if msg_type == messages.CHUNK_REQUEST:
             return self._answer_chunk(body["version"], body["index"])
-        self.stats["errors"] += 1
-        return messages.error(
+        return self._refuse(
             "unexpected_type", f"the weight server answers weights_query and chunk_request, not {msg_type}"
         )
+
+    def _refuse(self, reason: str, detail: str) -> messages.Outgoing:
+        self.stats["errors"] += 1
+        self._count_rejected(reason, 1)
+        return messages.error(reason, detail)
+
+    def _count_endpoint_rejections(self, ep: Endpoint) -> None:
+        """Forward the endpoint's decode failures (counted there, answered with `error`)."""
+        for reason, total in ep.rejected.items():
+            new = total - self._endpoint_rejected[reason]
+            if new:
+                self._endpoint_rejected[reason] = total
+                self._count_rejected(reason, new)
+
+    def _count_rejected(self, reason: str, n: int) -> None:
+        self.rejected[reason] += n
+        if self._rejected_metric is not None:
+            self._rejected_metric.labels(reason=reason).inc(n)
 
     def _answer_query(self, have_version: int) -> messages.Outgoing:
         self.stats["queries"] += 1
@@ -327,8 +356,7 @@ class WeightServer:
             return messages.not_available(version, current if current is not None else 0, "version_gone")
         num_chunks = -(-payload.total_bytes // self.chunk_bytes)
         if index >= num_chunks:
-            self.stats["errors"] += 1
-            return messages.error(
+            return self._refuse(
                 "bad_chunk_index", f"version {version} has {num_chunks} chunks, asked for {index}"
             )
         lo = index * self.chunk_bytes

@@ -31,6 +31,7 @@ from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.service import BufferService, persist_path
 from stream_dapo.config import Config, ConfigError, load_config
 from stream_dapo.transport import messages as m
+from stream_dapo.transport.codec import pack_value
 from stream_dapo.transport.messages import Group, Sample
 from stream_dapo.transport.sockets import (
     CurveKeys,
@@ -256,6 +257,30 @@ def test_hostile_messages_are_rejected_counted_and_the_service_keeps_serving(tmp
         "oversized": 1,
         "unexpected_type": 1,
     }
+
+
+def test_an_absurd_filtered_count_is_refused_and_the_buffer_keeps_running(tmp_path: Path) -> None:
+    """Regression (found by bench/fuzz.py): `groups{filtered: 2**64 - 1}` decoded as valid, and the
+    buffer's journal could not encode the overflowing credit counter, so the service stopped."""
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    with service_in_thread(cfg) as svc:
+        peers = Peers(cfg)
+        try:
+            odd = make_group("odd", samples=3).to_wire()  # a refused group: redeemed is then 2**64
+            for groups in ([odd], [], []):
+                body = {"generator_id": "gen-0", "groups": groups, "filtered": 2**64 - 1}
+                peers.gen.socket.send(pack_value({"v": 1, "t": "groups", "b": body}))  # unchecked
+                reply = peers.gen.recv(WAIT_MS)
+                assert reply is not None and reply[1].type == m.ERROR
+                assert reply[1].body["reason"] == "bad_schema"
+            ack = peers.ask(peers.gen, m.groups("gen-0", [make_group("ok")]))
+            assert ack.body["accepted"] == ["ok"]
+            svc.persist()  # a snapshot of the counters still encodes
+        finally:
+            peers.close()
+    stats = json.loads((tmp_path / "buffer" / "stats.json").read_text())
+    assert stats["accepted"] == 1 and stats["uncredited"] == 1
+    assert stats["rejected_messages"] == {"bad_schema": 3}
 
 
 def test_a_taken_port_fails_at_start_naming_the_setting(tmp_path: Path) -> None:

@@ -469,3 +469,22 @@ def test_weight_watcher_hands_over_the_newest_version_and_polls_relative_to_it()
     assert seen == [0, 3, 4]
     watcher.reset(3)  # v4's file vanished before it was loaded
     assert watcher.poll_once() == WeightUpdate(4, Path("/w/v4"), 10)
+
+
+def test_a_message_the_generator_does_not_expect_is_counted_as_rejected() -> None:
+    from stream_dapo.config import load_config
+    from stream_dapo.generator.service import GeneratorService
+    from stream_dapo.transport import messages as m
+    from stream_dapo.transport.codec import Message
+
+    svc = GeneratorService(load_config(environ={}))
+    try:
+        svc._on_buffer_message(Message(m.EMPTY, {"reason": "ready"}))  # the learner's reply, not ours
+        svc._on_buffer_message(Message(m.CREDIT, {"granted": 2, "learner_version": 0}))
+        rejected = svc.registry.get_sample_value(
+            "stream_dapo_generator_messages_rejected_total", {"reason": "unexpected_type"}
+        )
+        assert rejected == 1.0
+        assert svc.credits.held == 2
+    finally:
+        svc.close()

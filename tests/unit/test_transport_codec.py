@@ -366,6 +366,16 @@ def test_bad_envelopes_are_malformed(data: bytes) -> None:
     assert reason_of(data) == "malformed"
 
 
+def test_a_filtered_count_beyond_its_bound_is_bad_schema() -> None:
+    """Regression: the buffer adds `filtered` to counters its journal stores as msgpack integers,
+    so an unbounded count (2**64 - 1 decodes fine) could stop it. The schema bounds it."""
+    for count in (2**64 - 1, m.MAX_FILTERED_PER_MESSAGE + 1):
+        body = {"generator_id": "gen-0", "groups": [], "filtered": count}
+        assert reason_of(raw_envelope(body, t="groups")) == "bad_schema"
+    largest = encode(*m.groups("gen-0", [], filtered=m.MAX_FILTERED_PER_MESSAGE))
+    assert decode(largest, max_bytes=MAX).body["filtered"] == m.MAX_FILTERED_PER_MESSAGE
+
+
 def test_unknown_type_is_reported_as_such() -> None:
     with pytest.raises(CodecError) as info:
         decode(raw_envelope({}, t="teleport"), max_bytes=MAX)

@@ -105,6 +105,38 @@ def test_pruned_version_is_reported_gone_and_bad_requests_do_not_stop_the_server
         assert reply.type == messages.CHUNK and reply.body["index"] == 0
 
 
+def test_refused_requests_are_counted_by_reason_in_the_learners_metrics() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from stream_dapo.metrics import LearnerMetrics
+
+    registry = CollectorRegistry()
+    metrics = LearnerMetrics(registry)
+    with WeightServer(
+        "tcp://127.0.0.1:*", chunk_bytes=CHUNK, rejected_metric=metrics.messages_rejected
+    ) as srv:
+        srv.publish(payload_of(0, version=1))
+        ctx = zmq.Context.instance()
+        with open_endpoint(ctx, zmq.DEALER, connect=srv.address, max_bytes=1 << 24) as ep:
+            ep.socket.send(b"\x00 not msgpack")
+            ep.send(*messages.hello("gen-0", 0))
+            ep.send(*messages.chunk_request(1, 10**6))
+            reasons = []
+            for _ in range(3):
+                got = ep.recv(5000)
+                assert got is not None and got[1].type == messages.ERROR
+                reasons.append(got[1].body["reason"])
+            assert reasons == ["malformed", "unexpected_type", "bad_chunk_index"]
+            assert (
+                request(ep, *messages.weights_query(0), timeout_ms=5000, retries=0).type
+                == messages.WEIGHTS_MANIFEST
+            )
+    assert dict(srv.rejected) == {"malformed": 1, "unexpected_type": 1, "bad_chunk_index": 1}
+    for reason in reasons:
+        value = registry.get_sample_value("stream_dapo_learner_messages_rejected_total", {"reason": reason})
+        assert value == 1.0
+
+
 def test_shared_dir_publishes_atomically_and_prunes(tmp_path: Path) -> None:
     pub = SharedDirPublisher(tmp_path / "weights", keep=2)
     assert read_shared_dir(pub.directory, have_version=-1) is None
