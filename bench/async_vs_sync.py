@@ -4,7 +4,7 @@
 
 Both modes run the same config, seed and step budget one after the other on this machine (no
 evaluation, so only the training loop is timed); the figure is the median over repeats of
-samples generated per second of training wall time, and the ratio async / sync.
+samples generated and samples trained per second of training wall time, and the ratios async / sync.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "tiny-cpu.toml")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
 
     from stream_dapo.config import load_config
@@ -52,19 +53,39 @@ def main() -> None:
 
     model = ensure_warm_model(load_config([args.config]))
     rates: dict[str, list[float]] = {"async": [], "sync": []}
+    trained: dict[str, list[float]] = {"async": [], "sync": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             for mode in ("async", "sync"):
                 s = run_once(mode, args.steps, args.config, model.resolve(), Path(tmp) / f"{mode}-{r}")
+                cfg = load_config([Path(tmp) / f"{mode}-{r}" / "config.toml"], environ={})
                 rates[mode].append(s["samples_per_second"])
+                trained[mode].append(s["groups_trained"] * cfg.algo.group_size / s["train_seconds"])
                 print(
-                    f"{mode:5s} repeat {r}: {s['samples_per_second']:.2f} samples/s, "
-                    f"train {s['train_seconds']:.0f} s, max staleness {s['max_staleness_trained']}",
+                    f"{mode:5s} repeat {r}: generated {s['samples_per_second']:.2f} samples/s, trained "
+                    f"{trained[mode][-1]:.2f} samples/s, train {s['train_seconds']:.0f} s, max staleness "
+                    f"{s['max_staleness_trained']}, dropped stale {s['groups_dropped_stale']}",
                     flush=True,
                 )
     a, s = statistics.median(rates["async"]), statistics.median(rates["sync"])
+    ta, ts = statistics.median(trained["async"]), statistics.median(trained["sync"])
     print(f"cores: {os.cpu_count()}  steps: {args.steps}  repeats: {args.repeats}")
-    print(f"async {a:.2f} samples/s | sync {s:.2f} samples/s | ratio async/sync {a / s:.2f}")
+    print(f"generated: async {a:.2f} samples/s | sync {s:.2f} samples/s | ratio async/sync {a / s:.2f}")
+    print(f"trained:   async {ta:.2f} samples/s | sync {ts:.2f} samples/s | ratio async/sync {ta / ts:.2f}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "steps": args.steps,
+                    "repeats": args.repeats,
+                    "generated_samples_per_second": {"async": rates["async"], "sync": rates["sync"]},
+                    "trained_samples_per_second": {"async": trained["async"], "sync": trained["sync"]},
+                    "ratio_generated": a / s,
+                    "ratio_trained": ta / ts,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":
