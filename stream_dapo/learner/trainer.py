@@ -254,7 +254,8 @@ class MiniBatch:
         global_seqs: samples with at least one loss token, over the mini-batch (seq-mean modes).
         global_real_tokens: prompt + response tokens of the mini-batch (for tokens/s).
         group_ids: ids of the groups, in order.
-        reward_mean / accuracy: over all samples of the mini-batch.
+        reward_mean / accuracy / response_len_mean / truncation_rate: over all samples of the
+            mini-batch (response length in tokens; truncated: stopped at algo.max_response_len).
     """
 
     micro_batches: list[MicroBatch]
@@ -265,6 +266,8 @@ class MiniBatch:
     reward_mean: float
     accuracy: float
     num_samples: int
+    response_len_mean: float
+    truncation_rate: float
 
     @property
     def packing_efficiency(self) -> float:
@@ -293,6 +296,10 @@ class StepMetrics:
     lr: float
     reward_mean: float
     accuracy: float
+    response_len_mean: float
+    """Mean response length (tokens) of the mini-batch's samples."""
+    truncation_rate: float
+    """Fraction of the mini-batch's samples that hit algo.max_response_len unfinished."""
     groups: int
     samples: int
     loss_tokens: int
@@ -496,6 +503,8 @@ class Learner:
             reward_mean=float(np.mean([s.reward for s in samples])),
             accuracy=float(np.mean([s.correct for s in samples])),
             num_samples=len(samples),
+            response_len_mean=float(np.mean([len(s.tokens) for s in samples])),
+            truncation_rate=float(np.mean([s.truncated for s in samples])),
         )
 
     # ------------------------------------------------------------------ forward passes
@@ -666,6 +675,8 @@ class Learner:
             lr=lr,
             reward_mean=batch.reward_mean,
             accuracy=batch.accuracy,
+            response_len_mean=batch.response_len_mean,
+            truncation_rate=batch.truncation_rate,
             groups=len(batch.group_ids),
             samples=batch.num_samples,
             loss_tokens=batch.global_tokens,

@@ -103,6 +103,8 @@ def test_a_few_steps_change_every_parameter_and_record_staleness(tmp_path: Path)
     learner = Learner(make_cfg(tmp_path), tiny_model(), source_dir=tmp_path)
     before = params_of(learner.engine.module)
     groups = make_groups(0)  # every token from version 0: staleness at step k is k
+    groups[0].samples[0].truncated = True  # 1 of 4 samples
+    lengths = [len(s.tokens) for g in groups for s in g.samples]
     for step in range(3):
         metrics = learner.train_step(groups)
         assert metrics.version == step + 1 == learner.version
@@ -111,6 +113,8 @@ def test_a_few_steps_change_every_parameter_and_record_staleness(tmp_path: Path)
         assert metrics.staleness_counts == {step: metrics.loss_tokens}
         assert metrics.loss_tokens == sum(len(s.tokens) for g in groups for s in g.samples)
         assert 0 < metrics.packing_efficiency <= 1 and metrics.micro_batches >= 2
+        assert metrics.truncation_rate == 0.25
+        assert metrics.response_len_mean == pytest.approx(sum(lengths) / 4)
         assert metrics.lr == pytest.approx(LR * (step + 1) / 3)  # linear warm-up over 3 steps
     after = params_of(learner.engine.module)
     unchanged = [n for n in before if torch.equal(before[n], after[n])]
@@ -284,6 +288,8 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
         "clip_frac_high",
         "reward_mean",
         "accuracy",
+        "response_len_mean",
+        "truncation_rate",
         "grad_norm",
         "lr",
         "tokens_per_second",

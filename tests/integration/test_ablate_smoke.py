@@ -1,0 +1,88 @@
+"""`stream-dapo ablate` for real: two presets, one seed, two optimizer steps each, on the tiny model.
+
+The full ladder is the lead's measurement, not a test; this proves the command runs the cells, writes
+a table and a JSON with finite numbers for both presets, and that a second call reuses what is done.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import free_ports, tiny_overrides
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(600)
+
+PRESETS = ["naive-grpo", "dapo"]
+
+
+def ablate(out: Path, warm: Path, ports: list[int], presets: list[str]) -> subprocess.CompletedProcess[str]:
+    overrides = tiny_overrides(warm, out / "unused", ports) + ["eval.max_prompts=16", "eval.k=2"]
+    argv = [sys.executable, "-m", "stream_dapo.cli", "ablate", "--seeds", "1", "--budget", "2"]
+    argv += ["--presets", ",".join(presets), "--out", str(out)]
+    # A private copy of the recipe: an edit of configs/ between the two calls would (rightly) rerun cells.
+    recipe = out.parent / "tiny-cpu.toml"
+    if not recipe.exists():
+        shutil.copy(REPO / "configs" / "tiny-cpu.toml", recipe)
+    argv += ["--config", str(recipe)]
+    for item in overrides:
+        argv += ["--set", item]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def failure(proc: subprocess.CompletedProcess[str], out: Path) -> str:
+    logs = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in sorted(out.rglob("*.log")))
+    return f"ablate exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}"
+
+
+def test_two_presets_one_seed_give_a_table_and_a_resumable_run(tmp_path: Path, warm_model: Path) -> None:
+    out = tmp_path / "ablation"
+    ports = free_ports(6)
+    proc = ablate(out, warm_model, ports, PRESETS)
+    assert proc.returncode == 0, failure(proc, out)
+
+    report = json.loads((out / "ablation.json").read_text())
+    assert list(report["presets"]) == PRESETS
+    for name in PRESETS:
+        row = report["presets"][name]
+        assert row["seeds_done"] == [0] and row["seeds_failed"] == []
+        for key in ("avg_at_k", "pass_at_k", "truncation_rate", "samples_generated"):
+            assert math.isfinite(row[key]["mean"]), (name, key, row[key])
+        assert row["samples_generated"]["mean"] > 0
+        assert [p["step"] for p in row["curves"]["entropy"]] == [1, 2]
+        cell = out / name / "seed-0"
+        cfg = (cell / "config.toml").read_text()
+        assert "total_steps = 2" in cfg
+        assert json.loads((cell / "summary.json").read_text())["learner_steps"] == 2
+    naive_cfg = (out / "naive-grpo" / "seed-0" / "config.toml").read_text()
+    assert "dynamic_sampling = false" in naive_cfg and "eps_high = 0.2\n" in naive_cfg
+    assert math.isfinite(report["eval_before"]["avg_at_k"])
+    assert (out / "base-config.toml").is_file()
+
+    md = (out / "ablation.md").read_text()
+    for name in PRESETS:
+        assert f"| {name} |" in md
+    assert "| naive-grpo → dapo | +20 |" in md
+    if not report["meta"].get("plots_skipped"):
+        assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
+            "accuracy.png",
+            "entropy.png",
+            "response_len_mean.png",
+            "truncation_rate.png",
+        ]
+
+    # A second call finds both cells and the before-eval done: nothing is trained or evaluated again.
+    t0 = time.monotonic()
+    again = ablate(out, warm_model, free_ports(6), PRESETS)
+    assert again.returncode == 0, failure(again, out)
+    assert again.stdout.count("(reused)") == 2, again.stdout
+    assert time.monotonic() - t0 < 60

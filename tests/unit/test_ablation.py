@@ -1,0 +1,299 @@
+"""`stream-dapo ablate`: its pure parts, against hand-computed numbers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from stream_dapo import ablation
+from stream_dapo.ablation import (
+    CellResult,
+    CurvePoint,
+    Spread,
+    aggregate,
+    cell_is_done,
+    cell_overrides,
+    config_fingerprint,
+    direction,
+    mean_curve,
+    plot_curves,
+    preset_changes,
+    read_curves,
+    render_markdown,
+    spread,
+    to_json,
+)
+from stream_dapo.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "configs" / "tiny-cpu.toml"
+
+
+# ------------------------------------------------------------------------------------ mean ± spread
+
+
+def test_spread_is_mean_and_sample_std() -> None:
+    s = spread([0.2, 0.3, 0.4])
+    assert s is not None
+    # deviations 0.1, 0, 0.1: sum of squares 0.02 over n - 1 = 2 -> variance 0.01, std 0.1
+    assert s.mean == pytest.approx(0.3) and s.std == pytest.approx(0.1)
+    assert (s.lo, s.hi, s.n) == (0.2, 0.4, 3)
+
+
+def test_spread_of_one_seed_has_no_std_and_of_none_is_none() -> None:
+    assert spread([0.5]) == Spread(mean=0.5, std=None, lo=0.5, hi=0.5, n=1)
+    assert spread([]) is None
+    assert spread([float("nan"), 1.0]) == Spread(mean=1.0, std=None, lo=1.0, hi=1.0, n=1)
+
+
+# ------------------------------------------------------------------------------------ presets, cells
+
+
+def test_each_preset_changes_one_switch_of_the_row_above() -> None:
+    assert preset_changes("naive-grpo") == {}
+    assert preset_changes("+clip-higher") == {"algo.eps_high": (0.2, 0.28)}
+    assert preset_changes("dapo") == {"algo.dynamic_sampling": (False, True)}
+    with pytest.raises(ValueError, match="unknown preset"):
+        preset_changes("ppo")
+
+
+def test_cell_overrides_beat_a_recipe_file_that_sets_the_switches(tmp_path: Path) -> None:
+    # tiny-cpu.toml sets DAPO's switches; algo.preset alone fills only unset keys.
+    alone = load_config([TINY], ["algo.preset=naive-grpo"], environ={})
+    assert alone.algo.dynamic_sampling is True and alone.algo.eps_high == 0.28
+    sets = cell_overrides("naive-grpo", seed=2, budget=5, cell_dir=tmp_path / "naive-grpo" / "seed-2")
+    cfg = load_config([TINY], sets, environ={})
+    assert cfg.algo.preset == "naive-grpo"
+    assert (cfg.algo.eps_high, cfg.algo.agg_mode) == (0.2, "seq-mean-token-mean")
+    assert (cfg.algo.dynamic_sampling, cfg.algo.soft_overlong, cfg.algo.overlong_filter) == (False,) * 3
+    assert (cfg.generator.seed, cfg.learner.seed, cfg.data.seed) == (2, 2, 0)
+    assert cfg.learner.total_steps == 5 and cfg.run.eval_before_after is False
+    assert cfg.run.out_dir == str(tmp_path / "naive-grpo" / "seed-2")
+
+
+def test_fingerprint_ignores_ports_and_out_dir_but_not_training_or_model() -> None:
+    def fp(*sets: str, model: str | None = "m1") -> str:
+        return config_fingerprint(load_config([TINY], list(sets), environ={}), model)
+
+    base = fp()
+    assert fp("transport.samples_port=6001", "metrics.learner_port=9999", 'run.out_dir="/x"') == base
+    assert fp("learner.lr=3e-5") != base
+    assert fp("learner.total_steps=3") != base
+    assert fp(model="m2") != base
+
+
+def test_the_before_eval_is_keyed_on_what_it_depends_on_only() -> None:
+    def fp(*sets: str, model: str | None = "m1") -> str:
+        return ablation.eval_fingerprint(load_config([TINY], list(sets), environ={}), model)
+
+    base = fp()
+    assert fp("learner.lr=2e-4", 'algo.preset="naive-grpo"', "learner.total_steps=3") == base
+    assert fp("eval.k=8") != base
+    assert fp("algo.max_response_len=64") != base
+    assert fp(model="m2") != base
+
+
+def test_children_read_a_snapshot_of_the_resolved_base_config(tmp_path: Path) -> None:
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(TINY.read_text())
+    args = argparse.Namespace(
+        config=[str(recipe)],
+        overrides=["learner.lr=3e-4"],
+        presets="dapo",
+        seeds=1,
+        budget=3,
+        out=str(tmp_path),
+    )
+    plan = ablation.make_plan(args)
+    before, _ = plan.cell_config("dapo", 0)
+    ablation.freeze_base_config(plan)
+    assert plan.run_files == [str(tmp_path / "base-config.toml")]
+    recipe.write_text("[learner]\nlr = 5e-5\n")  # someone edits the recipe mid-ablation
+    cfg, sets = plan.cell_config("dapo", 0)
+    assert cfg == before and cfg.learner.lr == 3e-4 and cfg.learner.total_steps == 3
+    argv = plan.child_argv("run", sets, "--quiet")
+    assert argv[argv.index("--config") + 1] == str(tmp_path / "base-config.toml")
+    assert "learner.lr=3e-4" not in argv  # already in the snapshot
+
+
+def _finish_cell(cell: Path, fingerprint: str) -> None:
+    cell.mkdir(parents=True)
+    (cell / "summary.json").write_text(json.dumps({"samples_generated": 64}))
+    (cell / "eval_after.json").write_text(json.dumps({"avg_at_k": 0.5, "k": 4}))
+    (cell / "ablation_cell.json").write_text(json.dumps({"fingerprint": fingerprint, "wall_seconds": 9.0}))
+
+
+def test_a_cell_is_done_only_with_summary_eval_and_a_matching_record(tmp_path: Path) -> None:
+    cell = tmp_path / "cell"
+    assert not cell_is_done(cell, "abc")
+    _finish_cell(cell, "abc")
+    assert cell_is_done(cell, "abc")
+    assert not cell_is_done(cell, "other")
+    (cell / "eval_after.json").unlink()
+    assert not cell_is_done(cell, "abc")
+
+
+def test_a_finished_cell_is_reused_without_running_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = argparse.Namespace(
+        config=[str(TINY)], overrides=[], presets="dapo", seeds=1, budget=3, out=str(tmp_path)
+    )
+    plan = ablation.make_plan(args)
+    monkeypatch.setattr(ablation, "model_key", lambda cfg: "m1")
+    cfg, _ = plan.cell_config("dapo", 0)
+    _finish_cell(plan.cell_dir("dapo", 0), config_fingerprint(cfg, "m1"))
+
+    def no_child(*a: object, **k: object) -> None:
+        raise AssertionError("a finished cell must not be run again")
+
+    monkeypatch.setattr(ablation.subprocess, "run", no_child)
+    cell = ablation.run_cell(plan, "dapo", 0)
+    assert cell.status == "reused" and cell.eval_after == {"avg_at_k": 0.5, "k": 4}
+    assert cell.wall_seconds == 9.0
+
+
+def test_plan_orders_presets_as_the_table_and_rejects_unknown_ones(tmp_path: Path) -> None:
+    args = argparse.Namespace(
+        config=[str(TINY)], overrides=[], presets="dapo,naive-grpo", seeds=2, budget=None, out=str(tmp_path)
+    )
+    plan = ablation.make_plan(args)
+    assert plan.presets == ["naive-grpo", "dapo"] and plan.seeds == [0, 1]
+    assert plan.budget == load_config([TINY], environ={}).learner.total_steps
+    with pytest.raises(SystemExit, match="unknown preset"):
+        ablation.make_plan(argparse.Namespace(**{**vars(args), "presets": "dapo,grpo"}))
+
+
+# ------------------------------------------------------------------------------------ curves
+
+
+def test_read_curves_keeps_the_last_row_of_a_step(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    rows = [
+        {"version": 1, "accuracy": 0.1, "entropy": 0.5},
+        {"version": 2, "accuracy": 0.2, "entropy": 0.4},
+        {"version": 2, "accuracy": 0.25, "entropy": 0.45},  # rewritten after a resume
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    curves = read_curves(path)
+    assert curves["accuracy"] == {1: 0.1, 2: 0.25}
+    assert curves["entropy"] == {1: 0.5, 2: 0.45}
+    assert curves["truncation_rate"] == {}  # an older learner did not log it
+
+
+def test_mean_curve_averages_steps_every_seed_has() -> None:
+    got = mean_curve([{1: 0.2, 2: 0.4, 3: 0.9}, {1: 0.4, 2: 0.6}, {}])
+    assert [p.step for p in got] == [1, 2]
+    assert got[0].mean == pytest.approx(0.3) and (got[0].lo, got[0].hi) == (0.2, 0.4)
+    assert got[1].mean == pytest.approx(0.5) and (got[1].lo, got[1].hi) == (0.4, 0.6)
+    assert mean_curve([]) == []
+
+
+# ------------------------------------------------------------------------------------ table
+
+
+def _cell(preset: str, seed: int, acc: float, samples: int, trunc: float = 0.0) -> CellResult:
+    return CellResult(
+        preset=preset,
+        seed=seed,
+        status="done",
+        eval_after={"avg_at_k": acc, "pass_at_k": acc + 0.3, "k": 4, "truncation_rate": trunc},
+        summary={"samples_generated": samples},
+        curves={"accuracy": {1: acc, 2: acc + 0.1}},
+    )
+
+
+CELLS = [
+    _cell("naive-grpo", 0, 0.20, 1000, 0.01),
+    _cell("naive-grpo", 1, 0.30, 1200, 0.03),
+    _cell("dapo", 0, 0.35, 2000),
+    _cell("dapo", 1, 0.40, 2400),
+    CellResult("dapo", 2, "failed", error="boom"),
+]
+
+
+def test_aggregate_pairs_deltas_by_seed_and_counts_failures() -> None:
+    rows = aggregate(CELLS, ["naive-grpo", "dapo"])
+    naive, dapo = rows["naive-grpo"], rows["dapo"]
+    assert naive["avg_at_k"].mean == pytest.approx(0.25)
+    assert naive["avg_at_k"].std == pytest.approx(math.sqrt(0.005))  # (0.05² + 0.05²) / 1
+    assert naive["truncation_rate"].mean == pytest.approx(0.02)
+    assert naive["delta_vs_naive_grpo"].mean == 0.0
+    # per-seed differences 0.15 and 0.10: mean 0.125, std sqrt(2 * 0.025² / 1)
+    assert dapo["delta_vs_naive_grpo"].mean == pytest.approx(0.125)
+    assert dapo["delta_vs_naive_grpo"].std == pytest.approx(math.sqrt(2 * 0.025**2))
+    assert dapo["delta_vs_previous"] == dapo["delta_vs_naive_grpo"]
+    assert dapo["samples_generated"].mean == 2200
+    assert (dapo["seeds_done"], dapo["seeds_failed"]) == ([0, 1], [2])
+    assert dapo["paper_aime_avg32"] == 50
+    expected = [CurvePoint(1, 0.375, 0.35, 0.40), CurvePoint(2, 0.475, 0.45, 0.5)]
+    got = dapo["curves"]["accuracy"]
+    assert [p.step for p in got] == [1, 2]
+    for p, e in zip(got, expected, strict=True):
+        assert (p.mean, p.lo, p.hi) == pytest.approx((e.mean, e.lo, e.hi))
+
+
+def test_markdown_table_holds_mean_std_delta_paper_and_samples() -> None:
+    report = {
+        "meta": {
+            "config_files": ["tiny.toml"],
+            "overrides": [],
+            "seeds": [0, 1, 2],
+            "budget": 4,
+            "k": 4,
+            "eval_prompts": 200,
+        },
+        "eval_before": {"avg_at_k": 0.244, "pass_at_k": 0.63, "truncation_rate": 0.00625},
+        "presets": aggregate(CELLS, ["naive-grpo", "dapo"]),
+    }
+    md = render_markdown(to_json(report))  # as read back from ablation.json
+    lines = md.splitlines()
+    row = next(line for line in lines if line.startswith("| dapo |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "dynamic_sampling False → True"
+    assert cells[2] == "37.5 ± 3.5"  # 0.375 ± 0.0354
+    assert cells[3] == "67.5 ± 3.5"
+    assert cells[4] == "+12.5 ± 3.5"
+    assert cells[5] == "50"
+    assert cells[6] == "2,200 ± 283"  # std of 2000, 2400
+    assert cells[7] == "0.00 ± 0.00"
+    assert cells[8] == "2, 1 failed"
+    assert "| warm model (before RL) | — | 24.4 | 63.0 |" in md
+    step = next(line for line in lines if line.startswith("| naive-grpo → dapo |"))
+    assert "| +20 |" in step and "same direction" in step
+
+
+def test_direction_reports_opposite_steps_and_noise() -> None:
+    assert direction(Spread(-0.02, None, -0.02, -0.02, 1), 6) == "opposite direction"
+    assert direction(Spread(0.01, 0.03, -0.02, 0.04, 3), 2) == "same direction (within 1 std over seeds)"
+    assert direction(None, 6) == "—"
+
+
+# ------------------------------------------------------------------------------------ plots
+
+
+def test_plots_skip_with_a_message_without_matplotlib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    files, why = plot_curves(aggregate(CELLS, ["naive-grpo", "dapo"]), tmp_path)
+    assert files == [] and why is not None and "matplotlib" in why
+    assert not any(tmp_path.iterdir())
+
+
+def test_plots_one_png_per_metric(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    files, why = plot_curves(to_json(aggregate(CELLS, ["naive-grpo", "dapo"])), tmp_path)
+    assert why is None
+    assert sorted(p.name for p in files) == [
+        "accuracy.png",
+        "entropy.png",
+        "response_len_mean.png",
+        "truncation_rate.png",
+    ]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in files)
