@@ -129,3 +129,17 @@ def test_committed_config_reference_is_current() -> None:
     """docs/config.md is generated: regenerate with `stream-dapo config docs > docs/config.md`."""
     committed = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
     assert committed.strip() == config_docs().strip()
+
+
+def test_a_preset_shadowed_by_explicit_keys_warns_naming_them(caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="stream_dapo.config"):
+        cfg = load_config(overrides=["algo.preset=naive-grpo", "algo.eps_high=0.28"], environ={})
+    assert cfg.algo.eps_high == 0.28 and cfg.algo.dynamic_sampling is False  # the rest of the preset
+    assert "algo.eps_high = 0.28 (preset: 0.2)" in caplog.text
+    assert "dynamic_sampling" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="stream_dapo.config"):
+        load_config(overrides=["algo.preset=naive-grpo"], environ={})
+    assert caplog.text == ""
