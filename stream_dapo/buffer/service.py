@@ -179,6 +179,7 @@ class BufferService:
                     hwm=t.hwm,
                     curve=curve,
                     curve_server=curve is not None,
+                    send_timeout_ms=0,  # see _reply: one peer that stops reading must not stall the rest
                 )
             except TransportError as exc:
                 raise TransportError(f"{exc} (the buffer's {name} socket: transport.{name}_port)") from exc
@@ -295,6 +296,8 @@ class BufferService:
             # duplicates); a learner's lost batch returns to the queue on its next learner_hello.
             log.warning("%s: peer %r left before its %s reply", endpoint.address, peer, reply[0])
         except TransportTimeout as exc:
+            # Its queue is full: it is not reading. Waiting would stall every other peer behind it, so
+            # the reply is dropped, as on a lost connection (a generator resends, a learner asks again).
             log.warning("%s", exc)
 
     def _refuse(self, endpoint: Endpoint, peer: bytes, reason: str, detail: str) -> None:

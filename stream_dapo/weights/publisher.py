@@ -229,6 +229,7 @@ class WeightServer:
             hwm=self.hwm,
             curve=self.curve,
             curve_server=self.curve is not None,
+            send_timeout_ms=0,  # a generator that stops reading loses its reply, not everyone their chunks
         )
         self.address = self._endpoint.address  # resolves tcp://host:* to the port actually bound
         self._thread = threading.Thread(target=self._serve, name="weight-server", daemon=True)

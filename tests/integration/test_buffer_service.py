@@ -31,7 +31,7 @@ from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.service import BufferService, persist_path
 from stream_dapo.config import Config, ConfigError, load_config
 from stream_dapo.transport import messages as m
-from stream_dapo.transport.codec import pack_value
+from stream_dapo.transport.codec import encode, pack_value
 from stream_dapo.transport.messages import Group, Sample
 from stream_dapo.transport.sockets import (
     CurveKeys,
@@ -281,6 +281,45 @@ def test_an_absurd_filtered_count_is_refused_and_the_buffer_keeps_running(tmp_pa
     stats = json.loads((tmp_path / "buffer" / "stats.json").read_text())
     assert stats["accepted"] == 1 and stats["uncredited"] == 1
     assert stats["rejected_messages"] == {"bad_schema": 3}
+
+
+def test_a_peer_that_never_reads_its_replies_does_not_stall_the_others(tmp_path: Path) -> None:
+    """Regression: a reply waited up to 5 s for room in its peer's full queue, so one peer asking
+    without reading (here for batches of ~200 KB) made the buffer answer no one else."""
+    cfg = load_config(overrides=overrides(tmp_path) + ["transport.hwm=10"], environ={})
+    with service_in_thread(cfg):
+        peers = Peers(cfg)
+        flooder = peers.ctx.socket(zmq.DEALER)
+        flooder.linger, flooder.rcvhwm, flooder.rcvbuf = 0, 1, 4096  # reads (almost) nothing
+        flooder.connect(f"tcp://127.0.0.1:{cfg.transport.batches_port}")
+        try:
+            big = [_long_group(f"big{i}") for i in range(2)]
+            for group in big:
+                assert peers.ask(peers.gen, m.groups("gen-0", [group])).body["accepted"] == [group.group_id]
+            again = [encode(*m.learner_hello(0, 0)), encode(*m.batch_request(0, 2, 0))]
+            for _ in range(100):  # each batch_request is answered with both groups
+                flooder.send_multipart(again[:1])
+                flooder.send_multipart(again[1:])
+            time.sleep(1.0)  # its replies fill every queue on the way to it
+            t0 = time.monotonic()
+            assert peers.ask(peers.gen, m.hello("gen-0", 0)).type == m.CREDIT
+            assert time.monotonic() - t0 < 3.0
+        finally:
+            flooder.close(linger=0)
+            peers.close()
+
+
+def _long_group(gid: str, tokens: int = 8000) -> Group:
+    sample = Sample(
+        tokens=np.zeros(tokens, dtype=np.int32),
+        logprobs=np.full(tokens, -0.5, dtype=np.float32),
+        versions=np.zeros(tokens, dtype=np.int32),
+        reward=1.0,
+        correct=True,
+        truncated=False,
+        advantage=0.5,
+    )
+    return Group(gid, f"p-{gid}", "gen-0", "1", np.array([1], dtype=np.int32), 1.0, [sample, sample])
 
 
 def test_a_taken_port_fails_at_start_naming_the_setting(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from safetensors.torch import load, load_file
 from transformers import Qwen2ForCausalLM
 
 from stream_dapo.transport import messages
+from stream_dapo.transport.codec import encode
 from stream_dapo.transport.sockets import open_endpoint, request
 from stream_dapo.weights import (
     LATEST_FILE,
@@ -135,6 +136,31 @@ def test_refused_requests_are_counted_by_reason_in_the_learners_metrics() -> Non
     for reason in reasons:
         value = registry.get_sample_value("stream_dapo_learner_messages_rejected_total", {"reason": reason})
         assert value == 1.0
+
+
+def test_a_generator_that_never_reads_its_chunks_does_not_stall_the_others() -> None:
+    """Regression: a reply waited up to 5 s for room in its peer's full queue, so one client asking
+    for chunks without reading them held up every other generator's download."""
+    import time
+
+    with WeightServer("tcp://127.0.0.1:*", chunk_bytes=1 << 20, hwm=4) as srv:
+        srv.publish(serialize_weights({"w": torch.zeros(1 << 20)}, version=1))  # 4 chunks of 1 MiB
+        ctx = zmq.Context.instance()
+        hog = ctx.socket(zmq.DEALER)
+        hog.linger, hog.rcvhwm, hog.rcvbuf = 0, 1, 4096
+        hog.connect(srv.address)
+        try:
+            ask = encode(*messages.chunk_request(1, 0))
+            for _ in range(100):
+                hog.send(ask)
+            time.sleep(1.0)
+            with open_endpoint(ctx, zmq.DEALER, connect=srv.address, max_bytes=1 << 24) as ep:
+                t0 = time.monotonic()
+                reply = request(ep, *messages.weights_query(0), timeout_ms=5000, retries=0)
+                assert reply.type == messages.WEIGHTS_MANIFEST
+                assert time.monotonic() - t0 < 3.0
+        finally:
+            hog.close(linger=0)
 
 
 def test_shared_dir_publishes_atomically_and_prunes(tmp_path: Path) -> None:
