@@ -1,0 +1,166 @@
+"""Pure helpers of bench/peer_trl.py (no TRL needed): time to target, reward wrapping, config mapping."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from stream_dapo.config import load_config
+from stream_dapo.core.loss import PolicyLossParams, policy_loss
+from stream_dapo.core.rewards import RewardShaping
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("peer_trl", REPO / "bench" / "peer_trl.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["peer_trl"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+peer = _load_bench()
+P = peer.CurvePoint
+
+
+def test_time_to_target_interpolates_between_the_points_around_the_first_crossing():
+    curve = [P(0, 0.0, 0.24), P(4, 60.0, 0.30), P(8, 120.0, 0.36), P(12, 180.0, 0.33)]
+    # 60 + (0.34 - 0.30) / (0.36 - 0.30) * 60 = 100
+    result = peer.time_to_target(curve, 0.34)
+    assert result["interpolated_s"] == pytest.approx(100.0)
+    assert (result["first_point_s"], result["first_point_step"]) == (120.0, 8)
+
+
+def test_time_to_target_exact_hit_is_the_point_itself():
+    result = peer.time_to_target([P(0, 0.0, 0.25), P(2, 30.0, 0.35)], 0.35)
+    assert result["interpolated_s"] == pytest.approx(30.0)
+
+
+def test_time_to_target_counts_the_first_crossing_not_a_later_one():
+    curve = [P(0, 0.0, 0.2), P(2, 10.0, 0.5), P(4, 20.0, 0.1), P(6, 30.0, 0.6)]
+    # 0 + (0.3 - 0.2) / (0.5 - 0.2) * 10 = 3.333...
+    assert peer.time_to_target(curve, 0.3)["interpolated_s"] == pytest.approx(10 / 3)
+
+
+def test_time_to_target_sorts_by_time_and_handles_start_at_target_and_never():
+    assert peer.time_to_target([P(2, 50.0, 0.5), P(0, 0.0, 0.4)], 0.4)["interpolated_s"] == 0.0
+    never = peer.time_to_target([P(0, 0.0, 0.2), P(2, 10.0, 0.29)], 0.3)
+    assert never == {"interpolated_s": None, "first_point_s": None, "first_point_step": None}
+
+
+def test_target_and_ratio():
+    assert peer.resolve_target(0.24375, None, 0.10) == pytest.approx(0.34375)
+    assert peer.resolve_target(0.24375, 0.4, 0.10) == 0.4
+    assert peer.speed_ratio(300.0, 100.0) == pytest.approx(3.0)
+    assert peer.speed_ratio(None, 100.0) is None
+    assert peer.speed_ratio(100.0, None) is None
+
+
+def test_truncation_means_full_length_without_eos():
+    assert peer.is_truncated([5, 6, 7], [2], 3)
+    assert not peer.is_truncated([5, 6, 2], [2], 3)  # stopped on its last allowed token
+    assert not peer.is_truncated([5, 2], [2], 3)
+
+
+SHAPING = RewardShaping(
+    soft_overlong=True, max_response_len=96, overlong_cache_len=24, overlong_factor=1.0, overlong_filter=False
+)
+
+
+def test_shaped_rewards_add_the_soft_overlong_penalty_to_the_verdict():
+    eos = 2
+    short_right = [7] * 19 + [eos]  # 20 tokens: no penalty -> +1
+    long_wrong = [7] * 83 + [eos]  # 84 tokens: -1 + (72 - 84) / 24 = -1.5
+    cut_right = [7] * 96  # truncated at 96: +1 + (72 - 96) / 24 = 0
+    rewards = peer.shaped_rewards([True, False, True], [short_right, long_wrong, cut_right], [eos], SHAPING)
+    assert rewards == pytest.approx([1.0, -1.5, 0.0])
+
+
+def test_verifier_reward_reads_conversational_completions_and_passes_gold():
+    seen = []
+
+    class FakePool:
+        def verify_batch(self, pairs):
+            seen.extend(pairs)
+            return [SimpleNamespace(correct=text.endswith(gold)) for text, gold in pairs]
+
+    reward = peer.VerifierReward(FakePool(), [2], SHAPING)
+    completions = [
+        [{"role": "assistant", "content": "3+4=7\nAnswer: 7"}],
+        [{"role": "assistant", "content": "x"}],
+    ]
+    out = reward(
+        prompts=[None, None], completions=completions, completion_ids=[[5, 2], [5, 2]], gold=["7", "7"]
+    )
+    assert out == [1.0, -1.0]
+    assert seen == [("3+4=7\nAnswer: 7", "7"), ("x", "7")]
+    assert reward.__name__ == "stream_dapo_verifier"
+
+
+def test_trl_kwargs_mirror_the_tiny_cpu_recipe():
+    cfg = load_config([REPO / "configs" / "tiny-cpu.toml"], environ={})
+    kw = peer.trl_grpo_kwargs(cfg, steps=10, seed=3, output_dir="/tmp/x")
+    lc, a = cfg.learner, cfg.algo
+    assert kw["num_generations"] == a.group_size == 8
+    # one optimizer step = one mini-batch; one generation batch = one rollout step of 16 prompts x 8
+    assert (
+        kw["per_device_train_batch_size"] * kw["gradient_accumulation_steps"] == lc.mini_batch_samples == 64
+    )
+    assert kw["per_device_train_batch_size"] * kw["steps_per_generation"] == lc.rollout_batch_prompts * 8
+    assert (kw["loss_type"], kw["epsilon"], kw["epsilon_high"], kw["delta"], kw["beta"]) == (
+        "dapo",
+        0.2,
+        0.28,
+        10.0,
+        0.0,
+    )
+    assert kw["learning_rate"] == lc.lr and kw["lr_scheduler_type"] == "constant"
+    assert kw["max_completion_length"] == a.max_response_len == 96
+    assert (kw["temperature"], kw["top_p"], kw["top_k"]) == (1.0, 1.0, 0)
+    assert kw["mask_truncated_completions"] is a.overlong_filter
+    assert not kw["bf16"] and not kw["gradient_checkpointing"] and not kw["use_vllm"]
+    assert (kw["max_steps"], kw["seed"]) == (10, 3)
+
+
+def test_trl_kwargs_refuse_what_trl_cannot_express():
+    cfg = load_config([REPO / "configs" / "tiny-cpu.toml"], ["algo.agg_mode=seq-mean-token-mean"], environ={})
+    with pytest.raises(ValueError, match="token-mean"):
+        peer.trl_grpo_kwargs(cfg, steps=1, seed=0, output_dir="/tmp/x")
+    cfg = load_config([REPO / "configs" / "tiny-cpu.toml"], ["learner.warmup_steps=5"], environ={})
+    with pytest.raises(ValueError, match="warmup_steps"):
+        peer.trl_grpo_kwargs(cfg, steps=1, seed=0, output_dir="/tmp/x")
+
+
+def test_trl_two_sided_clip_at_delta_equals_the_dual_clip():
+    """The mapping delta = dual_clip_c: TRL's per-token loss (trl/trainer/grpo_trainer.py, _compute_loss:
+    coef_2 = clamp(r, 1 - eps, 1 + eps_high); coef_1 = clamp(r, max=delta); -min(coef_1 A, coef_2 A))
+    equals stream-dapo's clipped surrogate with dual clip c, in value and gradient."""
+    eps, eps_high, c = 0.2, 0.28, 10.0
+    log_r = torch.log(torch.tensor([0.1, 0.7, 0.9, 1.0, 1.2, 1.5, 5.0, 12.0, 50.0], dtype=torch.float64))
+    for adv in (-1.3, 0.8):
+        a = torch.full((1,), adv, dtype=torch.float64)
+        logp_ours = log_r.clone().unsqueeze(0).requires_grad_(True)
+        zeros = torch.zeros_like(logp_ours)
+        ours, _ = policy_loss(
+            logp_ours,
+            zeros,
+            a,
+            torch.ones_like(zeros),
+            PolicyLossParams(eps_low=eps, eps_high=eps_high, dual_clip_c=c, ratio_mode="behaviour"),
+            global_tokens=1.0,  # per-token sum, so the gradients compare token by token
+        )
+        ours.backward()
+        logp_trl = log_r.clone().unsqueeze(0).requires_grad_(True)
+        r = torch.exp(logp_trl)
+        coef_2 = torch.clamp(r, 1 - eps, 1 + eps_high)
+        coef_1 = torch.clamp(r, max=c)
+        trl = (-torch.min(coef_1 * a, coef_2 * a)).sum()
+        trl.backward()
+        assert ours.item() == pytest.approx(trl.item())
+        assert torch.allclose(logp_ours.grad, logp_trl.grad)
