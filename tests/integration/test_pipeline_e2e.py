@@ -177,6 +177,8 @@ def test_prometheus_scraped_every_required_metric_from_its_job(async_run) -> Non
             jobs = {s["metric"].get("job") for s in series}
             if jobs != {job}:
                 missing.append(f"{selector}: jobs {sorted(j or '?' for j in jobs)}")
+            for s in series:  # shown with `pytest -s`: what Prometheus holds
+                print(f"{job:22s} {selector:60s} {len(series)} series, last {s['value'][1]}")
     assert missing == [], "required series missing or from the wrong job:\n" + "\n".join(missing)
     (step,) = query(prom, "max_over_time(stream_dapo_learner_step[15m])")
     assert float(step["value"][1]) == ASYNC_STEPS
