@@ -1,0 +1,255 @@
+"""Fault drill over real processes: kill -9 the generator, the learner and the buffer mid-run,
+restart each, and account for every group. Shared by tests/integration/test_faults.py (which asserts
+on the report) and bench/drill.py (which prints it).
+
+The services are started one by one (as systemd would), not through `stream-dapo run`, whose
+supervisor stops a run when a child dies. The drill checks the design's promises: the run goes on
+without a generator and a restarted one rejoins with current weights; a restarted learner resumes at
+its checkpoint's version and no group is trained twice in the surviving lineage; a restarted buffer
+still holds everything it acknowledged. After the run it reads the buffer's persisted state and the
+learner's trained-group log: every acknowledged group is trained, still held, or counted as dropped
+stale; anything else is lost.
+
+Recovery times, per service, from `kill -9`:
+
+    generator  a new generator samples from the learner's current weights and the buffer accepted a
+               group after the restart
+    learner    the new learner resumed at its checkpoint's version and took a step past it
+    buffer     the new buffer answers, still counts everything it acknowledged, accepted a new group,
+               and the learner took a step since the kill (or finished)
+
+`restart_to_ready_s` is from the restart to the service's /metrics answering; `restart_to_recovered_s`
+from the restart to the condition above; `downtime_s` from the kill to it (it includes the drill's
+own pause of `GENERATOR_PAUSE_S` for the generator, which shows the learner survives alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stream_dapo.config import Config, config_to_toml, load_config
+from stream_dapo.launcher import Child, Supervisor, child_env, metric_sum, scrape, service_argv, tail
+from tests.helpers import free_ports, tiny_overrides
+
+GENERATOR_PAUSE_S = 2.0
+WAIT_S = 240.0
+FINISH_WAIT_S = 400.0
+
+
+class DrillError(RuntimeError):
+    """A recovery did not happen in time; the message holds the services' last log lines."""
+
+
+@dataclass
+class Recovery:
+    service: str
+    killed_at_step: int
+    restart_to_ready_s: float
+    restart_to_recovered_s: float
+    downtime_s: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DrillReport:
+    total_steps: int
+    recoveries: list[Recovery]
+    learner_exit_code: int | None
+    trained_versions: list[int]
+    max_staleness_trained: int
+    max_staleness_allowed: int
+    groups_acknowledged: int
+    groups_trained: int
+    groups_trained_twice: int
+    groups_still_held: int
+    groups_dropped_stale: int
+    groups_lost: int
+    groups_trained_unacknowledged: int
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        for r in out["recoveries"]:
+            for key in ("restart_to_ready_s", "restart_to_recovered_s", "downtime_s"):
+                r[key] = round(r[key], 2)
+        return out
+
+
+class FaultDrill:
+    """One run directory, one config, the three services under a `Supervisor`."""
+
+    def __init__(self, model: Path, out: Path, total_steps: int = 10) -> None:
+        self.out = out
+        overrides = tiny_overrides(model, out, free_ports(8)) + [
+            f"learner.total_steps={total_steps}",
+            "learner.checkpoint_every=2",
+            "algo.dynamic_sampling=false",  # progress must not hinge on the tiny model's accuracy here
+        ]
+        self.cfg: Config = load_config(overrides=overrides, environ={})
+        out.mkdir(parents=True)
+        self.config_path = out / "config.toml"
+        self.config_path.write_text(config_to_toml(self.cfg))
+        m = self.cfg.metrics
+        self.learner_url = f"http://{m.host}:{m.learner_port}/metrics"
+        self.buffer_url = f"http://{m.host}:{m.buffer_port}/metrics"
+        self.generator_url = f"http://{m.host}:{m.generator_port}/metrics"
+        self.sup = Supervisor(out)
+        self.children: dict[str, Child] = {}
+
+    # ------------------------------------------------------------------------------ the drill
+
+    def run(self) -> DrillReport:
+        try:
+            for name in ("buffer", "learner", "generator-0"):
+                self.start(name)
+            self.wait_for("learner version 2", lambda: self.learner_step() >= 2)
+            recoveries = [self.kill_generator(), self.kill_learner(), self.kill_buffer()]
+            learner = self.children["learner"]
+            self.wait_for("the learner to finish", lambda: learner.popen.poll() is not None, FINISH_WAIT_S)
+            exit_code = learner.popen.returncode
+        finally:
+            self.sup.stop_all(timeout_s=20)
+        return self.account(recoveries, exit_code)
+
+    def kill_generator(self) -> Recovery:
+        """The learner keeps running without it; a new one joins with the current weights."""
+        step = self.learner_step()
+        killed = self.kill9("generator-0")
+        time.sleep(GENERATOR_PAUSE_S)
+        if self.children["learner"].popen.poll() is not None:
+            raise DrillError(f"the learner died with the generator:\n{self.logs()}")
+        accepted = self.accepted()
+        restarted = self.start("generator-0")
+        version = self.learner_step()
+        ready = self.wait_for("the restarted generator's /metrics", lambda: bool(scrape(self.generator_url)))
+
+        def recovered() -> bool:
+            current = (
+                metric_sum(scrape(self.generator_url), "stream_dapo_generator_policy_version") >= version
+            )
+            return current and self.accepted() > accepted
+
+        done = self.wait_for("the restarted generator to sample from current weights and deliver", recovered)
+        return Recovery("generator", step, ready - restarted, done - restarted, done - killed)
+
+    def kill_learner(self) -> Recovery:
+        """Killed after a checkpoint: it resumes at the checkpoint's version and trains on."""
+        self.wait_for("a checkpoint at version >= 4", lambda: self.learner_step() >= 4)
+        step = self.learner_step()
+        killed = self.kill9("learner")
+        latest = (self.out / "checkpoints" / "latest").read_text().strip()
+        ckpt_version = int(latest.rsplit("_", 1)[1])
+        if ckpt_version < 4:
+            raise DrillError(f"the latest checkpoint is {latest}, expected version >= 4")
+        restarted = self.start("learner")
+        log_path = self.children["learner"].log_path
+        self.wait_for(
+            f"the learner to resume at version {ckpt_version}",
+            lambda: f"at version {ckpt_version}" in tail(log_path, 400),
+        )
+        ready = self.wait_for(
+            "the resumed learner to serve metrics", lambda: self.learner_step() >= ckpt_version
+        )
+        done = self.wait_for("the resumed learner to take a step", lambda: self.learner_step() > ckpt_version)
+        detail = {"checkpoint_version": ckpt_version}
+        return Recovery("learner", step, ready - restarted, done - restarted, done - killed, detail)
+
+    def kill_buffer(self) -> Recovery:
+        """What the buffer acknowledged survives its restart; generators and learner carry on."""
+        accepted_before = self.accepted()
+        if accepted_before <= 0:
+            raise DrillError("the buffer had accepted nothing before it was killed")
+        step = self.learner_step()
+        killed = self.kill9("buffer")
+        restarted = self.start("buffer")
+        ready = self.wait_for("the buffer to come back", lambda: bool(scrape(self.buffer_url)))
+        # Its counters continue from the persisted state: what it acknowledged is still there.
+        self.wait_for(
+            "the buffer to restore what it acknowledged", lambda: self.accepted() >= accepted_before, 60
+        )
+        accepted_after = self.accepted()
+        learner = self.children["learner"]
+
+        def recovered() -> bool:
+            trained = learner.popen.poll() is not None or self.learner_step() > step
+            return self.accepted() > accepted_before and trained
+
+        done = self.wait_for("the generator and the learner to work through the new buffer", recovered)
+        detail = {"acknowledged_before_kill": accepted_before, "acknowledged_after_restart": accepted_after}
+        return Recovery("buffer", step, ready - restarted, done - restarted, done - killed, detail)
+
+    # ------------------------------------------------------------------------------ accounting
+
+    def account(self, recoveries: list[Recovery], learner_exit_code: int | None) -> DrillReport:
+        """Every group the buffer acknowledged: trained, still held, dropped stale, or lost."""
+        from stream_dapo.buffer.journal import Journal
+        from stream_dapo.buffer.replay import AdmissionPolicy, ReplayBuffer
+        from stream_dapo.buffer.service import persist_path
+
+        journal = Journal(persist_path(self.cfg))
+        try:
+            buffer = ReplayBuffer.restore(AdmissionPolicy.from_config(self.cfg), journal.load())
+        finally:
+            journal.close()
+        seen = {gid for r in buffer.snapshot_records() if r["k"] == "seen" for gid in r["ids"]}
+        held = set(buffer.waiting_ids()) | set(buffer.leased_ids())
+        log_path = self.out / "learner" / "trained_groups.jsonl"
+        rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+        trained = [gid for r in rows for gid in r["group_ids"]]
+        dropped = int(buffer.stats()["dropped_stale"])
+        return DrillReport(
+            total_steps=self.cfg.learner.total_steps,
+            recoveries=recoveries,
+            learner_exit_code=learner_exit_code,
+            trained_versions=[int(r["version"]) for r in rows],
+            max_staleness_trained=max((int(r["max_staleness"]) for r in rows), default=0),
+            max_staleness_allowed=self.cfg.algo.max_staleness,
+            groups_acknowledged=len(seen),
+            groups_trained=len(trained),
+            groups_trained_twice=len(trained) - len(set(trained)),
+            groups_still_held=len(held),
+            groups_dropped_stale=dropped,
+            groups_lost=len(seen - set(trained) - held) - dropped,
+            groups_trained_unacknowledged=len(set(trained) - seen),
+        )
+
+    # ------------------------------------------------------------------------------ helpers
+
+    def start(self, name: str) -> float:
+        service = name.split("-")[0]
+        extra = ("--index", "0") if service == "generator" else ()
+        argv = service_argv(service, self.config_path, *extra)
+        self.children[name] = self.sup.start(name, argv, child_env(self.cfg, service))
+        return time.monotonic()
+
+    def kill9(self, name: str) -> float:
+        child = self.children.pop(name)
+        os.killpg(child.popen.pid, signal.SIGKILL)
+        child.popen.wait()
+        self.sup.children.remove(child)
+        child.log_file.close()
+        return time.monotonic()
+
+    def wait_for(self, what: str, cond: Callable[[], bool], timeout_s: float = WAIT_S) -> float:
+        """Poll `cond` every 0.25 s; return the monotonic time it held, or raise DrillError."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if cond():
+                return time.monotonic()
+            time.sleep(0.25)
+        raise DrillError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {c.name}\n{tail(c.log_path, 25)}" for c in self.sup.children)
+
+    def learner_step(self) -> int:
+        return int(metric_sum(scrape(self.learner_url), "stream_dapo_learner_step"))
+
+    def accepted(self) -> int:
+        return int(metric_sum(scrape(self.buffer_url), "stream_dapo_buffer_groups_accepted_total"))
