@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.report import median, paired_ratio  # noqa: E402
 from tests.helpers import free_ports, tiny_overrides  # noqa: E402
 
 
@@ -38,6 +38,42 @@ def run_once(mode: str, steps: int, config: Path, model: Path, out: Path) -> dic
     return json.loads((out / "summary.json").read_text())
 
 
+def measure_async_vs_sync(
+    steps: int = 12, repeats: int = 1, config: Path = REPO / "configs" / "tiny-cpu.toml"
+) -> dict:
+    """Generated and trained samples/s of both modes (repeats interleaved: async, sync, async, ...)
+    and the ratios async / sync (median of the per-repeat ratios)."""
+    from stream_dapo.config import load_config
+    from stream_dapo.model.warmup import ensure_warm_model
+
+    model = ensure_warm_model(load_config([config]))
+    rates: dict[str, list[float]] = {"async": [], "sync": []}
+    trained: dict[str, list[float]] = {"async": [], "sync": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
+            for mode in ("async", "sync"):
+                s = run_once(mode, steps, config, model.resolve(), Path(tmp) / f"{mode}-{r}")
+                cfg = load_config([Path(tmp) / f"{mode}-{r}" / "config.toml"], environ={})
+                rates[mode].append(s["samples_per_second"])
+                trained[mode].append(s["groups_trained"] * cfg.algo.group_size / s["train_seconds"])
+                print(
+                    f"{mode:5s} repeat {r}: generated {s['samples_per_second']:.2f} samples/s, trained "
+                    f"{trained[mode][-1]:.2f} samples/s, train {s['train_seconds']:.0f} s, max staleness "
+                    f"{s['max_staleness_trained']}, dropped stale {s['groups_dropped_stale']}",
+                    flush=True,
+                )
+    return {
+        "config": str(config),
+        "cores": os.cpu_count(),
+        "steps": steps,
+        "repeats": repeats,
+        "generated_samples_per_second": rates,
+        "trained_samples_per_second": trained,
+        "ratio_generated": paired_ratio(rates["async"], rates["sync"]),
+        "ratio_trained": paired_ratio(trained["async"], trained["sync"]),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -48,44 +84,19 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
 
-    from stream_dapo.config import load_config
-    from stream_dapo.model.warmup import ensure_warm_model
-
-    model = ensure_warm_model(load_config([args.config]))
-    rates: dict[str, list[float]] = {"async": [], "sync": []}
-    trained: dict[str, list[float]] = {"async": [], "sync": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.repeats):
-            for mode in ("async", "sync"):
-                s = run_once(mode, args.steps, args.config, model.resolve(), Path(tmp) / f"{mode}-{r}")
-                cfg = load_config([Path(tmp) / f"{mode}-{r}" / "config.toml"], environ={})
-                rates[mode].append(s["samples_per_second"])
-                trained[mode].append(s["groups_trained"] * cfg.algo.group_size / s["train_seconds"])
-                print(
-                    f"{mode:5s} repeat {r}: generated {s['samples_per_second']:.2f} samples/s, trained "
-                    f"{trained[mode][-1]:.2f} samples/s, train {s['train_seconds']:.0f} s, max staleness "
-                    f"{s['max_staleness_trained']}, dropped stale {s['groups_dropped_stale']}",
-                    flush=True,
-                )
-    a, s = statistics.median(rates["async"]), statistics.median(rates["sync"])
-    ta, ts = statistics.median(trained["async"]), statistics.median(trained["sync"])
-    print(f"cores: {os.cpu_count()}  steps: {args.steps}  repeats: {args.repeats}")
-    print(f"generated: async {a:.2f} samples/s | sync {s:.2f} samples/s | ratio async/sync {a / s:.2f}")
-    print(f"trained:   async {ta:.2f} samples/s | sync {ts:.2f} samples/s | ratio async/sync {ta / ts:.2f}")
+    result = measure_async_vs_sync(args.steps, args.repeats, args.config)
+    rates, trained = result["generated_samples_per_second"], result["trained_samples_per_second"]
+    a, s = median(rates["async"]), median(rates["sync"])
+    ta, ts = median(trained["async"]), median(trained["sync"])
+    print(f"cores: {result['cores']}  steps: {args.steps}  repeats: {args.repeats}")
+    print(
+        f"generated: async {a:.2f} samples/s | sync {s:.2f} samples/s | ratio async/sync {result['ratio_generated']:.2f}"
+    )
+    print(
+        f"trained:   async {ta:.2f} samples/s | sync {ts:.2f} samples/s | ratio async/sync {result['ratio_trained']:.2f}"
+    )
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "steps": args.steps,
-                    "repeats": args.repeats,
-                    "generated_samples_per_second": {"async": rates["async"], "sync": rates["sync"]},
-                    "trained_samples_per_second": {"async": trained["async"], "sync": trained["sync"]},
-                    "ratio_generated": a / s,
-                    "ratio_trained": ta / ts,
-                },
-                indent=2,
-            )
-        )
+        args.json.write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
