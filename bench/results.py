@@ -1,0 +1,847 @@
+"""Run the benchmarks and write docs/RESULTS.md, docs/results/results.json and docs/results/*.png.
+
+    python bench/results.py [--quick] [--only NAME,...] [--out DIR] [--render-only]
+
+Sections (each a function in bench/ that returns a dict; this script only sequences and renders):
+
+    generation     bench/generation.py   vLLM (the project's RolloutEngine) vs transformers generate
+    learner        bench/learner.py      DeepSpeed ZeRO 0/2/3 vs plain torch, trained tokens/s
+    packing        bench/learner.py      the packer's efficiency vs naive padding
+    transport      bench/transport.py    codec, loopback TCP, raw ZeroMQ, memcpy
+    weight_sync    bench/weight_sync.py  publish + fetch, seconds per MB
+    async_vs_sync  bench/async_vs_sync.py  end-to-end samples/s of both modes
+
+Each section runs in its own Python process (vLLM, DeepSpeed's process group and torch's thread
+settings do not leak between sections), and its result is merged into OUT/results/results.json as
+soon as it finishes; the page is then rendered from everything saved there, together with what
+other tools left in OUT/results/ (ablation/ablation.md, peer_trl.json, drill.json, fuzz.json).
+So `--only transport` reruns one section and keeps the others' numbers, and `--render-only`
+re-renders the page from saved numbers. `--quick` runs every section at smoke-test sizes; its
+numbers are marked as such on the page.
+
+Hold the machine while measuring: `flock /tmp/stream-dapo-cpu.lock python bench/results.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.report import fmt, fmt_ratio, machine_info, markdown_table  # noqa: E402
+
+RESULTS_JSON = "results.json"
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    module: str
+    function: str
+    script: str
+    """The standalone command of the same measurement."""
+
+
+SECTIONS: dict[str, Section] = {
+    "generation": Section(
+        "Generator: vLLM vs transformers", "bench.generation", "measure_generation", "bench/generation.py"
+    ),
+    "learner": Section(
+        "Learner: DeepSpeed ZeRO vs plain torch",
+        "bench.learner",
+        "measure_learner",
+        "bench/learner.py --only learner",
+    ),
+    "packing": Section(
+        "Packing efficiency", "bench.learner", "measure_packing", "bench/learner.py --only packing"
+    ),
+    "transport": Section("Transport", "bench.transport", "measure_transport", "bench/transport.py --json"),
+    "weight_sync": Section("Weight sync", "bench.weight_sync", "measure_weight_sync", "bench/weight_sync.py"),
+    "async_vs_sync": Section(
+        "Async vs sync, end to end", "bench.async_vs_sync", "measure_async_vs_sync", "bench/async_vs_sync.py"
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------------
+
+
+def section_command(name: str, quick: bool) -> str:
+    return f"python bench/results.py --only {name}" + (" --quick" if quick else "")
+
+
+def standalone_command(name: str, quick: bool) -> str:
+    """The section's own script with the sizes `run_child` uses."""
+    if name == "async_vs_sync":
+        return f"python {SECTIONS[name].script} " + (
+            "--steps 2 --repeats 1" if quick else "--steps 12 --repeats 3"
+        )
+    return f"python {SECTIONS[name].script}" + (" --quick" if quick else "")
+
+
+def run_child(name: str, quick: bool) -> dict[str, Any]:
+    """`name`'s measure function in the current process (the --child side)."""
+    import importlib
+
+    section = SECTIONS[name]
+    fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(section.module), section.function)
+    if name == "async_vs_sync":
+        return fn(steps=2, repeats=1) if quick else fn(steps=12, repeats=3)
+    return fn(quick=quick)
+
+
+def run_section(name: str, quick: bool, log_dir: Path) -> dict[str, Any]:
+    """Run one section in a child process; return its results.json entry."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+        out = Path(tmp) / "result.json"
+        argv = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--child-out", str(out)]
+        if quick:
+            argv.append("--quick")
+        with log.open("w") as f:
+            proc = subprocess.run(argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+            raise RuntimeError(
+                f"section {name} failed (exit {proc.returncode}); last lines of {log}:\n{tail}"
+            )
+        data = json.loads(out.read_text())
+    return {
+        "section": name,
+        "command": section_command(name, quick),
+        "standalone": standalone_command(name, quick),
+        "quick": quick,
+        "finished_at": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "machine": machine_info(),
+        "data": data,
+    }
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    return dict(json.loads(path.read_text()).get("sections", {}))
+
+
+def save_results(path: Path, sections: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ordered = {name: sections[name] for name in SECTIONS if name in sections}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"sections": ordered}, indent=1, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Rendering: one function per section, entry -> Markdown
+# --------------------------------------------------------------------------------------------------
+
+
+def _med(summary: dict[str, Any]) -> float:
+    return float(summary["median"])
+
+
+def _range(summary: dict[str, Any], scale: float = 1.0) -> str:
+    return f"{fmt(summary['min'] * scale)}–{fmt(summary['max'] * scale)}"
+
+
+def _header(name: str, entry: dict[str, Any]) -> str:
+    lines = [f"Command: `{entry['command']}` (standalone: `{entry['standalone']}`)."]
+    lines.append(f"Measured {entry['finished_at']} in {fmt(entry['wall_seconds'])} s.")
+    if entry.get("quick"):
+        lines.append("")
+        lines.append(
+            "> **Smoke-test sizes (`--quick`)**: these numbers check that the benchmark runs; do not quote them."
+        )
+    return "\n".join(lines) + "\n\n"
+
+
+def render_generation(d: dict[str, Any]) -> str:
+    tps, start, lengths = d["tokens_per_second"], d["startup_seconds"], d["response_length"]
+    variants = (
+        ("vllm", f"vLLM (RolloutEngine), worker on {d['threads']} core(s)"),
+        ("transformers", f"transformers generate, {d['threads']} thread(s)"),
+        ("transformers_all_cores", f"transformers generate, {d['all_cores']} threads"),
+    )
+    rows = [
+        [
+            label,
+            fmt(_med(tps[k])),
+            _range(tps[k]),
+            fmt(start[k.removesuffix("_all_cores")]),
+            fmt(lengths[k]["mean"]),
+            f"{fmt(100 * lengths[k]['truncated_fraction'])}%",
+        ]
+        for k, label in variants
+    ]
+    return (
+        f"Warm tiny model, {d['prompts_per_repeat']} synthetic-task prompts per repeat (chat template) x "
+        f"G = {d['group_size']} samples = {d['samples_per_repeat']} responses, at most {d['max_tokens']} "
+        f"tokens, temperature {d['temperature']}, top-p {d['top_p']}, "
+        f"{d['repeats']} interleaved repeats after one warm-up round.\n\n"
+        + markdown_table(
+            ["engine", "response tokens/s", "min–max", "start-up s (excluded)", "mean tokens", "truncated"],
+            rows,
+        )
+        + f"\n**vLLM / transformers (same threads): {fmt_ratio(d['ratio_vllm_vs_transformers'])}**; "
+        f"vLLM / transformers with {d['all_cores']} threads: "
+        f"{fmt_ratio(d['ratio_vllm_vs_transformers_all_cores'])} (medians of the per-repeat ratios).\n\n"
+        "vLLM runs the model in a worker bound to generator.threads cores, but its scheduler and the "
+        "output handling run in processes of their own, so it can use more than that: hence the "
+        "second transformers line, with a thread per core. vLLM also returns the sampled token's "
+        "log-prob at every position (the generator needs it); transformers samples all responses as "
+        "one left-padded batch and keeps stepping until the longest one ends. Start-up: vLLM's engine "
+        "processes and KV cache vs loading the model (once, for both transformers lines).\n"
+    )
+
+
+def render_learner(d: dict[str, Any]) -> str:
+    mb = d["mini_batch"]
+    labels = {
+        "torch": "plain torch",
+        "zero0": "DeepSpeed ZeRO-0",
+        "zero2": "DeepSpeed ZeRO-2",
+        "zero3": "DeepSpeed ZeRO-3",
+    }
+    rows = []
+    for k, label in labels.items():
+        s = d["tokens_per_second"][k]
+        rows.append(
+            [label, fmt(_med(s)), _range(s), "1×" if k == "torch" else fmt_ratio(d["ratio_vs_torch"][k])]
+        )
+    losses = set(d["first_loss"].values())
+    same = (
+        "identical"
+        if len(losses) == 1
+        else "NOT identical: " + ", ".join(f"{k} {v:.6g}" for k, v in d["first_loss"].items())
+    )
+    return (
+        f"Tiny Qwen2 ({fmt(d['params'])} parameters, fp32), one process, torch {d['torch_threads']} threads; "
+        f"mini-batch of {mb['groups']} groups x {mb['samples'] // mb['groups']} = {mb['samples']} samples, "
+        f"{fmt(mb['real_tokens'])} real tokens ({fmt(mb['loss_tokens'])} in the loss) in {mb['micro_batches']} "
+        f"micro-batch(es) of <= {fmt(mb['micro_batch_tokens'])} tokens (packing efficiency "
+        f"{fmt(mb['packing_efficiency'])}); {d['steps']} interleaved steps per learner after "
+        f"{d['warmup_steps']} warm-up steps.\n\n"
+        + markdown_table(["learner", "trained tokens/s", "min–max", "vs plain torch"], rows)
+        + f"\nFirst-step losses {same} across the four learners (same data, same initial weights). "
+        "Every learner runs the project's `Learner.train_step` (packing, decoupled DAPO loss with its "
+        "proximal forward, clipping, AdamW); plain torch swaps only DeepSpeed's engine for "
+        "`backward()` + `clip_grad_norm_` + `AdamW.step()`. World size 1: ZeRO-2/3 have nothing to "
+        "partition across, so this is their bookkeeping cost, not their memory benefit.\n"
+    )
+
+
+def render_packing(d: dict[str, Any]) -> str:
+    rows = []
+    for key, label in (
+        ("tiny", "tiny task (tiny-cpu)"),
+        ("long_cot", "long CoT, modelled (32B recipe limits)"),
+    ):
+        c = d[key]
+        e = c["efficiency"]
+        rows.append(
+            [
+                label,
+                c["mini_batch_samples"],
+                fmt(c["micro_batch_tokens"]),
+                fmt(c["max_len"]),
+                fmt(_med(c["mean_sequence_tokens"])),
+                fmt(_med(e["packer"])),
+                fmt(_med(e["pad_to_longest"])),
+                fmt(_med(e["pad_to_max_length"])),
+                fmt_ratio(c["packer_vs_pad_to_max_length"]),
+                fmt(_med(c["micro_batches"])),
+            ]
+        )
+    draws = d["tiny"]["draws"]
+    return (
+        "Real tokens / processed tokens (higher is better), median over "
+        f"{draws} random mini-batches per distribution.\n\n"
+        + markdown_table(
+            [
+                "length distribution",
+                "samples",
+                "token budget",
+                "max length",
+                "mean tokens/seq",
+                "packer",
+                "pad to longest",
+                "pad to max length",
+                "packer / pad to max",
+                "micro-batches",
+            ],
+            rows,
+        )
+        + "\n- packer: `pack_micro_batches` (sort by length, cut greedily so rows x longest row stays "
+        "within `learner.micro_batch_tokens`);\n"
+        "- pad to longest: every row of the mini-batch padded to its longest sequence;\n"
+        "- pad to max length: every row padded to `max_prompt_len + max_response_len`.\n\n"
+        f"Tiny task: {d['tiny']['source']}. Long CoT: {d['long_cot']['source']} — a model of long "
+        "chain-of-thought rollouts, not a measurement.\n"
+    )
+
+
+def render_transport(d: dict[str, Any]) -> str:
+    rows = []
+    for g in d["groups"]:
+        payload = f"{fmt(g['response_tokens'])} tok x {g['samples']} ({fmt(g['message_bytes'] / 1e6)} MB)"
+        lb = g["loopback"]
+        for key, label in (
+            ("encode", "encode"),
+            ("decode", "decode"),
+            ("encode+decode", "encode + decode"),
+            ("from_wire", "Group.from_wire"),
+        ):
+            r = g["codec"][key]
+            rows.append([payload, label, fmt(_med(r["gb_per_s"])), fmt(_med(r["msgs_per_s"])), ""])
+        rows.append(
+            [
+                payload,
+                "TCP loopback, codec",
+                fmt(_med(lb["codec"]["gb_per_s"])),
+                fmt(_med(lb["codec"]["msgs_per_s"])),
+                fmt_ratio(lb["codec_vs_memcpy"]),
+            ]
+        )
+        rows.append(
+            [
+                payload,
+                "TCP loopback, raw frames",
+                fmt(_med(lb["raw"]["gb_per_s"])),
+                fmt(_med(lb["raw"]["msgs_per_s"])),
+                fmt_ratio(lb["raw_vs_memcpy"]),
+            ]
+        )
+        rows.append([payload, "numpy copy, same bytes", fmt(_med(lb["memcpy"]["gb_per_s"])), "", "1×"])
+    push = [
+        [
+            f"{p['frame_bytes'] >> 20} MiB",
+            p["frames_per_round"],
+            fmt(_med(p["zmq"]["gb_per_s"])),
+            fmt(_med(p["zmq"]["msgs_per_s"])),
+            fmt(_med(p["memcpy"]["gb_per_s"])),
+            fmt_ratio(p["zmq_vs_memcpy"]),
+        ]
+        for p in d["push_pull"]
+    ]
+    ratios = "; ".join(
+        f"{fmt(g['response_tokens'])}-token groups: codec / raw {fmt_ratio(g['loopback']['codec_vs_raw'])}"
+        for g in d["groups"]
+    )
+    mc = d["memcpy"]
+    return (
+        f"`groups` messages of one group of 16 samples (12 bytes per response token), {d['repeats']} "
+        "repeats. Loopback: the sender is its own process (one encodes every message, one resends a "
+        "pre-encoded frame); the receiver validates and decodes. The loopback rounds interleave with a "
+        "numpy copy of the same bytes, and the ratios are paired per repeat.\n\n"
+        + markdown_table(["payload", "path", "GB/s", "messages/s", "vs memcpy"], rows)
+        + f"\nEnd to end, the codec costs {ratios} over loopback.\n\n"
+        "Raw ZeroMQ PUSH/PULL of large bytes frames over TCP loopback (sender in its own process), "
+        "interleaved with a numpy copy of the same bytes:\n\n"
+        + markdown_table(["frame", "frames/round", "GB/s", "frames/s", "memcpy GB/s", "vs memcpy"], push)
+        + f"\nReference: numpy copy of {mc['bytes'] >> 20} MB: **{fmt(_med(mc['gb_per_s']))} GB/s** "
+        "(the machine's memory-bandwidth ceiling for any transport).\n"
+    )
+
+
+def render_weight_sync(d: dict[str, Any]) -> str:
+    rows = []
+    for key, label in (("tiny_model", "tiny model"), ("synthetic", "synthetic (4 MiB fp32 tensors)")):
+        c = d[key]
+        mb = c["payload_bytes"] / 1e6
+        for path, plabel in (("zmq", "ZeroMQ chunks"), ("shared_dir", "shared directory")):
+            total = _med(c["total_s_per_mb"][path])
+            rows.append(
+                [
+                    f"{label}, {fmt(mb)} MB",
+                    plabel,
+                    fmt(_med(c["serialize_s_per_mb"]) * 1e3),
+                    fmt(_med(c["transfer_s_per_mb"][path]) * 1e3),
+                    fmt(total * 1e3),
+                    fmt(_med(c["total_seconds"][path])),
+                    fmt(1 / total),
+                ]
+            )
+    ratios = "; ".join(
+        f"{label}: ZeroMQ / shared directory {fmt_ratio(d[key]['zmq_vs_shared_dir'])}"
+        for key, label in (("tiny_model", "tiny model"), ("synthetic", "synthetic"))
+    )
+    return (
+        f"One version published and fetched per repeat, {d['repeats']} interleaved repeats per path; "
+        f"ZeroMQ chunks of {fmt(d['chunk_bytes'] >> 20)} MiB over loopback TCP.\n\n"
+        + markdown_table(
+            ["state dict", "path", "serialize ms/MB", "transfer ms/MB", "total ms/MB", "total s", "MB/s"],
+            rows,
+        )
+        + f"\nTime ratios (lower is faster): {ratios}.\n\n"
+        "serialize: safetensors bytes + sha256 (`serialize_weights`); ZeroMQ: `WeightServer.publish` + "
+        "`fetch_weights_zmq` (chunk requests, sha256 check, temp file + rename); shared directory: "
+        "`SharedDirPublisher.publish` (write, fsync, rename, LATEST) + `read_shared_dir` (sha256 check). "
+        "Loading into the vLLM engine is not included.\n"
+    )
+
+
+def render_async_vs_sync(d: dict[str, Any]) -> str:
+    from bench.report import median
+
+    gen, trained = d["generated_samples_per_second"], d["trained_samples_per_second"]
+    rows = [[mode, fmt(median(gen[mode])), fmt(median(trained[mode]))] for mode in ("async", "sync")]
+    rows.append(["async / sync", fmt_ratio(d["ratio_generated"]), fmt_ratio(d["ratio_trained"])])
+    return (
+        f"`stream-dapo run` ({d['config']}, no evaluation) for {d['steps']} optimizer steps per run, "
+        f"{d['repeats']} interleaved repeats of each mode, {d['cores']} cores.\n\n"
+        + markdown_table(["mode", "generated samples/s", "trained samples/s"], rows)
+        + "\n"
+    )
+
+
+TIME_TO_TARGET_TODO = (
+    "| time to a target eval accuracy, async vs sync | TODO: not measured. It needs an evaluation "
+    "curve per mode (checkpoints evaluated outside the timed window, as bench/peer_trl.py does for "
+    "stream-dapo vs TRL), several seeds and tens of minutes per run on 2 cores. |\n"
+)
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "generation": render_generation,
+    "learner": render_learner,
+    "packing": render_packing,
+    "transport": render_transport,
+    "weight_sync": render_weight_sync,
+    "async_vs_sync": render_async_vs_sync,
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Other tools' outputs
+# --------------------------------------------------------------------------------------------------
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, str | int | float | bool)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return fmt(v)
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_cell(x)}" for k, x in v.items() if _scalar(x))
+    return fmt(v) if isinstance(v, bool | int) or v is None else str(v)
+
+
+def json_tables(obj: dict[str, Any]) -> str:
+    """A JSON report as Markdown: its scalars (one level of nested objects flattened) in one table,
+    each list of objects as its own table of their scalar fields."""
+    scalars: list[list[str]] = []
+    lists: list[tuple[str, list[dict[str, Any]]]] = []
+    for key, value in obj.items():
+        if _scalar(value):
+            scalars.append([key, _cell(value)])
+        elif isinstance(value, dict):
+            for sub, v in value.items():
+                if _scalar(v):
+                    scalars.append([f"{key}.{sub}", _cell(v)])
+                elif isinstance(v, dict) and all(_scalar(x) for x in v.values()):
+                    scalars.append([f"{key}.{sub}", _cell(v)])
+        elif isinstance(value, list) and value and all(isinstance(x, dict) for x in value):
+            lists.append((key, value))
+    out = markdown_table(["field", "value"], scalars, "ll") if scalars else ""
+    for key, items in lists:
+        columns = [c for c in items[0] if _scalar(items[0][c])]
+        out += f"\n`{key}`:\n\n" + markdown_table(
+            columns, [[_cell(item.get(c)) for c in columns] for item in items], "l" * len(columns)
+        )
+    return out
+
+
+def _relink(markdown: str, prefix: str) -> str:
+    """Make relative link and image targets of an included page relative to RESULTS.md."""
+    return re.sub(r"\]\((?!https?:|/|#)([^)]+)\)", lambda m: f"]({prefix}{m.group(1)})", markdown)
+
+
+def _demote(markdown: str) -> str:
+    """Headings three levels down, so an included page nests under its ### heading."""
+    return re.sub(r"^(#{1,3}) ", lambda m: "###" + m.group(1) + " ", markdown, flags=re.M)
+
+
+EXTERNAL = (
+    (
+        "Ablation (the paper's Table 1 ladder)",
+        "ablation/ablation.md",
+        "stream-dapo ablate --out docs/results/ablation",
+    ),
+    ("TRL peer comparison", "peer_trl.json", "python bench/peer_trl.py --out docs/results/peer_trl.json"),
+    ("Fault drill", "drill.json", "python bench/drill.py --json docs/results/drill.json"),
+    ("Protocol fuzzer", "fuzz.json", "python bench/fuzz.py --json docs/results/fuzz.json"),
+)
+
+
+def render_external(results_dir: Path) -> str:
+    out = ""
+    for title, rel, command in EXTERNAL:
+        out += f"### {title}\n\n"
+        path = results_dir / rel
+        if not path.is_file():
+            out += f"Not yet run: `{command}`\n\n"
+            continue
+        out += f"From `{results_dir.name}/{rel}`, written by `{command}`.\n\n"
+        if rel.endswith(".md"):
+            prefix = f"{results_dir.name}/{Path(rel).parent.as_posix()}/"
+            out += _demote(_relink(path.read_text(), prefix)).strip() + "\n\n"
+        else:
+            try:
+                out += json_tables(json.loads(path.read_text())) + "\n"
+            except (json.JSONDecodeError, AttributeError) as exc:
+                out += f"Could not read {rel}: {exc}\n\n"
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The page
+# --------------------------------------------------------------------------------------------------
+
+MACHINE_ROWS = (
+    ("CPU", "cpu_model"),
+    ("cores (usable)", "usable_cores"),
+    ("memory GiB", "memory_gib"),
+    ("OS", "os"),
+    ("Python", "python"),
+    ("torch", "torch"),
+    ("vLLM", "vllm"),
+    ("DeepSpeed", "deepspeed"),
+    ("transformers", "transformers"),
+    ("pyzmq", "pyzmq"),
+    ("numpy", "numpy"),
+    ("git commit", "git_commit"),
+)
+
+
+def render_machine(sections: dict[str, Any]) -> str:
+    machines = [e["machine"] for e in sections.values()] or [machine_info()]
+    keys = [k for _, k in MACHINE_ROWS]
+    distinct = {
+        json.dumps({k: m.get(k) for k in keys if k != "git_commit"}, sort_keys=True) for m in machines
+    }
+    m = machines[-1]
+    rows = [[label, _cell(m.get(key))] for label, key in MACHINE_ROWS]
+    commits = sorted({str(e["machine"].get("git_commit")) for e in sections.values()})
+    text = markdown_table(["", "value"], rows, "ll")
+    if len(distinct) > 1:
+        text += "\n**Warning**: the sections below were measured on different machines or stacks; see results.json.\n"
+    if len(commits) > 1:
+        text += f"\nSections were measured at different commits: {', '.join(commits)}.\n"
+    return text
+
+
+def headline_rows(sections: dict[str, Any]) -> list[list[str]]:
+    """One line per comparison, for the summary at the top."""
+    rows: list[list[str]] = []
+
+    def add(name: str, figure: str, value: str) -> None:
+        quick = " (quick)" if sections[name].get("quick") else ""
+        rows.append([figure, value + quick, f"[{SECTIONS[name].title}](#{_anchor(name)})"])
+
+    if "generation" in sections:
+        d = sections["generation"]["data"]
+        add(
+            "generation",
+            f"vLLM / transformers generate, response tokens/s ({d['threads']} thread(s) / {d['all_cores']} threads)",
+            f"{fmt_ratio(d['ratio_vllm_vs_transformers'])} / {fmt_ratio(d['ratio_vllm_vs_transformers_all_cores'])}",
+        )
+    if "learner" in sections:
+        d = sections["learner"]["data"]["ratio_vs_torch"]
+        add(
+            "learner",
+            "DeepSpeed ZeRO-0 / 2 / 3 vs plain torch, trained tokens/s",
+            " / ".join(fmt_ratio(d[k]) for k in ("zero0", "zero2", "zero3")),
+        )
+    if "packing" in sections:
+        d = sections["packing"]["data"]
+        add(
+            "packing",
+            "packing efficiency, packer vs pad to max length (tiny / long CoT)",
+            f"{fmt(_med(d['tiny']['efficiency']['packer']))} vs {fmt(_med(d['tiny']['efficiency']['pad_to_max_length']))}"
+            f" / {fmt(_med(d['long_cot']['efficiency']['packer']))} vs {fmt(_med(d['long_cot']['efficiency']['pad_to_max_length']))}",
+        )
+    if "transport" in sections:
+        d = sections["transport"]["data"]
+        big = d["groups"][-1]
+        add(
+            "transport",
+            f"{fmt(big['response_tokens'])}-token groups over loopback, codec (vs memcpy)",
+            f"{fmt(_med(big['loopback']['codec']['gb_per_s']))} GB/s ({fmt_ratio(big['loopback']['codec_vs_memcpy'])})",
+        )
+    if "weight_sync" in sections:
+        d = sections["weight_sync"]["data"]["synthetic"]
+        add(
+            "weight_sync",
+            f"weight sync of {fmt(d['payload_bytes'] / 1e6)} MB over ZeroMQ, publish + fetch",
+            f"{fmt(_med(d['total_s_per_mb']['zmq']) * 1e3)} ms/MB ({fmt(_med(d['total_seconds']['zmq']))} s)",
+        )
+    if "async_vs_sync" in sections:
+        d = sections["async_vs_sync"]["data"]
+        add("async_vs_sync", "async / sync, trained samples/s", fmt_ratio(d["ratio_trained"]))
+    return rows
+
+
+def _anchor(name: str) -> str:
+    return f"section-{name.replace('_', '-')}"
+
+
+def render_page(sections: dict[str, Any], results_dir: Path, plots: dict[str, str]) -> str:
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [
+        "# Results\n\n",
+        f"Written by `python bench/results.py` on {now} from `{results_dir.name}/{RESULTS_JSON}` (every "
+        "number below, with each repeat). Rerun one section with `--only NAME` (the others keep their "
+        "saved numbers) or re-render from the saved numbers with `--render-only`.\n\n",
+        "How to read the figures: each is the **median over repeats**; each comparison is a **ratio "
+        "measured side by side in one run**: the repeats of A and B interleave (order rotated every "
+        "repeat) and the ratio is the median of the per-repeat ratios. Min–max columns show the "
+        "spread. Benchmarks ran one at a time, each section in its own process, holding the "
+        "project's CPU lock (`flock /tmp/stream-dapo-cpu.lock`) so that no other measurement "
+        "shared the cores.\n\n",
+        "## Machine\n\n",
+        render_machine(sections),
+        "\n## Headlines\n\n",
+    ]
+    rows = headline_rows(sections)
+    parts.append(
+        markdown_table(["figure", "value", "section"], rows, "lll") if rows else "Nothing measured yet.\n"
+    )
+    for number, name in enumerate(SECTIONS, start=1):
+        parts.append(f'\n<a id="{_anchor(name)}"></a>\n\n## {number}. {SECTIONS[name].title}\n\n')
+        entry = sections.get(name)
+        if entry is None:
+            parts.append(f"Not yet run: `{section_command(name, False)}`\n")
+        else:
+            parts.append(_header(name, entry))
+            parts.append(RENDERERS[name](entry["data"]))
+            if name in plots:
+                parts.append(f"\n![{SECTIONS[name].title}]({plots[name]})\n")
+        if name == "async_vs_sync":
+            parts.append("\n| figure | status |\n| :-- | :-- |\n" + TIME_TO_TARGET_TODO)
+    parts.append(f"\n## {len(SECTIONS) + 1}. Other tools\n\n")
+    parts.append(render_external(results_dir))
+    return "".join(parts).rstrip() + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Plots
+# --------------------------------------------------------------------------------------------------
+
+
+def _bars(ax: Any, labels: list[str], values: list[float], lows: list[float], highs: list[float]) -> None:
+    errors = [
+        [v - lo for v, lo in zip(values, lows, strict=True)],
+        [hi - v for v, hi in zip(values, highs, strict=True)],
+    ]
+    ax.bar(labels, values, yerr=errors, capsize=4, color="#4c72b0")
+    for i, (v, hi) in enumerate(zip(values, highs, strict=True)):
+        ax.annotate(
+            fmt(v), (i, hi), ha="center", va="bottom", fontsize=8, xytext=(0, 3), textcoords="offset points"
+        )
+
+
+def _plot_rates(ax: Any, series: dict[str, dict[str, Any]], labels: dict[str, str], ylabel: str) -> None:
+    keys = list(labels)
+    _bars(
+        ax,
+        [labels[k] for k in keys],
+        [_med(series[k]) for k in keys],
+        [series[k]["min"] for k in keys],
+        [series[k]["max"] for k in keys],
+    )
+    ax.set_ylabel(ylabel)
+
+
+def plot_generation(d: dict[str, Any], ax: Any) -> None:
+    labels = {
+        "vllm": "vLLM",
+        "transformers": f"transformers\n{d['threads']} thread(s)",
+        "transformers_all_cores": f"transformers\n{d['all_cores']} threads",
+    }
+    _plot_rates(ax, d["tokens_per_second"], labels, "response tokens/s")
+    ax.set_title(f"vLLM / transformers (same threads) = {fmt_ratio(d['ratio_vllm_vs_transformers'])}")
+
+
+def plot_learner(d: dict[str, Any], ax: Any) -> None:
+    labels = {"torch": "torch", "zero0": "ZeRO-0", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+    _plot_rates(ax, d["tokens_per_second"], labels, "trained tokens/s")
+    ax.set_title("Learner throughput (median, min–max)")
+
+
+def plot_packing(d: dict[str, Any], ax: Any) -> None:
+    methods = {"packer": "packer", "pad_to_longest": "pad to longest", "pad_to_max_length": "pad to max"}
+    width = 0.25
+    for i, (key, label) in enumerate(methods.items()):
+        values = [_med(d[c]["efficiency"][key]) for c in ("tiny", "long_cot")]
+        ax.bar([x + (i - 1) * width for x in range(2)], values, width, label=label)
+    ax.set_xticks(range(2), ["tiny task", "long CoT (modelled)"])
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("real / processed tokens")
+    ax.legend(fontsize=8)
+    ax.set_title("Packing efficiency")
+
+
+def plot_transport(d: dict[str, Any], ax: Any) -> None:
+    labels, values = [], []
+    for g in d["groups"]:
+        tag = f"{g['response_tokens'] // 1024}k"
+        for key, name in (("codec", "codec"), ("raw", "raw"), ("memcpy", "memcpy")):
+            labels.append(f"{tag} {name}")
+            values.append(_med(g["loopback"][key]["gb_per_s"]))
+    for p in d["push_pull"]:
+        labels.append(f"PUSH {p['frame_bytes'] >> 20}MiB")
+        values.append(_med(p["zmq"]["gb_per_s"]))
+    ax.bar(labels, values, color="#55a868")
+    ax.set_yscale("log")
+    ax.set_ylabel("GB/s (log)")
+    ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+    ax.set_title("Loopback transport vs memcpy")
+
+
+def plot_weight_sync(d: dict[str, Any], ax: Any) -> None:
+    width = 0.35
+    cases = ("tiny_model", "synthetic")
+    for i, (path, label) in enumerate((("zmq", "ZeroMQ"), ("shared_dir", "shared dir"))):
+        values = [_med(d[c]["total_s_per_mb"][path]) * 1e3 for c in cases]
+        ax.bar([x + (i - 0.5) * width for x in range(2)], values, width, label=label)
+    ax.set_xticks(
+        range(2),
+        [
+            f"tiny ({fmt(d['tiny_model']['payload_bytes'] / 1e6)} MB)",
+            f"synthetic ({fmt(d['synthetic']['payload_bytes'] / 1e6)} MB)",
+        ],
+    )
+    ax.set_ylabel("ms per MB (publish + fetch)")
+    ax.legend(fontsize=8)
+    ax.set_title("Weight sync")
+
+
+def plot_async_vs_sync(d: dict[str, Any], ax: Any) -> None:
+    from bench.report import summary
+
+    series = {m: summary(d["trained_samples_per_second"][m]) for m in ("async", "sync")}
+    _plot_rates(ax, series, {"async": "async", "sync": "sync"}, "trained samples/s")
+    ax.set_title(f"async / sync = {fmt_ratio(d['ratio_trained'])}")
+
+
+PLOTS: dict[str, Callable[[dict[str, Any], Any], None]] = {
+    "generation": plot_generation,
+    "learner": plot_learner,
+    "packing": plot_packing,
+    "transport": plot_transport,
+    "weight_sync": plot_weight_sync,
+    "async_vs_sync": plot_async_vs_sync,
+}
+
+
+def write_plots(sections: dict[str, Any], results_dir: Path) -> dict[str, str]:
+    """One PNG per measured section; returns section -> path relative to the page. Needs the bench
+    extra's matplotlib; without it the page has no plots (and says so on stderr)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is missing: no plots (pip install -e '.[bench]')", file=sys.stderr)
+        return {}
+    out: dict[str, str] = {}
+    for name, entry in sections.items():
+        fig, ax = plt.subplots(figsize=(6.4, 3.8))
+        PLOTS[name](entry["data"], ax)
+        if entry.get("quick"):
+            fig.text(0.99, 0.01, "--quick sizes", ha="right", fontsize=7, color="red")
+        fig.tight_layout()
+        fig.savefig(results_dir / f"{name}.png", dpi=110)
+        plt.close(fig)
+        out[name] = f"{results_dir.name}/{name}.png"
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------------
+
+
+def render(out: Path, sections: dict[str, Any]) -> Path:
+    results_dir = out / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(sections, results_dir)
+    page = out / "RESULTS.md"
+    page.write_text(render_page(sections, results_dir, plots))
+    return page
+
+
+def parse_only(value: str | None) -> list[str]:
+    if not value:
+        return list(SECTIONS)
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        raise SystemExit(f"unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}")
+    return [n for n in SECTIONS if n in names]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke-test sizes (marked on the page)")
+    parser.add_argument("--only", default=None, help=f"comma-separated sections: {','.join(SECTIONS)}")
+    parser.add_argument("--out", type=Path, default=REPO / "docs", help="page directory (default: docs)")
+    parser.add_argument("--render-only", action="store_true", help="re-render from OUT/results/results.json")
+    parser.add_argument("--child", choices=list(SECTIONS), help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.child:
+        args.child_out.write_text(json.dumps(run_child(args.child, args.quick)))
+        return 0
+
+    out = args.out.resolve()
+    json_path = out / "results" / RESULTS_JSON
+    sections = load_results(json_path)
+    failed = []
+    if not args.render_only:
+        for name in parse_only(args.only):
+            print(f"[results] {name} ...", flush=True)
+            try:
+                sections[name] = run_section(name, args.quick, REPO / "runs" / "bench-logs")
+            except RuntimeError as exc:
+                print(exc, file=sys.stderr, flush=True)
+                failed.append(name)
+                continue
+            save_results(json_path, sections)
+            print(f"[results] {name} done in {sections[name]['wall_seconds']} s", flush=True)
+    save_results(json_path, sections)
+    page = render(out, sections)
+    print(f"[results] wrote {page} and {json_path}")
+    if failed:
+        print(
+            f"[results] failed: {', '.join(failed)} (their previous numbers, if any, are kept)",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
