@@ -3,6 +3,7 @@
     pip install -e '.[cpu,bench]'            # trl 1.16 goes into the bench extra only
     flock /tmp/stream-dapo-cpu.lock .venv/bin/python bench/peer_trl.py [--steps 120] [--eval-every 4]
         [--target-delta 0.10 | --target 0.35] [--seed 0] [--out docs/results/peer_trl.json]
+    .venv/bin/python bench/peer_trl.py report   # recompute the derived figures of an existing JSON
 
 Both sides train the same warm tiny model (``model.path`` of configs/tiny-cpu.toml) on the same synthetic
 train split with the same reward, group size, batch shape, optimizer and seed, for the same number of
@@ -27,11 +28,21 @@ optimizer steps, one after the other on this machine. Then:
    linearly interpolated between the two checkpoints around the crossing (``time_to_target``). The
    curve starts at (0 s, start model). The first checkpoint at or above the target is reported too.
 
-Every setting that is not the same on both sides is listed in ``DIFFERENCES`` (also written to the
-JSON); the mapped settings are in ``trl_grpo_kwargs``. In short: stream-dapo is asynchronous and
-filters groups (dynamic sampling) and corrects staleness; TRL is synchronous, keeps zero-variance
-groups in the batch, normalises advantages with the sample std and its token-level loss by the
-average mini-batch's token count, and generates with transformers ``generate`` instead of vLLM.
+The settings mapped one to one are in ``trl_grpo_kwargs`` (G, prompts per rollout, 64 samples per
+optimizer step, Clip-Higher 0.2/0.28, dual clip 10 as TRL's ``delta``, no KL, lr and AdamW, constant
+schedule, grad clip, fp32, 96 response tokens, temperature 1, the verifier reward with soft overlong
+shaping). What differs, with the reason for each, is ``DIFFERENCES`` (also written to the JSON):
+
+1. overlap: stream-dapo asynchronous (staleness <= 4, decoupled ratio + truncated IS); TRL synchronous;
+2. generation: vLLM CPU in its own process vs transformers ``generate`` in the trainer;
+3. threads: two 1-thread processes side by side vs one process with both cores in turn;
+4. dynamic sampling: stream-dapo drops all-correct/all-wrong groups; TRL keeps them at advantage 0;
+5. advantage std: population std + 1e-6 vs Bessel-corrected std + 1e-4 (x0.935 at G=8);
+6. loss normaliser: the mini-batch's tokens vs the generation batch's tokens / 2;
+7. prompt order: each trainer's own seeded shuffle of the same split;
+8. micro-batching: token-packed micro-batches vs one padded 64-row batch;
+9. checkpoints in the timed window: DeepSpeed state + HF export vs ``save_pretrained``;
+10. start-up in the timed window: launcher, DeepSpeed, vLLM vs imports and model load.
 
 Why TRL does not generate with vLLM here (``use_vllm=False``): TRL's ``server`` mode needs a separate
 ``trl vllm-serve`` process and syncs weights through an NCCL communicator (GPU); its ``colocate`` mode
@@ -167,6 +178,10 @@ class CurvePoint:
     pass_at_k: float | None = None
 
 
+_TOLERANCE = 1e-9
+"""A figure this close below the target reaches it: start + delta is computed in floating point."""
+
+
 def time_to_target(curve: Sequence[CurvePoint], target: float) -> dict[str, float | int | None]:
     """When a curve (sorted by time) first reaches ``target``.
 
@@ -176,13 +191,13 @@ def time_to_target(curve: Sequence[CurvePoint], target: float) -> dict[str, floa
     """
     points = sorted(curve, key=lambda p: p.t_s)
     for i, point in enumerate(points):
-        if point.avg_at_k < target:
+        if point.avg_at_k < target - _TOLERANCE:
             continue
         if i == 0:
             crossing = point.t_s
         else:
             prev = points[i - 1]
-            frac = (target - prev.avg_at_k) / (point.avg_at_k - prev.avg_at_k)
+            frac = min(1.0, (target - prev.avg_at_k) / (point.avg_at_k - prev.avg_at_k))
             crossing = prev.t_s + frac * (point.t_s - prev.t_s)
         return {"interpolated_s": crossing, "first_point_s": point.t_s, "first_point_step": point.step}
     return {"interpolated_s": None, "first_point_s": None, "first_point_step": None}
@@ -198,6 +213,30 @@ def speed_ratio(trl_s: float | None, stream_s: float | None) -> float | None:
     if trl_s is None or stream_s is None or stream_s <= 0:
         return None
     return trl_s / stream_s
+
+
+SENSITIVITY_DELTAS = (0.05, 0.10, 0.15, 0.20)
+"""Targets (start avg@k + delta) at which the time-to-target ratio is also reported: one eval figure
+has a sampling error of ~0.017 here, so a single target can land on a plateau of one curve."""
+
+
+def target_sensitivity(
+    curves: dict[str, Sequence[CurvePoint]], start: float, deltas: Sequence[float] = SENSITIVITY_DELTAS
+) -> list[dict[str, Any]]:
+    """Interpolated time to ``start + delta`` for each side and the TRL / stream-dapo ratio, per delta."""
+    rows = []
+    for delta in deltas:
+        target = start + delta
+        times = {name: time_to_target(curve, target)["interpolated_s"] for name, curve in curves.items()}
+        rows.append(
+            {
+                "delta": delta,
+                "target": target,
+                **{f"{name}_s": t for name, t in times.items()},
+                "ratio_trl_over_stream_dapo": speed_ratio(times.get("trl"), times.get("stream_dapo")),
+            }
+        )
+    return rows
 
 
 def is_truncated(completion_ids: Sequence[int], eos_ids: Sequence[int], max_len: int) -> bool:
@@ -691,6 +730,40 @@ def print_table(report: dict[str, Any]) -> None:
         )
     ratio = report["ratio_trl_over_stream_dapo"]
     print(f"time to target, TRL / stream-dapo: {'-' if ratio is None else f'{ratio:.2f}'}")
+    print(
+        "sensitivity (target = start + delta): "
+        + ", ".join(
+            f"+{row['delta']:.2f}: {_fmt(row['stream_dapo_s'])} s vs {_fmt(row['trl_s'])} s "
+            f"(x{_fmt(row['ratio_trl_over_stream_dapo'], 2)})"
+            for row in report.get("target_sensitivity", [])
+        )
+    )
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def summarise(report: dict[str, Any]) -> None:
+    """(Re)compute time to target, the ratio and the target sensitivity from the report's curves."""
+    target = report["target_avg_at_k"]
+    curves = {name: [CurvePoint(**p) for p in side["curve"]] for name, side in report["sides"].items()}
+    for name, side in report["sides"].items():
+        side["time_to_target"] = time_to_target(curves[name], target)
+    report["ratio_trl_over_stream_dapo"] = speed_ratio(
+        report["sides"]["trl"]["time_to_target"]["interpolated_s"],
+        report["sides"]["stream_dapo"]["time_to_target"]["interpolated_s"],
+    )
+    report["target_sensitivity"] = target_sensitivity(curves, report["eval_before"]["avg_at_k"])
+
+
+def main_report(path: Path) -> int:
+    """Re-analyse a result JSON (no training): recompute the derived figures, rewrite it, print the table."""
+    report = json.loads(path.read_text())
+    summarise(report)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report)
+    return 0
 
 
 def git_state() -> dict[str, Any]:
@@ -797,11 +870,8 @@ def main_compare(args: argparse.Namespace) -> int:
         "differences": DIFFERENCES,
         "trl_vllm_colocate": TRL_VLLM_COLOCATE,
         "sides": sides,
-        "ratio_trl_over_stream_dapo": speed_ratio(
-            sides["trl"]["time_to_target"]["interpolated_s"],
-            sides["stream_dapo"]["time_to_target"]["interpolated_s"],
-        ),
     }
+    summarise(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
@@ -819,7 +889,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", nargs="?", default="compare", choices=["compare", "trl-train", "evaluate"])
+    parser.add_argument(
+        "command", nargs="?", default="compare", choices=["compare", "trl-train", "evaluate", "report"]
+    )
     parser.add_argument("checkpoints", nargs="*", help="(evaluate) checkpoint directories")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -848,6 +920,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "compare":
         args.out = args.out or str(DEFAULT_OUT)
         return main_compare(args)
+    if args.command == "report":
+        return main_report(Path(args.out or DEFAULT_OUT))
     if args.command == "evaluate" and not args.out:
         parser.error("evaluate needs --out FILE")
     cfg = load_config([args.config], args.overrides)

@@ -164,3 +164,19 @@ def test_trl_two_sided_clip_at_delta_equals_the_dual_clip():
         trl.backward()
         assert ours.item() == pytest.approx(trl.item())
         assert torch.allclose(logp_ours.grad, logp_trl.grad)
+
+
+def test_target_sensitivity_reports_each_delta_and_the_ratio():
+    curves = {
+        "stream_dapo": [P(0, 0.0, 0.2), P(4, 10.0, 0.3), P(8, 20.0, 0.4)],
+        "trl": [P(0, 0.0, 0.2), P(4, 10.0, 0.25), P(8, 20.0, 0.3)],
+    }
+    rows = peer.target_sensitivity(curves, 0.2, deltas=(0.05, 0.1, 0.15))
+    assert [r["target"] for r in rows] == pytest.approx([0.25, 0.3, 0.35])
+    # +0.05: stream-dapo 0 + 0.05/0.1*10 = 5 s, TRL exactly at 10 s -> ratio 2
+    assert (rows[0]["stream_dapo_s"], rows[0]["trl_s"]) == pytest.approx((5.0, 10.0))
+    assert rows[0]["ratio_trl_over_stream_dapo"] == pytest.approx(2.0)
+    # +0.10: 10 s vs 20 s; +0.15: stream-dapo 15 s, TRL never -> no ratio
+    assert rows[1]["ratio_trl_over_stream_dapo"] == pytest.approx(2.0)
+    assert rows[2]["stream_dapo_s"] == pytest.approx(15.0) and rows[2]["trl_s"] is None
+    assert rows[2]["ratio_trl_over_stream_dapo"] is None
