@@ -267,7 +267,7 @@ def render_packing(d: dict[str, Any]) -> str:
                 fmt(_med(e["pad_to_longest"])),
                 fmt(_med(e["pad_to_max_length"])),
                 fmt_ratio(c["packer_vs_pad_to_max_length"]),
-                fmt(_med(c["micro_batches"])),
+                fmt(round(_med(c["micro_batches"]))),
             ]
         )
     draws = d["tiny"]["draws"]
@@ -342,7 +342,7 @@ def render_transport(d: dict[str, Any]) -> str:
         for p in d["push_pull"]
     ]
     ratios = "; ".join(
-        f"{fmt(g['response_tokens'])}-token groups: codec / raw {fmt_ratio(g['loopback']['codec_vs_raw'])}"
+        f"{fmt(g['response_tokens'])}-token groups {fmt_ratio(g['loopback']['codec_vs_raw'])}"
         for g in d["groups"]
     )
     mc = d["memcpy"]
@@ -351,8 +351,8 @@ def render_transport(d: dict[str, Any]) -> str:
         "repeats. Loopback: the sender is its own process (one encodes every message, one resends a "
         "pre-encoded frame); the receiver validates and decodes. The loopback rounds interleave with a "
         "numpy copy of the same bytes, and the ratios are paired per repeat.\n\n"
-        + markdown_table(["payload", "path", "GB/s", "messages/s", "vs memcpy"], rows)
-        + f"\nEnd to end, the codec costs {ratios} over loopback.\n\n"
+        + markdown_table(["payload", "path", "GB/s", "messages/s", "vs memcpy"], rows, "llrrr")
+        + f"\nOver loopback, the codec path moves this fraction of the raw frames' bytes/s: {ratios}.\n\n"
         "Raw ZeroMQ PUSH/PULL of large bytes frames over TCP loopback (sender in its own process), "
         "interleaved with a numpy copy of the same bytes:\n\n"
         + markdown_table(["frame", "frames/round", "GB/s", "frames/s", "memcpy GB/s", "vs memcpy"], push)
@@ -389,6 +389,7 @@ def render_weight_sync(d: dict[str, Any]) -> str:
         + markdown_table(
             ["state dict", "path", "serialize ms/MB", "transfer ms/MB", "total ms/MB", "total s", "MB/s"],
             rows,
+            "llrrrrr",
         )
         + f"\nTime ratios (lower is faster): {ratios}.\n\n"
         "serialize: safetensors bytes + sha256 (`serialize_weights`); ZeroMQ: `WeightServer.publish` + "
@@ -653,6 +654,7 @@ def _bars(ax: Any, labels: list[str], values: list[float], lows: list[float], hi
         [hi - v for v, hi in zip(values, highs, strict=True)],
     ]
     ax.bar(labels, values, yerr=errors, capsize=4, color="#4c72b0")
+    ax.set_ylim(0, max(highs) * 1.15)  # room for the labels above the error bars
     for i, (v, hi) in enumerate(zip(values, highs, strict=True)):
         ax.annotate(
             fmt(v), (i, hi), ha="center", va="bottom", fontsize=8, xytext=(0, 3), textcoords="offset points"
