@@ -63,7 +63,9 @@ def measure_async_vs_sync(
                     flush=True,
                 )
     return {
-        "config": str(config),
+        "config": str(config.resolve().relative_to(REPO))
+        if config.resolve().is_relative_to(REPO)
+        else str(config),
         "cores": os.cpu_count(),
         "steps": steps,
         "repeats": repeats,

@@ -89,7 +89,7 @@ def standalone_command(name: str, quick: bool) -> str:
     """The section's own script with the sizes `run_child` uses."""
     if name == "async_vs_sync":
         return f"python {SECTIONS[name].script} " + (
-            "--steps 2 --repeats 1" if quick else "--steps 12 --repeats 3"
+            "--steps 2 --repeats 1" if quick else "--steps 40 --repeats 2"
         )
     return f"python {SECTIONS[name].script}" + (" --quick" if quick else "")
 
@@ -101,7 +101,7 @@ def run_child(name: str, quick: bool) -> dict[str, Any]:
     section = SECTIONS[name]
     fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module(section.module), section.function)
     if name == "async_vs_sync":
-        return fn(steps=2, repeats=1) if quick else fn(steps=12, repeats=3)
+        return fn(steps=2, repeats=1) if quick else fn(steps=40, repeats=2)
     return fn(quick=quick)
 
 
@@ -490,6 +490,11 @@ EXTERNAL = (
     ("TRL peer comparison", "peer_trl.json", "python bench/peer_trl.py --out docs/results/peer_trl.json"),
     ("Fault drill", "drill.json", "python bench/drill.py --json docs/results/drill.json"),
     ("Protocol fuzzer", "fuzz.json", "python bench/fuzz.py --json docs/results/fuzz.json"),
+    (
+        "Verifier hostile inputs under the pool",
+        "verifier_hostile.json",
+        "python bench/verifier_hostile.py --json docs/results/verifier_hostile.json",
+    ),
 )
 
 
