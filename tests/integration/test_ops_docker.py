@@ -59,7 +59,9 @@ def test_the_install_uses_the_pinned_torch_and_extras_that_exist() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     text = DOCKERFILE.read_text()
     (torch_pin,) = [d for d in project["dependencies"] if d.startswith("torch")]
-    assert f"{torch_pin} " in text or f"{torch_pin}\n" in text, "the CPU variant must install the pinned torch"
+    assert f"{torch_pin} " in text or f"{torch_pin}\n" in text, (
+        "the CPU variant must install the pinned torch"
+    )
     for extra in re.findall(r'-e "\.\[(\w+)\]"', text):
         assert extra in project["optional-dependencies"], extra
     assert set(re.findall(r'-e "\.\[(\w+)\]"', text)) == {"cpu", "gpu"}
@@ -81,7 +83,12 @@ def test_the_documented_build_tags_are_the_images_the_overlays_run(overlay: str)
 
 def test_the_environment_matches_the_manifests_writable_paths() -> None:
     env = " ".join(args for word, args in instructions() if word == "ENV")
-    for var in ("HOME=/cache", "XDG_CACHE_HOME=/cache", "HF_HOME=/cache/huggingface", "VLLM_CACHE_ROOT=/cache/vllm"):
+    for var in (
+        "HOME=/cache",
+        "XDG_CACHE_HOME=/cache",
+        "HF_HOME=/cache/huggingface",
+        "VLLM_CACHE_ROOT=/cache/vllm",
+    ):
         assert var in env, var
     kustomization = (ROOT / "ops" / "k8s" / "base" / "kustomization.yaml").read_text()
     for var in ("HOME=/cache", "HF_HOME=/cache/huggingface", "VLLM_CACHE_ROOT=/cache/vllm"):
