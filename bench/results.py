@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import subprocess
 import sys
@@ -115,8 +116,13 @@ def run_section(name: str, quick: bool, log_dir: Path) -> dict[str, Any]:
         argv = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--child-out", str(out)]
         if quick:
             argv.append("--quick")
+        # A section is a world of its own: never inherit a parent's torch.distributed variables
+        # (a parent that ran an in-process learner may still hold its MASTER_PORT).
+        from stream_dapo.launcher import LAUNCHER_VARS
+
+        env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
         with log.open("w") as f:
-            proc = subprocess.run(argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+            proc = subprocess.run(argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
         if proc.returncode != 0:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
             raise RuntimeError(

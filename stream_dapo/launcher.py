@@ -308,7 +308,7 @@ def check_ports_free(cfg: Config) -> None:
                 ) from None
 
 
-_LAUNCHER_VARS = frozenset(
+LAUNCHER_VARS = frozenset(
     {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
 )
 
@@ -326,7 +326,7 @@ def child_env(cfg: Config, service: str, index: int = 0) -> dict[str, str]:
     # Children must not inherit our stray env overrides of the resolved config (it is in config.toml),
     # nor torch.distributed launcher variables: the one-machine learner is a world of one, and a
     # parent's MASTER_PORT may still be held by the parent.
-    for key in [k for k in env if k.startswith("STREAM_DAPO__") or k in _LAUNCHER_VARS]:
+    for key in [k for k in env if k.startswith("STREAM_DAPO__") or k in LAUNCHER_VARS]:
         del env[key]
     return env
 
