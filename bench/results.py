@@ -420,10 +420,11 @@ def render_async_vs_sync(d: dict[str, Any]) -> str:
 
 
 TIME_TO_TARGET_TODO = (
-    "| time to a target eval accuracy, async vs sync | TODO: not measured. It needs an evaluation "
-    "curve per mode (checkpoints evaluated outside the timed window, as bench/peer_trl.py does for "
-    "stream-dapo vs TRL), several seeds and tens of minutes per run on 2 cores. |\n"
+    "| time to a target eval accuracy, async vs sync | one seed: `python bench/async_sync_ttt.py` "
+    "(checkpoints evaluated outside the timed window, as bench/peer_trl.py does); its figures are "
+    "under Other tools below. Several seeds would take tens of minutes per run on 2 cores. |\n"
 )
+
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "generation": render_generation,
@@ -492,6 +493,11 @@ EXTERNAL = (
         "Ablation (the paper's Table 1 ladder)",
         "ablation/ablation.md",
         "stream-dapo ablate --out docs/results/ablation",
+    ),
+    (
+        "Async vs sync: time to a target eval accuracy",
+        "async_sync_ttt.json",
+        "python bench/async_sync_ttt.py --out docs/results/async_sync_ttt.json",
     ),
     ("TRL peer comparison", "peer_trl.json", "python bench/peer_trl.py --out docs/results/peer_trl.json"),
     ("Fault drill", "drill.json", "python bench/drill.py --json docs/results/drill.json"),
