@@ -267,14 +267,10 @@ def shaped_rewards(
 
 
 def reward_shaping(cfg: Config) -> RewardShaping:
-    a = cfg.algo
-    return RewardShaping(
-        soft_overlong=a.soft_overlong,
-        max_response_len=a.max_response_len,
-        overlong_cache_len=a.overlong_cache_len,
-        overlong_factor=a.overlong_factor,
-        overlong_filter=a.overlong_filter,
-    )
+    """The generator's own shaping settings (the TRL side must shape rewards exactly as it does)."""
+    from stream_dapo.generator.rollout import RolloutSettings
+
+    return RolloutSettings.from_config(cfg.algo).shaping
 
 
 def trl_grpo_kwargs(cfg: Config, *, steps: int, seed: int, output_dir: str) -> dict[str, Any]:
