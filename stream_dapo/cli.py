@@ -85,8 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from stream_dapo.logs import setup_logging
 
     setup_logging(args.log_level)
+    from stream_dapo.config import ConfigError
+
     if args.command not in _NO_CONFIG:
-        from stream_dapo.config import ConfigError, load_config
+        from stream_dapo.config import load_config
 
         try:
             args.cfg = load_config(args.config, args.overrides)
@@ -97,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup_logging(args.log_level, json_logs=True)
     try:
         return int(args._module.run(args) or 0)
+    except ConfigError as exc:  # a bad setting or file found after loading (data, model.path): no traceback
+        print(f"stream-dapo {args.command}: {exc}", file=sys.stderr)
+        return ExitCode.CONFIG
     except KeyboardInterrupt:
         logging.getLogger("stream_dapo").warning("interrupted")
         return ExitCode.INTERRUPTED

@@ -1,7 +1,8 @@
-"""Session fixtures shared by the integration tests."""
+"""Fixtures shared by the tests: the root logger restored after each test, the warm tiny model."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -11,6 +12,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def restore_root_logging():
+    """`stream_dapo.cli.main` points the root logger at the stderr of the test that calls it (a
+    capture closed afterwards); restore it, so that later tests do not log into a closed stream."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

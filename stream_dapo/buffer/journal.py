@@ -19,6 +19,11 @@ every acknowledged change is in complete frames. A kill -9 or power loss can lea
 garbled frame at the end of the journal; `load()` stops there, logs a warning with the number
 of bytes skipped, and truncates the file so that new frames follow the last good one. A damaged
 snapshot is different (it was fsynced before the rename): that is an error naming the file.
+
+A full disk: a failed journal write raises `JournalDiskFullError` ("no space left on <file>") and
+marks the journal failed, so `close()` releases the file without retrying the write (nothing more
+is acknowledged; the frames already synced are the state a restart recovers). A failed snapshot
+removes its temporary file and leaves the old snapshot and the journal as they were.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from stream_dapo.disk import NO_SPACE_ERRNOS, DiskFullError, no_space_left
 from stream_dapo.transport.codec import CodecError, pack_value, unpack_value
 
-__all__ = ["JOURNAL_MAGIC", "SNAPSHOT_MAGIC", "Journal", "JournalError", "LoadReport"]
+__all__ = ["JOURNAL_MAGIC", "SNAPSHOT_MAGIC", "Journal", "JournalDiskFullError", "JournalError", "LoadReport"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +58,10 @@ Record = dict[str, Any]
 
 class JournalError(RuntimeError):
     """The state files cannot be read or written; the message names the file and the fix."""
+
+
+class JournalDiskFullError(JournalError, DiskFullError):
+    """A state file could not be written because its disk is full (restart once space is freed)."""
 
 
 class _BadFrame(Exception):
@@ -143,6 +153,7 @@ class Journal:
         self._file: IO[bytes] | None = None
         self._seq = 0
         self._dirty = False
+        self._failed = False
         self._size = 0
         self.records_since_compaction = 0
         self.report = LoadReport()
@@ -333,6 +344,14 @@ class Journal:
             os.replace(self._tmp_path, self.snapshot_path)
             _fsync_dir(self.snapshot_path.parent)
         except OSError as exc:
+            self._tmp_path.unlink(missing_ok=True)
+            if exc.errno in NO_SPACE_ERRNOS:
+                raise JournalDiskFullError(
+                    f"{no_space_left(self.snapshot_path.parent)} writing snapshot {self.snapshot_path}; the "
+                    "previous snapshot and the journal still hold everything: free space there and restart "
+                    "the buffer",
+                    self.snapshot_path.parent,
+                ) from exc
             raise JournalError(
                 f"cannot write snapshot {self.snapshot_path}: {exc.strerror}; free disk space or fix "
                 "permissions (the journal still holds everything)"
@@ -346,13 +365,20 @@ class Journal:
         return size
 
     def close(self) -> None:
-        """Sync and close (releases the lock). Safe to call twice."""
-        if self._file is not None:
-            try:
+        """Sync and close (releases the lock). Safe to call twice. After a failed write it only
+        releases the file: the write already failed once and was reported."""
+        if self._file is None:
+            return
+        try:
+            if not self._failed:
                 self.sync()
-            finally:
-                self._file.close()
-                self._file = None
+        finally:
+            file, self._file = self._file, None
+            try:
+                file.close()  # closes the descriptor (and the lock) even when its final flush fails
+            except OSError:
+                if not self._failed:
+                    raise
 
     # ---------------------------------------------------------------------------------- raw I/O
 
@@ -361,7 +387,7 @@ class Journal:
         try:
             self._file.write(data)
         except OSError as exc:
-            raise JournalError(self._io_problem("write", exc)) from exc
+            raise self._io_error("write", exc) from exc
 
     def _sync_raw(self) -> None:
         assert self._file is not None
@@ -369,7 +395,7 @@ class Journal:
             self._file.flush()
             os.fsync(self._file.fileno())
         except OSError as exc:
-            raise JournalError(self._io_problem("fsync", exc)) from exc
+            raise self._io_error("fsync", exc) from exc
 
     def _truncate(self, size: int) -> None:
         assert self._file is not None
@@ -378,10 +404,17 @@ class Journal:
             os.ftruncate(self._file.fileno(), size)
             self._file.seek(size)
         except OSError as exc:
-            raise JournalError(self._io_problem("truncate", exc)) from exc
+            raise self._io_error("truncate", exc) from exc
 
-    def _io_problem(self, what: str, exc: OSError) -> str:
-        return (
-            f"cannot {what} {self.journal_path}: {exc.strerror}; free disk space or fix permissions and "
-            "restart the buffer: it recovers everything it acknowledged from the journal"
+    def _io_error(self, what: str, exc: OSError) -> JournalError:
+        """The error for a failed write, fsync or truncate; the journal is failed from now on."""
+        self._failed = True
+        restart = "restart the buffer: it recovers everything it acknowledged from the journal"
+        if exc.errno in NO_SPACE_ERRNOS:
+            return JournalDiskFullError(
+                f"{no_space_left(self.journal_path)}: {what} failed; free space there and {restart}",
+                self.journal_path,
+            )
+        return JournalError(
+            f"cannot {what} {self.journal_path}: {exc.strerror}; free disk space or fix permissions and {restart}"
         )

@@ -6,6 +6,7 @@ from stream_dapo.data.dataset import (
     PromptStream,
     SchemaError,
     StreamState,
+    check_data_file,
     load_prompts,
 )
 from stream_dapo.data.synthetic import ensure_synthetic_data
@@ -16,6 +17,7 @@ __all__ = [
     "PromptStream",
     "SchemaError",
     "StreamState",
+    "check_data_file",
     "ensure_synthetic_data",
     "load_prompts",
 ]

@@ -9,7 +9,9 @@ One row (parquet or JSON lines)::
      "extra_info": {"index": "9a9b6eb4-..."}}
 
 ``prompt`` and ``reward_model.ground_truth`` are required; ``data_source``, ``ability`` and
-``extra_info`` are optional. The public parquet file repeats each of its ~17k prompts about 100 times,
+``extra_info`` are optional. A file that breaks the schema raises `SchemaError`, a `ConfigError`
+naming the file, the line or row, and the fix: services exit 2 on it (restarting cannot help), and
+`stream-dapo run` checks its files with `check_data_file` before it starts any service. The public parquet file repeats each of its ~17k prompts about 100 times,
 so ``load_prompts`` keeps the first row of each distinct prompt and counts the rest; prompts longer
 than ``max_prompt_len`` tokens after the chat template are skipped and counted too.
 """
@@ -26,12 +28,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from stream_dapo.config import ConfigError
+
 __all__ = [
     "LoadStats",
     "PromptItem",
     "PromptStream",
     "SchemaError",
     "StreamState",
+    "check_data_file",
     "load_prompts",
     "prompt_id_of",
     "read_rows",
@@ -48,8 +53,9 @@ SCHEMA_HELP = (
 _PARQUET_BATCH_ROWS = 8192
 
 
-class SchemaError(ValueError):
-    """A data file that does not follow the DAPO-Math-17k schema."""
+class SchemaError(ConfigError):
+    """A data file that does not follow the DAPO-Math-17k schema (or is missing): a configuration
+    error, so every service and the CLI exit 2 with the message alone."""
 
 
 class ChatTokenizer(Protocol):
@@ -176,6 +182,30 @@ def _parse_row(row: dict[str, Any], where: str) -> tuple[list[dict[str, str]], s
     return messages, str(reward_model["ground_truth"])
 
 
+def parsed_rows(path: str | Path) -> Iterator[tuple[dict[str, Any], list[dict[str, str]], str]]:
+    """(row, messages, gold answer) of every row of a DAPO-schema file, each one validated."""
+    for n, row in enumerate(read_rows(path), 1):
+        messages, gold = _parse_row(row, f"{path}: row {n}")
+        yield row, messages, gold
+
+
+def check_data_file(path: str | Path, setting: str = "data.train_path") -> int:
+    """Validate every row of a DAPO-schema file without tokenizing it; returns the number of rows.
+
+    Raises `SchemaError` naming the file, the line or row and the fix, also when the file is
+    missing (``setting`` is the config key that points at it) or holds no rows.
+    """
+    if not Path(path).is_file():
+        raise SchemaError(
+            f"{setting} = {path} does not exist; point it at a .parquet or .jsonl file, or leave it "
+            "unset to use the synthetic task"
+        )
+    rows = sum(1 for _ in parsed_rows(path))
+    if rows == 0:
+        raise SchemaError(f"{path}: no rows; {SCHEMA_HELP}")
+    return rows
+
+
 # --------------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------------
@@ -202,9 +232,8 @@ def load_prompts(
     stats = LoadStats()
     gold_of: dict[str, str] = {}
     items: list[PromptItem] = []
-    for row in read_rows(path):
+    for row, messages, gold in parsed_rows(path):
         stats.rows += 1
-        messages, gold = _parse_row(row, f"{path}: row {stats.rows}")
         pid = prompt_id_of(messages)
         if pid in gold_of:
             stats.duplicates += 1
@@ -243,7 +272,7 @@ def load_prompts(
             "%s: %d duplicate prompts disagree on ground_truth; the first is used", path, stats.gold_conflicts
         )
     if not items:
-        raise ValueError(
+        raise ConfigError(
             f"{path}: every prompt is longer than model.max_prompt_len={max_prompt_len}; raise it"
         )
     return items, stats
@@ -292,7 +321,7 @@ class PromptStream:
                 f"shard_index {shard_index} is outside [0, {num_shards}); use 0..{num_shards - 1}"
             )
         if len(prompts) < num_shards:
-            raise ValueError(
+            raise ConfigError(
                 f"{len(prompts)} prompts cannot feed {num_shards} generators (a shard would be empty); "
                 "lower generator.num_generators or add prompts"
             )

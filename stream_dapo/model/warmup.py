@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stream_dapo.config import Config, DataConfig
+from stream_dapo.config import Config, ConfigError, DataConfig, ModelConfig
 from stream_dapo.data.dataset import PromptItem, load_prompts
 from stream_dapo.data.synthetic import ensure_synthetic_data, synthetic_task_key
 from stream_dapo.model.tiny import (
@@ -64,6 +64,7 @@ __all__ = [
     "WarmupResult",
     "add_arguments",
     "ensure_warm_model",
+    "is_default_model_path",
     "measure_pass_at_1",
     "run",
     "synthetic_data_dir",
@@ -75,6 +76,11 @@ log = logging.getLogger(__name__)
 
 # Bump when the training procedure changes in a way that changes the weights.
 _WARMUP_VERSION = 1
+
+DEFAULT_MODEL_PATH = Path(ModelConfig.model_fields["path"].default)
+"""The embedded default's cache of the warm tiny model (relative: to the working directory, or to the
+repository checkout that holds configs/tiny-cpu.toml)."""
+_REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -498,19 +504,35 @@ def _cached_result(out: Path, marker: dict[str, Any]) -> WarmupResult:
     )
 
 
+def is_default_model_path(path: str | Path) -> bool:
+    """Whether ``path`` is the embedded default's cache (``runs/tiny-model/warm``)."""
+    resolved = Path(path).resolve()
+    return resolved in {DEFAULT_MODEL_PATH.resolve(), (_REPO / DEFAULT_MODEL_PATH).resolve()}
+
+
 def ensure_warm_model(cfg: Config) -> Path:
     """The policy's starting directory for the launcher: ``model.path``, built if needed.
 
     A directory that holds a model stream-dapo did not build (no marker) is used as it is; one that
     we built is rebuilt when the task or warm-up settings changed; otherwise this returns at once.
+    Only the embedded default's cache is built on demand: a ``model.path`` elsewhere that holds no
+    model (a typo, an empty or half-copied directory) is a ConfigError, not a new tiny model.
     """
     path = Path(cfg.model.path)
-    if (path / "config.json").is_file() and read_marker(path) is None:
+    has_model = (path / "config.json").is_file()
+    if has_model and read_marker(path) is None:
         return path
-    if cfg.data.train_path is not None and not path.exists():
-        raise FileNotFoundError(
-            f"model.path {path} does not exist and data.train_path is set, so the tiny warm-up does "
-            "not apply; set model.path to a Hugging Face model directory"
+    if not has_model and not is_default_model_path(path):
+        what = "does not exist" if not path.exists() else "holds no Hugging Face model (no config.json)"
+        raise ConfigError(
+            f"model.path = {path} {what}; point model.path at a model directory (config.json, weights, "
+            f"tokenizer), or build the tiny warm model there with `stream-dapo warmup --out {path}` "
+            f"(only the embedded default, {DEFAULT_MODEL_PATH}, is built on first use)"
+        )
+    if not has_model and cfg.data.train_path is not None:
+        raise ConfigError(
+            f"model.path = {path} holds no model and data.train_path is set, so the tiny warm-up (which "
+            "trains on the synthetic task) does not apply; set model.path to a Hugging Face model directory"
         )
     return warmup(cfg).path
 

@@ -14,10 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from stream_dapo.config import ConfigError
 from stream_dapo.data.dataset import (
     PromptStream,
     SchemaError,
     StreamState,
+    check_data_file,
     load_prompts,
     prompt_id_of,
 )
@@ -126,6 +128,35 @@ def test_missing_file_and_unknown_format_name_the_fix(tmp_path, tokenizer):
     csv.write_text("prompt,reward_model\n")
     with pytest.raises(SchemaError, match=r"\.parquet or \.jsonl"):
         load_prompts(csv, tokenizer, MAX_PROMPT_LEN)
+
+
+def test_check_data_file_counts_the_rows_of_a_good_file() -> None:
+    assert check_data_file(SAMPLE) == 20
+
+
+def test_check_data_file_names_the_line_of_a_malformed_row(tmp_path, sample_rows):
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(sample_rows[0]) + "\n" + '{"prompt": [\n' + json.dumps(sample_rows[1]) + "\n")
+    with pytest.raises(
+        SchemaError, match=r"train\.jsonl:2: not valid JSON .*one JSON object per line"
+    ) as info:
+        check_data_file(path)
+    # A configuration error: services and the CLI exit 2 on it, with the message alone.
+    assert isinstance(info.value, ConfigError)
+
+
+def test_check_data_file_names_a_missing_prompt_column_and_a_missing_file(tmp_path, sample_rows):
+    path = tmp_path / "train.jsonl"
+    path.write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "prompt"}) + "\n" for r in sample_rows)
+    )
+    with pytest.raises(SchemaError, match=r"train\.jsonl:1: missing column 'prompt'"):
+        check_data_file(path)
+    with pytest.raises(SchemaError, match=r"data\.eval_path = .*nope\.jsonl does not exist"):
+        check_data_file(tmp_path / "nope.jsonl", "data.eval_path")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(SchemaError, match="no rows"):
+        check_data_file(tmp_path / "empty.jsonl")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,220 @@ def test_a_generator_whose_buffer_never_answers_exits_69_and_names_the_fix(
         code = service.run(argparse.Namespace(cfg=cfg, index=0))
     assert code == ExitCode.PEER_UNAVAILABLE
     assert "start `stream-dapo buffer` first" in caplog.text
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad data files and model paths: exit 2 with the message alone, before any service starts
+# --------------------------------------------------------------------------------------------------
+
+GOOD_ROW = {
+    "prompt": [{"role": "user", "content": "What is 2 + 3?"}],
+    "reward_model": {"ground_truth": "5", "style": "rule"},
+}
+BAD_DATA = {
+    "malformed line": (
+        json.dumps(GOOD_ROW) + '\n{"prompt": [\n',
+        r"train\.jsonl:2: not valid JSON",
+    ),
+    "no prompt column": (
+        json.dumps({"reward_model": GOOD_ROW["reward_model"]}) + "\n",
+        r"train\.jsonl:1: missing column 'prompt'",
+    ),
+}
+
+
+def fake_model_dir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    return path
+
+
+def run_argv(model: Path, out: Path, *extra: str) -> list[str]:
+    from tests.helpers import tiny_overrides
+
+    sets = [*tiny_overrides(model, out, free_ports(6)), *extra]
+    return ["run", "--no-eval", "--quiet", *(a for s in sets for a in ("--set", s))]
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DATA))
+def test_run_checks_the_data_before_starting_anything_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    text, message = BAD_DATA[case]
+    data = tmp_path / "train.jsonl"
+    data.write_text(text)
+    out = tmp_path / "run"
+    argv = run_argv(fake_model_dir(tmp_path / "model"), out, f'data.train_path="{data}"')
+    assert main(argv) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+    assert "Traceback" not in err
+    assert not out.exists(), "no run directory, no service: the check comes first"
+
+
+def test_a_generator_given_a_malformed_data_file_exits_2_with_the_message_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import zmq
+
+    from stream_dapo.generator import service
+    from stream_dapo.model.tiny import build_tokenizer
+    from stream_dapo.transport import messages as m
+    from stream_dapo.transport.sockets import open_endpoint
+
+    model = fake_model_dir(tmp_path / "model")
+    build_tokenizer().save_pretrained(model)
+    data = tmp_path / "train.jsonl"
+    data.write_text(BAD_DATA["malformed line"][0])
+    samples, metrics = free_ports(2)
+    cfg = load_config(
+        overrides=[
+            f"model.path={model}",
+            f'run.out_dir="{tmp_path / "run"}"',
+            f'data.train_path="{data}"',
+            f"transport.samples_port={samples}",
+            f"metrics.generator_port={metrics}",
+            "transport.timeout_s=10",
+        ],
+        environ={},
+    )
+    # The buffer only has to answer the hello: prompts are loaded right after it.
+    ctx = zmq.Context()
+    buffer = open_endpoint(
+        ctx, zmq.ROUTER, bind=f"tcp://127.0.0.1:{samples}", max_bytes=1 << 20, peer="generator"
+    )
+    stop = threading.Event()
+
+    def answer_hellos() -> None:
+        while not stop.is_set():
+            got = buffer.recv(20)
+            if got is not None and got[1].type == m.HELLO:
+                buffer.send(*m.credit(0, 0), to=got[0], request_id=got[1].request_id)
+
+    thread = threading.Thread(target=answer_hellos, daemon=True)
+    thread.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="stream_dapo"):
+            code = service.run(argparse.Namespace(cfg=cfg, index=0))
+    finally:
+        stop.set()
+        thread.join(5)
+        buffer.close()
+        ctx.term()
+    assert code == ExitCode.CONFIG
+    assert re.search(
+        r"generator stopped: .*train\.jsonl:2: not valid JSON .*one JSON object per line", caplog.text
+    )
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["empty directory", "missing directory"])
+def test_run_refuses_a_model_path_that_holds_no_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    from stream_dapo.model import warmup
+
+    def no_warmup(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a tiny model would be warmed up at a model.path that is not the default's")
+
+    monkeypatch.setattr(warmup, "warmup", no_warmup)
+    model = tmp_path / "models" / "qwen-7b"
+    if kind == "empty directory":
+        model.mkdir(parents=True)
+    assert main(run_argv(model, tmp_path / "run")) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert f"model.path = {model}" in err and f"stream-dapo warmup --out {model}" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "models" / "init").exists() and not (tmp_path / "run").exists()
+    assert (list(model.iterdir()) == []) if kind == "empty directory" else not model.exists()
+
+
+def test_only_the_embedded_default_cache_is_built_on_first_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stream_dapo.model import warmup
+
+    built: list[str] = []
+    monkeypatch.setattr(
+        warmup,
+        "warmup",
+        lambda cfg: built.append(cfg.model.path) or argparse.Namespace(path=Path(cfg.model.path)),
+    )
+    monkeypatch.chdir(tmp_path)
+    assert warmup.is_default_model_path("runs/tiny-model/warm")
+    assert warmup.is_default_model_path(tmp_path / "runs" / "tiny-model" / "warm")
+    assert not warmup.is_default_model_path(tmp_path / "runs" / "tiny-model" / "other")
+    cfg = load_config(overrides=["model.path=runs/tiny-model/warm"], environ={})
+    assert warmup.ensure_warm_model(cfg) == Path("runs/tiny-model/warm")
+    assert built == ["runs/tiny-model/warm"]
+
+
+# --------------------------------------------------------------------------------------------------
+# A full disk: exit 1 (the units restart on it), "no space left on <path>", no traceback
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_buffer_whose_disk_fills_exits_1_and_says_so_without_a_traceback(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import zmq
+
+    from stream_dapo.buffer import journal as journal_module
+    from stream_dapo.buffer import service as buffer_service
+    from stream_dapo.buffer.journal import Journal
+    from stream_dapo.transport import messages as m
+    from stream_dapo.transport.sockets import open_endpoint
+    from tests.unit.test_buffer_journal import FullDisk
+
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    disk = FullDisk()
+    monkeypatch.setattr(journal_module, "open", disk.open, raising=False)
+    samples, batches, metrics = free_ports(3)
+    cfg = load_config(
+        overrides=[
+            f'run.out_dir="{tmp_path / "run"}"',
+            f"transport.samples_port={samples}",
+            f"transport.batches_port={batches}",
+            f"metrics.buffer_port={metrics}",
+        ],
+        environ={},
+    )
+    done = threading.Event()
+
+    def learner_says_hello(request_stop) -> None:
+        ctx = zmq.Context()
+        learner = open_endpoint(
+            ctx, zmq.DEALER, connect=f"tcp://127.0.0.1:{batches}", max_bytes=1 << 20, peer="buffer"
+        )
+        try:
+            learner.send(*m.learner_hello(0, 0))  # journalled before its reply: the write hits the full disk
+            if not done.wait(30):
+                request_stop()  # only when something is broken: end the test instead of hanging it
+        finally:
+            learner.close()
+            ctx.term()
+
+    def fill_the_disk_once_up(request_stop) -> None:  # stands in for the signal handlers
+        disk.fill()
+        threading.Thread(target=learner_says_hello, args=(request_stop,), daemon=True).start()
+
+    monkeypatch.setattr(buffer_service, "on_stop_signal", fill_the_disk_once_up)
+    try:
+        with caplog.at_level(logging.ERROR, logger="stream_dapo"):
+            code = buffer_service.run(argparse.Namespace(cfg=cfg))
+    finally:
+        done.set()
+    state = tmp_path / "run" / "buffer" / "state.msgpack"
+    assert code == ExitCode.FAILURE
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and f"no space left on {state}.journal" in errors[0], errors
+    assert "Traceback" not in capsys.readouterr().err
+    assert [p.name for p in state.parent.iterdir() if "tmp" in p.name] == []
+    disk.free()
+    journal = Journal(state)  # the lock is released and the files load: a restart recovers
+    assert journal.load() == []
+    journal.close()

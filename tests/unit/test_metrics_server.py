@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
+import socket
+import struct
+import threading
 import urllib.error
 import urllib.request
+from http.server import ThreadingHTTPServer
 
 import pytest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from stream_dapo.metrics import start_metrics
 
@@ -63,3 +70,43 @@ def test_metrics_come_from_the_process_registry_and_unknown_paths_are_404(served
     assert status == 200 and b"stream_dapo_test_things_total 3.0" in body
     status, body = get(port, "/nope")
     assert status == 404 and b"/livez" in body
+
+
+class HugeSeries(Collector):
+    """One 32 MB series: more than loopback socket buffers hold, so a hang-up is seen mid-write."""
+
+    def collect(self):
+        family = GaugeMetricFamily("stream_dapo_test_blob", "A huge label value.", labels=["blob"])
+        family.add_metric(["x" * (32 << 20)], 1.0)
+        yield family
+
+
+def test_a_scraper_that_hangs_up_mid_response_leaves_no_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prometheus closes the connection when a scrape times out; the write then fails with
+    # BrokenPipeError or ConnectionResetError, which is the scraper's business, not an error here.
+    handled = threading.Event()
+    shutdown_request = ThreadingHTTPServer.shutdown_request
+
+    def shutdown_and_tell(self, request):  # runs after the handler (and any error report) is done
+        shutdown_request(self, request)
+        handled.set()
+
+    monkeypatch.setattr(ThreadingHTTPServer, "shutdown_request", shutdown_and_tell)
+    registry, _, server = start_metrics("127.0.0.1", 0)
+    registry.register(HugeSeries())
+    try:
+        with caplog.at_level(logging.DEBUG), socket.create_connection(("127.0.0.1", server.port)) as client:
+            client.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert client.recv(5) == b"HTTP/"  # the server is writing the response
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        assert handled.wait(30), "the server never finished the request"
+        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        err = capsys.readouterr().err
+        for text in ("Traceback", "BrokenPipeError", "ConnectionResetError", "Exception occurred"):
+            assert text not in err
+        status, body = get(server.port, "/livez")  # and it keeps serving
+        assert status == 200 and json.loads(body)["live"] is True
+    finally:
+        server.stop()
