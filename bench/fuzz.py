@@ -118,9 +118,10 @@ def seed_messages(rng: np.random.Generator) -> dict[str, list[m.Outgoing]]:
             m.hello("generator-0", 0),
             m.credit_request("generator-0", 4),
             m.groups("generator-0", [make_group(rng=rng)]),
-            m.groups("generator-0", [make_group(rng=rng), make_group(rng=rng)], filtered=1),
+            m.groups("generator-0", [make_group(rng=rng), make_group(rng=rng)], filtered_total=1),
             m.groups("generator-0", [make_group(samples=GROUP_SIZE + 1, rng=rng)]),
-            m.groups("generator-0", [], filtered=2),
+            m.groups("generator-0", [], filtered_total=2),
+            m.heartbeat("generator-0", 3),
         ],
         "batches": [
             m.learner_hello(0, 0),
@@ -747,7 +748,7 @@ class BufferTarget(RouterTarget):
         self.service = f"stream-dapo buffer ({socket_name} socket)"
         self.max_bytes = MAX_MESSAGE_BYTES
         self.served = frozenset(
-            (m.HELLO, m.CREDIT_REQUEST, m.GROUPS)
+            (m.HELLO, m.CREDIT_REQUEST, m.GROUPS, m.HEARTBEAT)
             if socket_name == "samples"
             else (m.LEARNER_HELLO, m.BATCH_REQUEST, m.COMMIT)
         )
@@ -944,7 +945,7 @@ class CreditsTarget(Target):
     """This script binds the buffer's samples ROUTER; a generator connects and is fuzzed."""
 
     rejected_metric = "stream_dapo_generator_messages_rejected_total"
-    served = frozenset((m.CREDIT, m.ACK, m.ERROR))
+    served = frozenset((m.CREDIT, m.ACK, m.LEASE, m.ERROR))
     binds = False
 
     def __init__(self, workdir: Path) -> None:
@@ -999,7 +1000,7 @@ class CreditsTarget(Target):
                 peer, data = self.router.recv_multipart()
                 msg = decode(data, max_bytes=MAX_MESSAGE_BYTES)
                 if msg.type == m.HELLO:
-                    self.router.send_multipart([peer, encode(*m.credit(0, 0))])
+                    self.router.send_multipart([peer, encode(*m.credit(0, 0), request_id=msg.request_id)])
                     return peer
             if not self.proc.alive():
                 break
@@ -1013,6 +1014,8 @@ class CreditsTarget(Target):
             return Verdict("rejected", "unexpected_type")
         if got.type == m.CREDIT and got.body["granted"] > 0:
             return Verdict("skip")  # real credits: the generator would rightly hold them
+        if got.type == m.LEASE and got.body["expired"]:
+            return Verdict("skip")  # a real expiry: the generator would rightly drop its credits
         if got.type == m.ACK:
             named = {
                 *got.body["accepted"],

@@ -167,7 +167,10 @@ class VerifierConfig(_Section):
 
 class GeneratorConfig(_Section):
     num_generators: int = Field(1, ge=1, le=1024)
-    """Generator processes `stream-dapo run` starts (one per GPU or replica in production)."""
+    """Generator processes `stream-dapo run` starts, and the prompt shards generators split the data
+    into (generator I takes shard I mod this). The buffer and the learner do not read it: generators
+    join and leave at any time (credits are leases). Only weights.method = "nccl" needs it fixed:
+    its process group has 1 + num_generators x tensor_parallel_size ranks."""
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature for training rollouts."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -188,6 +191,9 @@ class GeneratorConfig(_Section):
     """OpenMP threads of the vLLM CPU worker."""
     weight_poll_s: float = Field(0.5, gt=0.0)
     """How often the generator asks for a newer weight version."""
+    heartbeat_s: float = Field(5.0, gt=0.0)
+    """How often a generator tells the buffer it is alive (keeps its credit lease, see
+    buffer.generator_lease_s; a buffer that stops answering makes /readyz fail)."""
     seed: int = 0
     """Sampling seed (each generator adds its index)."""
 
@@ -201,6 +207,10 @@ class BufferConfig(_Section):
     """File the buffer persists its state to (default: run.out_dir/buffer/state.msgpack)."""
     persist_every_s: float = Field(10.0, gt=0.0)
     """Periodic persistence interval; the buffer also persists on SIGTERM."""
+    generator_lease_s: float = Field(30.0, gt=0.0)
+    """Credits are leases: a generator not heard from for this long (it heartbeats every
+    generator.heartbeat_s) is taken as gone, and its credits return to the admission line. So
+    generators may join and leave at any time; the fleet is whatever connects."""
 
 
 class LearnerConfig(_Section):
@@ -228,6 +238,9 @@ class LearnerConfig(_Section):
     """Publish weights every this many optimizer steps."""
     checkpoint_every: int = Field(20, ge=1)
     """Checkpoint (DeepSpeed state + HF export) every this many optimizer steps."""
+    keep_checkpoints: int = Field(3, ge=1)
+    """Newest `checkpoints/step_*` directories kept; older ones are deleted once a new checkpoint is
+    complete and `latest` names it (the one `latest` names is never deleted)."""
     torch_threads: int = Field(1, ge=1)
     """Intra-op threads of the learner process on CPU."""
     seed: int = 0
@@ -390,6 +403,12 @@ class Config(_Section):
                 f"learner.micro_batch_tokens ({self.learner.micro_batch_tokens}) cannot hold one "
                 f"sequence of model.max_prompt_len + algo.max_response_len "
                 f"({self.model.max_prompt_len + self.algo.max_response_len}) tokens; raise it"
+            )
+        if self.buffer.generator_lease_s < 3 * self.generator.heartbeat_s:
+            raise ValueError(
+                f"buffer.generator_lease_s ({self.buffer.generator_lease_s}) must be at least 3 x "
+                f"generator.heartbeat_s ({self.generator.heartbeat_s}), or one late heartbeat expires a live "
+                f"generator's credits: set buffer.generator_lease_s >= {3 * self.generator.heartbeat_s:g}"
             )
         ports = {
             "transport.samples_port": self.transport.samples_port,

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from stream_dapo.config import Config, config_to_toml
+from stream_dapo.exit_codes import ExitCode
+from stream_dapo.metrics import FINAL_METRICS_DIR, sample_key
 
 log = logging.getLogger("stream_dapo.launcher")
 
@@ -126,8 +128,7 @@ def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = float(sample.value)
+            out[sample_key(sample.name, sample.labels)] = float(sample.value)
     return out
 
 
@@ -264,7 +265,8 @@ def prepare_run_dir(cfg: Config, resume: bool) -> Path:
 
 
 def prepare_model(cfg: Config) -> None:
-    """Build the tiny warm model when model.path holds no model; use an existing one as it is.
+    """Build the tiny warm model when model.path is the embedded default's empty cache; use an
+    existing model as it is; refuse (ConfigError) a model.path elsewhere that holds no model.
 
     A run never retrains the policy it was pointed at: when the cached tiny model was built with
     other warm-up settings, say so and leave the rebuild to `stream-dapo warmup`.
@@ -285,6 +287,25 @@ def prepare_model(cfg: Config) -> None:
         )
 
 
+def check_data(cfg: Config) -> None:
+    """Validate data.train_path, and data.eval_path when the run evaluates, row by row before any
+    service starts: a bad line or a missing column stops the run with the file, line and fix (a
+    ConfigError), not a generator at start-up."""
+    from stream_dapo.data.dataset import check_data_file
+
+    files = {"data.train_path": cfg.data.train_path}
+    if cfg.run.eval_before_after:
+        files["data.eval_path"] = cfg.data.eval_path
+    for setting, path in files.items():
+        if path is not None:
+            rows = check_data_file(path, setting)
+            log.info("%s: %d rows in the DAPO schema", path, rows)
+
+
+class PortInUse(RuntimeError):
+    """A port the services need is taken (a configuration problem: exit code 2)."""
+
+
 def check_ports_free(cfg: Config) -> None:
     """Fail before starting anything if a port the services need is taken."""
     wanted = {
@@ -302,8 +323,8 @@ def check_ports_free(cfg: Config) -> None:
             try:
                 s.bind((host, port))
             except OSError:
-                raise SystemExit(
-                    f"stream-dapo run: {host}:{port} ({key}) is in use — another run may be going; stop it "
+                raise PortInUse(
+                    f"{host}:{port} ({key}) is in use — another run may be going; stop it "
                     f"or choose another port with --set {key.split(' ')[0]}=<port>"
                 ) from None
 
@@ -344,7 +365,10 @@ def evaluate_subprocess(cfg: Config, config_path: Path, model_dir: Path, label: 
     (run_dir / "logs").mkdir(exist_ok=True)
     (run_dir / "logs" / f"eval_{label}.log").write_text(proc.stderr)
     if proc.returncode != 0:
-        raise RuntimeError(f"evaluation of {model_dir} failed; see {run_dir}/logs/eval_{label}.log")
+        raise ServiceFailed(
+            f"evaluation of {model_dir} failed (exit code {proc.returncode}); last lines of "
+            f"{run_dir}/logs/eval_{label}.log:\n" + "\n".join(proc.stderr.splitlines()[-30:])
+        )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     out_path.write_text(json.dumps(result, indent=2))
     return result
@@ -380,6 +404,34 @@ def start_services(sup: Supervisor, cfg: Config, config_path: Path) -> None:
         sup.start(f"generator-{i}", argv, child_env(cfg, "generator", i))
 
 
+class ServiceFailed(RuntimeError):
+    """A service exited before the learner finished; the message has its exit code and log tail."""
+
+
+class StopRequested(Exception):
+    """SIGTERM or SIGINT reached the launcher: stop the services in drain order, write the summary."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on_signals() -> None:
+    """The first SIGTERM/SIGINT raises StopRequested in the main thread; later ones are ignored so
+    that they cannot cut the drain short (each service still gets SIGKILL after its timeout)."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        log.warning(
+            "received %s: stopping the services (generators, learner, buffer)", signal.Signals(signum).name
+        )
+        raise StopRequested(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
 def supervise(sup: Supervisor, view: LiveView, period_s: float = 5.0) -> None:
     """Wait for the learner to finish; fail loudly if any other service dies first."""
     learner = next(c for c in sup.children if c.name == "learner")
@@ -388,14 +440,41 @@ def supervise(sup: Supervisor, view: LiveView, period_s: float = 5.0) -> None:
         for child in sup.dead():
             if child is learner and child.popen.returncode == 0:
                 return
-            raise RuntimeError(
+            raise ServiceFailed(
                 f"{child.name} exited with code {child.popen.returncode}; last lines of {child.log_path}:\n"
                 + tail(child.log_path)
             )
         time.sleep(period_s)
 
 
-def run(args: argparse.Namespace) -> int:
+def final_snapshot(last: Mapping[str, Mapping[str, float]], run_dir: Path) -> dict[str, Mapping[str, float]]:
+    """The last scrape, overridden by what each service wrote at shutdown (`write_final_metrics`)."""
+    snap = dict(last)
+    for path in sorted((run_dir / FINAL_METRICS_DIR).glob("*.json")):
+        try:
+            snap[path.stem] = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring %s (%s); using the last scrape of %s", path, exc, path.stem)
+    return snap
+
+
+def train(cfg: Config, config_path: Path, run_dir: Path, summary: dict[str, Any], quiet: bool) -> None:
+    """Start the services, supervise them until the learner is done, stop them in drain order.
+
+    `summary` gets the training figures even when a service failed or a stop signal came."""
+    sup = Supervisor(run_dir)
+    view = LiveView(cfg, Endpoints.from_config(cfg), run_dir, quiet)
+    t0 = time.monotonic()
+    try:
+        start_services(sup, cfg, config_path)
+        supervise(sup, view)
+    finally:
+        train_seconds = time.monotonic() - t0
+        sup.stop_all()
+        summary.update(build_summary(final_snapshot(view.last, run_dir), run_dir, train_seconds))
+
+
+def resolve_config(args: argparse.Namespace) -> Config:
     cfg: Config = args.cfg
     if not args.config and DEFAULT_CONFIG.is_file():
         from stream_dapo.config import load_config
@@ -405,34 +484,49 @@ def run(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"mode": args.mode})})
     if args.no_eval:
         cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"eval_before_after": False})})
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit codes: 0 done (or drained after SIGTERM), 1 a service failed, 2 configuration, 130 Ctrl-C.
+    `summary.json` is written in every case that got as far as starting the services."""
+    cfg = resolve_config(args)
     t0 = time.monotonic()
-    check_ports_free(cfg)
+    try:
+        check_ports_free(cfg)
+    except PortInUse as exc:
+        print(f"stream-dapo run: {exc}", file=sys.stderr)
+        return ExitCode.CONFIG
     prepare_model(cfg)
+    check_data(cfg)
     run_dir = prepare_run_dir(cfg, args.resume)
+    shutil.rmtree(run_dir / FINAL_METRICS_DIR, ignore_errors=True)  # an earlier run's, on --resume
     config_path = run_dir / "config.toml"
     summary: dict[str, Any] = {"mode": cfg.run.mode, "config": str(config_path)}
-    if cfg.run.eval_before_after:
-        summary["eval_before"] = evaluate_subprocess(
-            cfg, config_path, Path(cfg.model.path), "before", run_dir
-        )
-    sup = Supervisor(run_dir)
-    train_t0 = time.monotonic()
+    code = ExitCode.OK
+    _stop_on_signals()
     try:
-        start_services(sup, cfg, config_path)
-        view = LiveView(cfg, Endpoints.from_config(cfg), run_dir, args.quiet)
-        supervise(sup, view)
-        train_seconds = time.monotonic() - train_t0
-        view.update()  # buffer and generators are still up: take their final counters
-        last = view.last
+        if cfg.run.eval_before_after:
+            summary["eval_before"] = evaluate_subprocess(
+                cfg, config_path, Path(cfg.model.path), "before", run_dir
+            )
+        train(cfg, config_path, run_dir, summary, quiet=args.quiet)
+        if cfg.run.eval_before_after:
+            summary["eval_after"] = evaluate_subprocess(cfg, config_path, run_dir / "final", "after", run_dir)
+    except StopRequested as stop:
+        summary["stopped_by"] = str(stop)
+        code = ExitCode.OK if stop.signum == signal.SIGTERM else ExitCode.INTERRUPTED
+    except ServiceFailed as exc:
+        summary["error"] = str(exc)
+        print(f"stream-dapo run: {exc}", file=sys.stderr)
+        code = ExitCode.FAILURE
     finally:
-        sup.stop_all()
-    summary.update(build_summary(last, run_dir, train_seconds))
-    if cfg.run.eval_before_after:
-        summary["eval_after"] = evaluate_subprocess(cfg, config_path, run_dir / "final", "after", run_dir)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     summary["wall_seconds"] = round(time.monotonic() - t0, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
-    return 0
+    return code
 
 
 def build_summary(
@@ -454,6 +548,7 @@ def build_summary(
         "max_staleness_trained": stats["max_staleness_trained"],
         "samples_generated": int(gen["samples"]),
         "generator_weight_updates": int(gen["weight_updates"]),
+        "generator_policy_version": int(gen["policy_version_min"]),
         "samples_per_second": round(gen["samples"] / train_seconds, 3) if train_seconds else 0.0,
         "train_seconds": round(train_seconds, 1),
     }

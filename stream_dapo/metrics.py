@@ -11,11 +11,13 @@ from them and names cannot drift between services.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import (
@@ -167,6 +169,19 @@ class BufferMetrics:
         self.journal_bytes = Gauge(
             p + "journal_bytes", "Size of the journal since the last snapshot.", registry=registry
         )
+        self.generators_expired = Counter(
+            p + "generators_expired",
+            "Generators whose credit lease expired (not heard from for buffer.generator_lease_s).",
+            registry=registry,
+        )
+        self.live_generators = Gauge(
+            p + "live_generators", "Generators heard from within buffer.generator_lease_s.", registry=registry
+        )
+        self.retried_requests = Counter(
+            p + "retried_requests",
+            "Learner requests that repeated an answered request id (answered as before, not applied again).",
+            registry=registry,
+        )
 
 
 class LearnerMetrics:
@@ -218,6 +233,16 @@ class LearnerMetrics:
             p + "messages_rejected",
             "Requests the weight server refused: malformed, unexpected type or bad chunk index.",
             ["reason"],
+            registry=registry,
+        )
+        self.stale_replies = Counter(
+            p + "stale_replies",
+            "Buffer replies dropped because they answer a request the learner no longer waits for.",
+            registry=registry,
+        )
+        self.request_retries = Counter(
+            p + "request_retries",
+            "Requests to the buffer resent (same request id) after transport.timeout_s without a reply.",
             registry=registry,
         )
         self.batch_wait_seconds = Histogram(
@@ -302,6 +327,14 @@ def _make_handler(
     registry: CollectorRegistry, health: Callable[[str], tuple[int, dict[str, Any]]]
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        def handle(self) -> None:
+            # A scraper that gives up (Prometheus' scrape timeout) hangs up mid-request or
+            # mid-response: its business, not an error of this service, so no traceback on stderr.
+            try:
+                super().handle()
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+
         def do_GET(self) -> None:  # noqa: N802 (http.server API)
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
@@ -325,6 +358,40 @@ def _make_handler(
             return
 
     return Handler
+
+
+def sample_key(name: str, labels: dict[str, str]) -> str:
+    """`name{k="v",...}` with labels sorted: one key per series, as the launcher's scrape reads it."""
+    if not labels:
+        return name
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def registry_samples(registry: CollectorRegistry) -> dict[str, float]:
+    """Every series of `registry` now, keyed like `sample_key` (what a scrape of /metrics returns)."""
+    return {
+        sample_key(s.name, s.labels): float(s.value) for family in registry.collect() for s in family.samples
+    }
+
+
+FINAL_METRICS_DIR = "final-metrics"
+"""Under run.out_dir: one `<service>.json` per service, its series at shutdown."""
+
+
+def final_metrics_path(out_dir: str | Path, service: str) -> Path:
+    return Path(out_dir) / FINAL_METRICS_DIR / f"{service}.json"
+
+
+def write_final_metrics(registry: CollectorRegistry, path: Path) -> None:
+    """The registry's last values as JSON, written atomically at shutdown.
+
+    A scrape can miss what a service counted just before it exited; the launcher's summary reads
+    these files instead, so its totals do not depend on when the last scrape landed.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(registry_samples(registry), sort_keys=True))
+    os.replace(tmp, path)
 
 
 def start_metrics(

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stream_dapo.config import Config, ConfigError
-from stream_dapo.transport.messages import MAX_FILTERED_PER_MESSAGE, Group
+from stream_dapo.transport.messages import MAX_FILTERED_TOTAL, Group
 
 __all__ = [
     "AckResult",
@@ -142,6 +142,8 @@ class AdmissionPolicy:
     once it has trained the previous one (generators wait for that version's weights)."""
     rollout_groups: int = 0
     """R: groups per rollout batch (learner.rollout_batch_prompts); used in lock-step mode."""
+    generator_lease_s: float = 30.0
+    """buffer.generator_lease_s: a generator's credits expire this long after it was last heard from."""
 
     def __post_init__(self) -> None:
         for name in ("capacity_groups", "groups_per_version", "max_reuse", "group_size"):
@@ -162,6 +164,7 @@ class AdmissionPolicy:
             group_size=cfg.algo.group_size,
             lockstep=cfg.run.mode == "sync",
             rollout_groups=cfg.learner.rollout_batch_prompts,
+            generator_lease_s=cfg.buffer.generator_lease_s,
         )
 
 
@@ -205,6 +208,9 @@ class ServeResult:
     groups: list[Group]
     dropped_stale: list[str]
     staleness: list[int]
+    retried: bool = False
+    """The request repeated the last lease's request id: `groups` is that lease again (what is
+    still leased of it), and nothing was counted a second time."""
 
 
 @dataclass
@@ -215,6 +221,8 @@ class CommitResult:
     """Committed groups that went back to WAITING because buffer.max_reuse allows another use."""
     unknown: list[str]
     """Ids that were not waiting or leased (already committed, or never seen): ignored."""
+    retried: bool = False
+    """The request repeated the last commit's request id: nothing was applied a second time."""
 
 
 @dataclass
@@ -237,6 +245,8 @@ _COUNTERS = (
     "dropped_stale",
     "credits_granted",
     "credits_released",
+    "retried_requests",
+    "generators_expired",
 )
 
 
@@ -295,6 +305,18 @@ class ReplayBuffer:
         # requests keeps counting positions, so the gate knows when each group will be trained.
         self._pos_version = -1
         self._pos = 0
+        # Request ids of the last lease (with what it leased) and of the last commit: a learner that
+        # gave up waiting (a stalled buffer) resends the same request, which must not lease a
+        # second batch, or apply a commit twice (a second use of a reusable group).
+        self._last_lease: tuple[int, list[str]] | None = None
+        self._last_commit_rid: int | None = None
+        # Credit leases. `_filtered` (persisted): the last filtered_total each generator reported.
+        # `_last_seen` (not persisted: liveness, not state): when each generator was last heard
+        # from; after a restart every generator starts with a full lease (`_started_at`).
+        self._filtered: dict[str, int] = {}
+        self._last_seen: dict[str, float] = {}
+        self._expired: set[str] = set()
+        self._started_at = clock()
 
     # ---------------------------------------------------------------------------------- restore
 
@@ -332,16 +354,76 @@ class ReplayBuffer:
 
     def generator_hello(self, generator_id: str) -> int:
         """A generator (re)started: it holds no credits any more, so its outstanding ones are
-        released back to the line. Returns the learner version to tell it."""
-        _check_id(generator_id, "generator_id")
+        released back to the line, and its filtered_total starts again from 0. Returns the learner
+        version to tell it."""
+        self._heard_from(generator_id)
+        self._expired.discard(generator_id)
         held = self._credits.get(generator_id, 0)
-        if held:
-            self._log_credit(generator_id, 0, granted=0, uncredited=0, released=held)
+        if held or self._filtered.get(generator_id):
+            self._log_credit(generator_id, 0, granted=0, uncredited=0, released=held, filtered_total=0)
         return self.learner_version
+
+    def heartbeat(self, generator_id: str, filtered_total: int) -> tuple[int, bool]:
+        """The generator is alive: its lease is renewed and its filtered_total applied. Returns the
+        credits the buffer counts as its, and whether they expired since it was last heard from
+        (told once: the generator then drops the credits it holds)."""
+        self._heard_from(generator_id)
+        self._apply_filtered_total(generator_id, filtered_total)
+        expired = generator_id in self._expired
+        self._expired.discard(generator_id)
+        return self._credits.get(generator_id, 0), expired
+
+    def expire_generators(self) -> list[tuple[str, int]]:
+        """Release the credits of every generator not heard from for `generator_lease_s` (it died,
+        was preempted or scaled away): the admission line gets them back. Returns (generator,
+        credits released) for each."""
+        now, lease_s = self._clock(), self.policy.generator_lease_s
+        gone = [
+            (gen, n)
+            for gen, n in self._credits.items()
+            if now - self._last_seen.get(gen, self._started_at) > lease_s
+        ]
+        for gen, n in gone:
+            self._log({"k": "expire", "gen": gen})
+            self._log_credit(gen, 0, granted=0, uncredited=0, released=n)
+            self._apply_expire(gen)
+            self._expired.add(gen)
+        return gone
+
+    def _heard_from(self, generator_id: str) -> None:
+        _check_id(generator_id, "generator_id")
+        self._last_seen[generator_id] = self._clock()
+
+    def _apply_filtered_total(self, generator_id: str, filtered_total: int) -> None:
+        """Redeem the credits a generator spent without a group since its last report: the increase
+        of its running total (a repeated or lost report therefore changes nothing)."""
+        if (
+            not isinstance(filtered_total, int)
+            or isinstance(filtered_total, bool)
+            or not 0 <= filtered_total <= MAX_FILTERED_TOTAL
+        ):
+            raise BufferInputError(
+                f"filtered_total must be an int in [0, {MAX_FILTERED_TOTAL}] (credits spent without a group "
+                f"since the generator's hello), got {filtered_total!r}"
+            )
+        new = filtered_total - self._filtered.get(generator_id, 0)
+        if new > 0:
+            self._redeem(generator_id, new, filtered_total=filtered_total)
+
+    def _redeem(self, generator_id: str, n: int, filtered_total: int | None = None) -> None:
+        held = self._credits.get(generator_id, 0)
+        self._log_credit(
+            generator_id,
+            max(0, held - n),
+            granted=0,
+            uncredited=max(0, n - held),
+            released=0,
+            filtered_total=filtered_total,
+        )
 
     def grant_credits(self, generator_id: str, want: int) -> int:
         """Grant up to `want` credits, as many as the admission line has room for."""
-        _check_id(generator_id, "generator_id")
+        self._heard_from(generator_id)
         if not isinstance(want, int) or want < 0:
             raise BufferInputError(
                 f"want must be an int >= 0 (credits the generator could use now), got {want!r}"
@@ -352,19 +434,19 @@ class ReplayBuffer:
             self._log_credit(generator_id, out, granted=granted, uncredited=0, released=0)
         return granted
 
-    def add_groups(self, generator_id: str, groups: Sequence[Group], filtered: int = 0) -> AckResult:
+    def add_groups(
+        self, generator_id: str, groups: Sequence[Group], filtered_total: int | None = None
+    ) -> AckResult:
         """Accept new groups, recognise resends, and redeem credits.
 
-        Every group that is not a duplicate redeems one credit of `generator_id`, and so does
-        each of the `filtered` groups the generator dropped by dynamic sampling since its last
-        message. Groups with a wrong sample count, or beyond capacity_groups, are rejected.
+        Every group that is not a duplicate redeems one credit of `generator_id`, and so does each
+        increase of its `filtered_total` (credits it spent without a group: dynamic sampling,
+        aborts, unused at shutdown). Groups with a wrong sample count, or beyond capacity_groups,
+        are rejected.
         """
-        _check_id(generator_id, "generator_id")
-        if not isinstance(filtered, int) or not 0 <= filtered <= MAX_FILTERED_PER_MESSAGE:
-            raise BufferInputError(
-                f"filtered must be an int >= 0 and <= {MAX_FILTERED_PER_MESSAGE} (groups dropped since "
-                f"the last message), got {filtered!r}"
-            )
+        self._heard_from(generator_id)
+        if filtered_total is not None:
+            self._apply_filtered_total(generator_id, filtered_total)
         result = AckResult()
         seen_now: set[str] = set()
         reasons: dict[str, int] = {}
@@ -389,16 +471,9 @@ class ReplayBuffer:
         for reason, n in reasons.items():
             self._log({"k": "reject_groups", "reason": reason, "n": n})
             self._apply_rejected(self._rejected_groups, reason, n)
-        redeemed = len(result.accepted) + len(result.rejected) + filtered
+        redeemed = len(result.accepted) + len(result.rejected)
         if redeemed:
-            held = self._credits.get(generator_id, 0)
-            self._log_credit(
-                generator_id,
-                max(0, held - redeemed),
-                granted=0,
-                uncredited=max(0, redeemed - held),
-                released=0,
-            )
+            self._redeem(generator_id, redeemed)
         return result
 
     def _rejection_reason(self, group: Group) -> str | None:
@@ -409,18 +484,28 @@ class ReplayBuffer:
             return "buffer_full"
         return None
 
-    def _log_credit(self, gen: str, out: int, *, granted: int, uncredited: int, released: int) -> None:
-        self._log(
-            {
-                "k": "credit",
-                "gen": gen,
-                "out": out,
-                "granted": granted,
-                "uncredited": uncredited,
-                "released": released,
-            }
-        )
-        self._apply_credit(gen, out, granted, uncredited, released)
+    def _log_credit(
+        self,
+        gen: str,
+        out: int,
+        *,
+        granted: int,
+        uncredited: int,
+        released: int,
+        filtered_total: int | None = None,
+    ) -> None:
+        record: Record = {
+            "k": "credit",
+            "gen": gen,
+            "out": out,
+            "granted": granted,
+            "uncredited": uncredited,
+            "released": released,
+        }
+        if filtered_total is not None:
+            record["ft"] = filtered_total
+        self._log(record)
+        self._apply_credit(gen, out, granted, uncredited, released, filtered_total)
 
     # ---------------------------------------------------------------------------------- learner
 
@@ -436,7 +521,12 @@ class ReplayBuffer:
         return n
 
     def serve(
-        self, learner_version: int, max_groups: int, max_tokens: int = 0, max_bytes: int = 0
+        self,
+        learner_version: int,
+        max_groups: int,
+        max_tokens: int = 0,
+        max_bytes: int = 0,
+        request_id: int | None = None,
     ) -> ServeResult:
         """Lease up to `max_groups` waiting groups, front first, for the learner at `learner_version`.
 
@@ -445,8 +535,14 @@ class ReplayBuffer:
         always holds at least one group. The i-th group served at this learner version is trained
         at v + floor(i / B_v); a group whose oldest token is more than max_staleness versions
         older than that is dropped (kept only as a seen id) and counted, never served.
+
+        A `request_id` equal to the last lease's is a retry of that request: it gets the same lease.
         """
         _check_version(learner_version, "learner_version")
+        if request_id is not None and self._last_lease is not None and self._last_lease[0] == request_id:
+            self._count_retry()
+            ids = [gid for gid in self._last_lease[1] if gid in self._leased]
+            return ServeResult([self._leased[gid].group for gid in ids], [], [], retried=True)
         if not isinstance(max_groups, int) or max_groups < 1:
             raise BufferInputError(f"max_groups must be an int >= 1, got {max_groups!r}")
         if not isinstance(max_tokens, int) or max_tokens < 0:
@@ -480,8 +576,17 @@ class ReplayBuffer:
         groups = [self._waiting[gid].group for gid in chosen]
         if chosen or dropped:
             smax = max(staleness) if staleness else None
-            self._log({"k": "lease", "v": learner_version, "ids": chosen, "drop": dropped, "smax": smax})
-            self._apply_lease(learner_version, chosen, dropped, smax)
+            self._log(
+                {
+                    "k": "lease",
+                    "v": learner_version,
+                    "ids": chosen,
+                    "drop": dropped,
+                    "smax": smax,
+                    "rid": request_id,
+                }
+            )
+            self._apply_lease(learner_version, chosen, dropped, smax, request_id)
         else:
             self._note_version(learner_version)
         return ServeResult(groups, dropped, staleness)
@@ -497,10 +602,16 @@ class ReplayBuffer:
         """
         return sorted(self._waiting.items(), key=lambda item: item[1].group.min_version)
 
-    def commit(self, learner_version: int, group_ids: Sequence[str]) -> CommitResult:
+    def commit(
+        self, learner_version: int, group_ids: Sequence[str], request_id: int | None = None
+    ) -> CommitResult:
         """The learner checkpointed these groups. Waiting ones count too: a commit resent after
-        a `learner_hello` must still retire groups that the hello requeued."""
+        a `learner_hello` must still retire groups that the hello requeued. A `request_id` equal to
+        the last commit's is a retry: already applied, nothing changes."""
         _check_version(learner_version, "learner_version")
+        if request_id is not None and request_id == self._last_commit_rid:
+            self._count_retry()
+            return CommitResult([], [], [], retried=True)
         done: list[str] = []
         reuse: list[str] = []
         unknown: list[str] = []
@@ -519,12 +630,24 @@ class ReplayBuffer:
                 "done": done,
                 "reuse": reuse,
                 "unknown": len(unknown),
+                "rid": request_id,
             }
             self._log(record)
-            self._apply_commit(learner_version, done, reuse, len(unknown))
+            self._apply_commit(learner_version, done, reuse, len(unknown), request_id)
         else:
             self._note_version(learner_version)
         return CommitResult(done, reuse, unknown)
+
+    def _count_retry(self) -> None:
+        self._log({"k": "retry"})
+        self._apply_retry()
+
+    def _apply_expire(self, gen: str) -> None:
+        self._counters["generators_expired"] += 1
+        self._last_seen.pop(gen, None)
+
+    def _apply_retry(self) -> None:
+        self._counters["retried_requests"] += 1
 
     def count_rejected_message(self, reason: str, n: int = 1) -> None:
         """Count malformed or misdirected messages (the service forwards the endpoint's counts)."""
@@ -554,17 +677,28 @@ class ReplayBuffer:
     def _apply_rejected(self, table: dict[str, int], reason: str, n: int) -> None:
         table[reason] = table.get(reason, 0) + n
 
-    def _apply_credit(self, gen: str, out: int, granted: int, uncredited: int, released: int) -> None:
+    def _apply_credit(
+        self, gen: str, out: int, granted: int, uncredited: int, released: int, ft: int | None = None
+    ) -> None:
         if out:
             self._credits[gen] = out
         else:
             self._credits.pop(gen, None)
+        if ft is not None:
+            if ft:
+                self._filtered[gen] = ft
+            else:
+                self._filtered.pop(gen, None)
         self._counters["credits_granted"] += granted
         self._counters["uncredited"] += uncredited
         self._counters["credits_released"] += released
 
-    def _apply_lease(self, v: int, ids: list[str], drop: list[str], smax: int | None) -> None:
+    def _apply_lease(
+        self, v: int, ids: list[str], drop: list[str], smax: int | None, rid: int | None = None
+    ) -> None:
         self.learner_version = v
+        if rid is not None:
+            self._last_lease = (rid, list(ids))
         if self._pos_version != v:
             self._pos_version, self._pos = v, 0
         self._pos += len(ids)
@@ -578,8 +712,12 @@ class ReplayBuffer:
             best = self._max_staleness_served
             self._max_staleness_served = smax if best is None else max(best, smax)
 
-    def _apply_commit(self, v: int, done: list[str], reuse: list[str], unknown: int) -> None:
+    def _apply_commit(
+        self, v: int, done: list[str], reuse: list[str], unknown: int, rid: int | None = None
+    ) -> None:
         self.learner_version = v
+        if rid is not None:
+            self._last_commit_rid = rid
         for gid in done:
             self._leased.pop(gid, None) or self._waiting.pop(gid)
         for gid in reuse:
@@ -600,6 +738,7 @@ class ReplayBuffer:
         self.learner_version = v
         self.committed_through = through
         self._pos_version, self._pos = -1, 0
+        self._last_lease = None  # its groups are back in line: a retry of it leases anew
 
     # ---------------------------------------------------------------------------------- snapshot
 
@@ -614,10 +753,13 @@ class ReplayBuffer:
             "rejected_groups": dict(self._rejected_groups),
             # A list of pairs, not a map: there may be more generators than a map may have keys.
             "credits": [[gen, n] for gen, n in self._credits.items()],
+            "filtered": [[gen, n] for gen, n in self._filtered.items()],
             "v": self.learner_version,
             "through": self.committed_through,
             "pos": [self._pos_version, self._pos],
             "smax": self._max_staleness_served,
+            "last_lease": None if self._last_lease is None else [self._last_lease[0], self._last_lease[1]],
+            "last_commit_rid": self._last_commit_rid,
         }
         ids = sorted(self._seen)
         for start in range(0, len(ids), SEEN_IDS_PER_RECORD):
@@ -641,10 +783,15 @@ class ReplayBuffer:
         self._rejected_messages = {str(k): int(v) for k, v in r["rejected_messages"].items()}
         self._rejected_groups = {str(k): int(v) for k, v in r["rejected_groups"].items()}
         self._credits = {str(gen): int(n) for gen, n in r["credits"] if int(n) > 0}
+        self._filtered = {str(gen): int(n) for gen, n in r.get("filtered", []) if int(n) > 0}
         self.learner_version = int(r["v"])
         self.committed_through = int(r["through"])
         self._pos_version, self._pos = (int(x) for x in r["pos"])
         self._max_staleness_served = None if r["smax"] is None else int(r["smax"])
+        lease = r.get("last_lease")
+        self._last_lease = None if lease is None else (int(lease[0]), [str(g) for g in lease[1]])
+        rid = r.get("last_commit_rid")
+        self._last_commit_rid = None if rid is None else int(rid)
 
     def _apply_snapshot_group(self, r: Record) -> None:
         group = Group.from_wire(r["g"])
@@ -671,6 +818,12 @@ class ReplayBuffer:
     @property
     def credits_outstanding(self) -> int:
         return sum(self._credits.values())
+
+    @property
+    def live_generators(self) -> int:
+        """Generators heard from within buffer.generator_lease_s: the fleet as the buffer sees it."""
+        now, lease_s = self._clock(), self.policy.generator_lease_s
+        return sum(1 for t in self._last_seen.values() if now - t <= lease_s)
 
     def credits_of(self, generator_id: str) -> int:
         return self._credits.get(generator_id, 0)
@@ -746,10 +899,16 @@ _REPLAY: dict[str, Callable[[ReplayBuffer, Record], None]] = {
     "reject_groups": lambda b, r: b._apply_rejected(b._rejected_groups, r["reason"], int(r["n"])),
     "reject_message": lambda b, r: b._apply_rejected(b._rejected_messages, r["reason"], int(r["n"])),
     "credit": lambda b, r: b._apply_credit(
-        r["gen"], int(r["out"]), int(r["granted"]), int(r["uncredited"]), int(r["released"])
+        r["gen"], int(r["out"]), int(r["granted"]), int(r["uncredited"]), int(r["released"]), r.get("ft")
     ),
-    "lease": lambda b, r: b._apply_lease(int(r["v"]), list(r["ids"]), list(r["drop"]), r["smax"]),
-    "commit": lambda b, r: b._apply_commit(int(r["v"]), list(r["done"]), list(r["reuse"]), int(r["unknown"])),
+    "expire": lambda b, r: b._apply_expire(r["gen"]),
+    "lease": lambda b, r: b._apply_lease(
+        int(r["v"]), list(r["ids"]), list(r["drop"]), r["smax"], r.get("rid")
+    ),
+    "commit": lambda b, r: b._apply_commit(
+        int(r["v"]), list(r["done"]), list(r["reuse"]), int(r["unknown"]), r.get("rid")
+    ),
+    "retry": lambda b, r: b._apply_retry(),
     "requeue": lambda b, r: b._apply_requeue(int(r["v"]), int(r["through"])),
     "version": lambda b, r: b._apply_version(int(r["v"])),
     # snapshot records: the whole state

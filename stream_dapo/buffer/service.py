@@ -5,7 +5,8 @@ It binds two ROUTER sockets and serves both from one poll loop:
     samples  tcp://{transport.host}:{transport.samples_port}   generators
         hello{generator_id, policy_version}        -> credit{granted=0, learner_version}
         credit_request{generator_id, want}         -> credit{granted, learner_version}
-        groups{generator_id, groups}               -> ack{accepted, duplicates, rejected}
+        groups{generator_id, groups, filtered_total}  -> ack{accepted, duplicates, rejected}
+        heartbeat{generator_id, filtered_total}    -> lease{credits, expired, learner_version}
     batches  tcp://{transport.host}:{transport.batches_port}   the learner
         learner_hello{learner_version, committed_through}  -> empty{reason="ready"}
         batch_request{learner_version, max_groups, max_tokens}
@@ -37,15 +38,18 @@ import zmq
 from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
 from stream_dapo.config import Config, ConfigError, config_to_toml
+from stream_dapo.disk import DiskFullError
 from stream_dapo.exit_codes import ExitCode
 from stream_dapo.metrics import BufferMetrics, start_metrics
 from stream_dapo.signals import on_stop_signal
 from stream_dapo.transport import messages as m
+from stream_dapo.transport.codec import Message
 from stream_dapo.transport.messages import Body, Outgoing, SchemaError
 from stream_dapo.transport.sockets import (
     CurveKeys,
     Endpoint,
     PeerUnreachable,
+    RateLimitedWarnings,
     TransportError,
     TransportTimeout,
     open_endpoint,
@@ -64,6 +68,7 @@ STATUS_EVERY_S = 60.0
 STATUS_KEYS = (
     "waiting",
     "leased",
+    "live_generators",
     "credits_outstanding",
     "line_capacity",
     "accepted",
@@ -72,7 +77,8 @@ STATUS_KEYS = (
     "learner_version",
 )
 
-Handler = Callable[[Body], Outgoing]
+Handler = Callable[[Body, int | None], Outgoing]
+"""(body, request id) -> reply; the id lets a handler recognise a retried request."""
 
 
 def persist_path(cfg: Config) -> Path:
@@ -111,6 +117,7 @@ class BufferService:
                 m.HELLO: self._on_hello,
                 m.CREDIT_REQUEST: self._on_credit_request,
                 m.GROUPS: self._on_groups,
+                m.HEARTBEAT: self._on_heartbeat,
             },
             self.batches: {
                 m.LEARNER_HELLO: self._on_learner_hello,
@@ -122,6 +129,7 @@ class BufferService:
         for endpoint in self._endpoints:
             self._poller.register(endpoint.socket, zmq.POLLIN)
         self._endpoint_rejected: dict[tuple[int, str], int] = {}
+        self._refusals = RateLimitedWarnings(log, interval_s=10.0)
         self._exported: dict[str, Any] = {}
         self._last_compaction = time.monotonic()
         self._last_status = time.monotonic()
@@ -247,6 +255,7 @@ class BufferService:
             if ready.get(endpoint.socket):
                 handled += self._drain(endpoint)
         self._count_endpoint_rejections()
+        self._expire_generators()
         self._maybe_compact()
         self._export_metrics()
         self._maybe_log_status()
@@ -260,68 +269,86 @@ class BufferService:
             if got is None:
                 break
             peer, msg = got
-            self._dispatch(endpoint, peer, msg.type, msg.body)
+            self._dispatch(endpoint, peer, msg)
             handled += 1
         return handled
 
-    def _dispatch(self, endpoint: Endpoint, peer: bytes | None, msg_type: str, body: Body) -> None:
+    def _dispatch(self, endpoint: Endpoint, peer: bytes | None, msg: Message) -> None:
+        """Handle one request and answer it, naming its request id in the reply."""
         assert peer is not None  # ROUTER endpoints always name the peer
-        handler = self._routes[endpoint].get(msg_type)
+        rid = msg.request_id
+        handler = self._routes[endpoint].get(msg.type)
         if handler is None:
             expected = sorted(self._routes[endpoint])
             self._refuse(
                 endpoint,
                 peer,
                 "unexpected_type",
-                f"{msg_type!r} is not served on {endpoint.address}; it takes {expected}",
+                f"{msg.type!r} is not served on {endpoint.address}; it takes {expected}",
+                rid,
             )
             return
         try:
-            reply = handler(body)
+            reply = handler(msg.body, rid)
         except (BufferInputError, SchemaError) as exc:
-            self._refuse(endpoint, peer, "bad_request", f"{msg_type}: {exc}")
+            self._refuse(endpoint, peer, "bad_request", f"{msg.type}: {exc}", rid)
             return
-        self._reply(endpoint, peer, reply)
+        self._reply(endpoint, peer, reply, rid)
 
-    def _reply(self, endpoint: Endpoint, peer: bytes, reply: Outgoing) -> None:
+    def _reply(self, endpoint: Endpoint, peer: bytes, reply: Outgoing, request_id: int | None) -> None:
         # Write-ahead: whatever this reply acknowledges is on disk before the peer can know it,
         # and in /metrics too, so what a peer saw acknowledged is never missing from a scrape.
         self._count_endpoint_rejections()
         self.journal.sync()
         self._export_metrics()
         try:
-            endpoint.send(*reply, to=peer)
+            endpoint.send(*reply, to=peer, request_id=request_id)
         except PeerUnreachable:
             # Gone since it asked. A generator resends unacknowledged groups (they become
             # duplicates); a learner's lost batch returns to the queue on its next learner_hello.
-            log.warning("%s: peer %r left before its %s reply", endpoint.address, peer, reply[0])
+            self._refusals.warn(
+                "peer_gone", "%s: peer %r left before its %s reply", endpoint.address, peer, reply[0]
+            )
         except TransportTimeout as exc:
             # Its queue is full: it is not reading. Waiting would stall every other peer behind it, so
             # the reply is dropped, as on a lost connection (a generator resends, a learner asks again).
-            log.warning("%s", exc)
+            self._refusals.warn("queue_full", "%s", exc)
 
-    def _refuse(self, endpoint: Endpoint, peer: bytes, reason: str, detail: str) -> None:
-        log.warning("%s: refused a message from %r (%s): %s", endpoint.address, peer, reason, detail)
+    def _refuse(
+        self, endpoint: Endpoint, peer: bytes, reason: str, detail: str, request_id: int | None
+    ) -> None:
+        self._refusals.warn(
+            reason, "%s: refused a message from %r (%s): %s", endpoint.address, peer, reason, detail
+        )
         self.buffer.count_rejected_message(reason)
-        self._reply(endpoint, peer, m.error(reason, detail[:4096]))
+        self._reply(endpoint, peer, m.error(reason, detail[:4096]), request_id)
 
     # ---------------------------------------------------------------------------------- handlers
 
-    def _on_hello(self, body: Body) -> Outgoing:
+    def _on_hello(self, body: Body, rid: int | None) -> Outgoing:
         version = self.buffer.generator_hello(body["generator_id"])
         log.info("generator %s connected (policy version %d)", body["generator_id"], body["policy_version"])
         return m.credit(0, version)
 
-    def _on_credit_request(self, body: Body) -> Outgoing:
+    def _on_credit_request(self, body: Body, rid: int | None) -> Outgoing:
         granted = self.buffer.grant_credits(body["generator_id"], body["want"])
         return m.credit(granted, self.buffer.learner_version)
 
-    def _on_groups(self, body: Body) -> Outgoing:
+    def _on_groups(self, body: Body, rid: int | None) -> Outgoing:
         groups = m.groups_from_body(body)
-        result = self.buffer.add_groups(body["generator_id"], groups, int(body.get("filtered", 0)))
+        result = self.buffer.add_groups(body["generator_id"], groups, body.get("filtered_total"))
         return m.ack(result.accepted, result.duplicates, result.rejected)
 
-    def _on_learner_hello(self, body: Body) -> Outgoing:
+    def _on_heartbeat(self, body: Body, rid: int | None) -> Outgoing:
+        credits, expired = self.buffer.heartbeat(body["generator_id"], body["filtered_total"])
+        if expired:
+            log.warning(
+                "generator %s is back after its lease expired: it drops the credits it held",
+                body["generator_id"],
+            )
+        return m.lease(credits, expired, self.buffer.learner_version)
+
+    def _on_learner_hello(self, body: Body, rid: int | None) -> Outgoing:
         n = self.buffer.learner_hello(body["learner_version"], body["committed_through"])
         log.info(
             "learner connected at version %d (committed through %d): %d leased groups back to the front",
@@ -331,22 +358,29 @@ class BufferService:
         )
         return m.empty("ready")
 
-    def _on_batch_request(self, body: Body) -> Outgoing:
+    def _on_batch_request(self, body: Body, rid: int | None) -> Outgoing:
         result = self.buffer.serve(
             body["learner_version"],
             body["max_groups"],
             body["max_tokens"],
             max_bytes=max(1, self.cfg.transport.max_message_bytes - BATCH_BYTES_HEADROOM),
+            request_id=rid,
         )
+        if result.retried:
+            log.info(
+                "batch_request %s retried: answering with the same lease (%d groups)", rid, len(result.groups)
+            )
         for stale in result.staleness:
             self.metrics.staleness.observe(stale)
         if result.groups:
             return m.batch(result.groups, len(result.dropped_stale))
         return m.empty("all_stale" if result.dropped_stale else "no_waiting_groups")
 
-    def _on_commit(self, body: Body) -> Outgoing:
-        result = self.buffer.commit(body["learner_version"], body["group_ids"])
-        if result.unknown:
+    def _on_commit(self, body: Body, rid: int | None) -> Outgoing:
+        result = self.buffer.commit(body["learner_version"], body["group_ids"], request_id=rid)
+        if result.retried:
+            log.info("commit %s retried: already applied", rid)
+        elif result.unknown:
             log.info(
                 "commit at version %d named %d groups not held (already committed)",
                 body["learner_version"],
@@ -364,6 +398,16 @@ class BufferService:
                 if new:
                     self._endpoint_rejected[(i, reason)] = total
                     self.buffer.count_rejected_message(reason, new)
+
+    def _expire_generators(self) -> None:
+        for gen, n in self.buffer.expire_generators():
+            log.warning(
+                "generator %s not heard from for %.0f s (buffer.generator_lease_s): its %d credits return to the "
+                "admission line",
+                gen,
+                self.cfg.buffer.generator_lease_s,
+                n,
+            )
 
     def _maybe_compact(self) -> None:
         due = time.monotonic() - self._last_compaction >= self.cfg.buffer.persist_every_s
@@ -393,6 +437,7 @@ class BufferService:
         mt.depth.labels(state="waiting").set(s["waiting"])
         mt.depth.labels(state="leased").set(s["leased"])
         mt.credits_outstanding.set(s["credits_outstanding"])
+        mt.live_generators.set(s["live_generators"])
         mt.credit_capacity.set(s["line_capacity"])
         mt.learner_version.set(s["learner_version"])
         mt.oldest_waiting.set(s["oldest_waiting_age_s"])
@@ -405,6 +450,8 @@ class BufferService:
             ("requeued", mt.groups_requeued),
             ("dropped_stale", mt.dropped_stale),
             ("credits_granted", mt.credits_granted),
+            ("retried_requests", mt.retried_requests),
+            ("generators_expired", mt.generators_expired),
         ):
             if s[key] > self._exported.get(key, 0):
                 counter.inc(s[key] - self._exported.get(key, 0))
@@ -424,6 +471,7 @@ class BufferService:
         return {
             **self.buffer.stats(),
             "oldest_waiting_age_s": round(self.buffer.oldest_waiting_age_s(), 3),
+            "live_generators": self.buffer.live_generators,
             "journal_bytes": self.journal.journal_bytes,
         }
 
@@ -480,6 +528,9 @@ def run(args: argparse.Namespace) -> int:
     log.info("resolved configuration:\n%s", config_to_toml(cfg))
     try:
         service = BufferService(cfg)
+    except DiskFullError as exc:  # restarting helps once space is freed: exit 1, not 2
+        log.error("cannot start the buffer: %s", exc)
+        return ExitCode.FAILURE
     except (ConfigError, JournalError, TransportError) as exc:
         log.error("cannot start the buffer: %s", exc)
         return ExitCode.CONFIG

@@ -2,21 +2,26 @@
 
 Start-up (fails here, with the fix, not at the first group): the model directory exists, the metrics
 server binds ``metrics.generator_port + I``, the buffer answers ``hello`` within
-``transport.timeout_s``, prompts load (shard I of ``generator.num_generators``), the verifier pool and
+``transport.timeout_s``, prompts load (shard I mod ``generator.num_generators``), the verifier pool and
 the vLLM engine start, and the current weights are fetched and loaded before the first prompt (a late
 joiner or a restarted generator must not sample from the initial model while the learner is at
 version 100). Only then is the service ready.
 
 Loop (``serve``), one engine step per turn; every helper is non-blocking except the engine step:
 
-    apply new weights -> read buffer replies (credits, acks) -> ask for credits -> start groups
-    -> engine step -> hand finished groups to the verifier thread -> send verified groups
-    -> resend unacknowledged ones -> gauges
+    apply new weights -> read buffer replies (credits, acks, leases) -> heartbeat -> ask for credits
+    -> start groups -> engine step -> hand finished groups to the verifier thread -> send verified
+    groups -> resend unacknowledged ones -> gauges
 
 Admission: a group starts only with a credit from the buffer (``credit_request{want}``), and at most
 ``generator.max_groups_in_flight`` groups are in the engine. A credit is redeemed at the buffer by the
-group it started, or, for a group dynamic sampling dropped, by the ``filtered`` count of the next
-``groups`` message. Sent groups stay in ``UnackedGroups`` until the buffer acknowledges them and are
+group it started, or, for a group dynamic sampling dropped, by the increase of ``filtered_total`` (a
+running total in every ``groups`` message and heartbeat). Credits are leases: a heartbeat every
+``generator.heartbeat_s`` keeps them, and a generator the buffer has not heard from for
+``buffer.generator_lease_s`` loses them (the buffer says so in the next heartbeat's ``lease`` reply,
+and the generator drops what it held). So generators join and leave at any time, and any ``--index``
+may join. A buffer that stops answering heartbeats makes ``/readyz`` fail (``/livez`` still passes).
+Sent groups stay in ``UnackedGroups`` until the buffer acknowledges them and are
 resent after ``transport.timeout_s`` or as soon as the connection to the buffer is re-established (the
 buffer drops duplicates by id, so a resend is harmless).
 
@@ -26,8 +31,8 @@ version between steps (``RolloutEngine`` pauses, loads, relabels, resumes). Veri
 thread (the checks themselves in the verifier pool's processes) so the engine keeps stepping.
 
 SIGTERM/SIGINT drain: stop asking for credits, let in-flight groups finish for up to
-``transport.timeout_s`` and abort the rest, send what verified, report unused credits back (as
-``filtered``), wait up to ``transport.timeout_s`` for acknowledgements, exit 0.
+``transport.timeout_s`` and abort the rest, send what verified, report unused credits back (in
+``filtered_total``), wait up to ``transport.timeout_s`` for acknowledgements, exit 0.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +54,15 @@ from prometheus_client import CollectorRegistry
 from stream_dapo.config import Config, ConfigError, config_to_toml
 from stream_dapo.exit_codes import ExitCode
 from stream_dapo.generator.engine import WeightUpdateError
+from stream_dapo.generator.prompts import PromptCursor, ShardLayout
 from stream_dapo.generator.rollout import FinishedGroup, GroupOutcome, RolloutSettings, process_group
-from stream_dapo.metrics import GeneratorMetrics, Health, MetricsServer
+from stream_dapo.metrics import (
+    GeneratorMetrics,
+    Health,
+    MetricsServer,
+    final_metrics_path,
+    write_final_metrics,
+)
 from stream_dapo.signals import on_stop_signal
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.messages import Group
@@ -66,6 +78,7 @@ from stream_dapo.transport.sockets import (
 )
 
 if TYPE_CHECKING:
+    from stream_dapo.data.dataset import PromptStream
     from stream_dapo.generator.engine import RolloutEngine
 
 __all__ = [
@@ -117,9 +130,10 @@ class CreditLedger:
     timeout_s: float
     retry_s: float = CREDIT_RETRY_S
     held: int = 0
-    unreported: int = 0
-    """Credits spent on groups the buffer will never receive (dropped by dynamic sampling, aborted,
-    or unused at shutdown), to be reported as ``filtered`` in the next ``groups`` message."""
+    filtered_total: int = 0
+    """Credits spent since the hello on groups the buffer will never receive (dropped by dynamic
+    sampling, aborted, or unused at shutdown): a running total, sent with every ``groups`` message
+    and heartbeat, so a lost or repeated report costs nothing (the buffer redeems the increase)."""
     requested_at: float | None = None
     next_request_at: float = 0.0
 
@@ -159,12 +173,14 @@ class CreditLedger:
 
     def redeem_without_group(self, n: int = 1) -> None:
         """``n`` credits were spent (or will not be used) without a group reaching the buffer."""
-        self.unreported += n
+        self.filtered_total += n
 
-    def report(self) -> int:
-        """Take the count to send as ``filtered`` (it is sent once, never resent)."""
-        n, self.unreported = self.unreported, 0
-        return n
+    def lease_expired(self) -> int:
+        """The buffer took back our credits (it had not heard from us for its lease time): drop the
+        ones held and ask again. Returns how many were dropped."""
+        dropped, self.held = self.held, 0
+        self.forget_request()
+        return dropped
 
 
 @dataclass
@@ -403,10 +419,14 @@ class GeneratorService:
     """
 
     def __init__(self, cfg: Config, index: int = 0) -> None:
-        if not 0 <= index < cfg.generator.num_generators:
+        if index < 0:
+            raise StartupError(f"--index must be >= 0, got {index}")
+        if cfg.weights.method == "nccl" and index >= cfg.generator.num_generators:
+            # Its process group has a fixed size: every member is counted in generator.num_generators.
             raise StartupError(
-                f"--index {index} is outside 0..{cfg.generator.num_generators - 1}; raise "
-                "generator.num_generators or pass a smaller --index"
+                f"--index {index} is outside 0..{cfg.generator.num_generators - 1}: with weights.method = "
+                '"nccl" the weight group has a fixed membership; raise generator.num_generators (and restart '
+                'the learner), or use weights.method = "zmq" or "shared_dir" for an elastic fleet'
             )
         self.cfg = cfg
         self.index = index
@@ -432,6 +452,9 @@ class GeneratorService:
         self._accuracy: deque[float] = deque(maxlen=ACCURACY_WINDOW)
         self._rejected_seen: Counter[str] = Counter()
         self._rate = (time.monotonic(), 0)
+        self._next_heartbeat = 0.0
+        self._last_heard = time.monotonic()
+        self._filtered_sent = 0
         self._tokens_counted = 0
         self._closed = False
         self.engine: RolloutEngine | None = None
@@ -441,7 +464,8 @@ class GeneratorService:
         self.watcher: WeightWatcher | None = None
         self._weights_source: Any = None
         self.verifier: Any = None
-        self.prompts: Iterator[Any] | None = None
+        self.prompts: PromptStream | None = None
+        self._cursor: PromptCursor | None = None
         self.registry = CollectorRegistry()
         self.metrics = GeneratorMetrics(self.registry)
         self.health = Health()
@@ -466,6 +490,7 @@ class GeneratorService:
             }
         )
         self.health.ready = True
+        self._last_heard = time.monotonic()  # the hello was answered
         log.info(
             "%s ready: policy version %d, buffer %s",
             self.generator_id,
@@ -531,10 +556,10 @@ class GeneratorService:
         )
         self._monitor = self.buffer.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
 
-    def _load_prompts(self) -> Iterator[Any]:
+    def _load_prompts(self) -> PromptStream:
         from transformers import AutoTokenizer
 
-        from stream_dapo.data.dataset import PromptStream, load_prompts
+        from stream_dapo.data.dataset import load_prompts
         from stream_dapo.data.synthetic import ensure_synthetic_data
 
         data = self.cfg.data
@@ -547,9 +572,13 @@ class GeneratorService:
             )
         tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
         items, _stats = load_prompts(path, tokenizer, self.cfg.model.max_prompt_len)
-        return PromptStream(
-            items, seed=data.seed, num_shards=self.cfg.generator.num_generators, shard_index=self.index
+        layout = ShardLayout.of(
+            str(path), len(items), data.seed, self.cfg.generator.num_generators, self.index
         )
+        self._cursor = PromptCursor(
+            Path(self.cfg.run.out_dir) / "generators" / f"{self.generator_id}.prompts.json", layout
+        )
+        return self._cursor.stream(items)
 
     def _start_verifier(self) -> None:
         from stream_dapo.verifier import VerifierPool
@@ -646,6 +675,7 @@ class GeneratorService:
             self.health.beat()
             self._apply_new_weights()
             self._read_buffer(timeout_ms=self._idle_wait_ms())
+            self._heartbeat()
             self._ask_for_credits()
             self._start_groups()
             finished = self._engine.step()
@@ -717,7 +747,10 @@ class GeneratorService:
                 self.credits.forget_request()
 
     def _on_buffer_message(self, msg: Any) -> None:
-        if msg.type == m.CREDIT:
+        self._last_heard = time.monotonic()
+        if msg.type == m.LEASE:
+            self._on_lease(msg.body)
+        elif msg.type == m.CREDIT:
             self.credits.granted(msg.body["granted"], time.monotonic())
             if msg.body["granted"]:
                 self._credit_version = max(self._credit_version, msg.body["learner_version"])
@@ -728,6 +761,35 @@ class GeneratorService:
         else:
             self.metrics.messages_rejected.labels(reason="unexpected_type").inc()
             log.warning("unexpected %r message from the buffer; ignored", msg.type)
+
+    def _on_lease(self, body: dict[str, Any]) -> None:
+        if body["expired"]:
+            dropped = self.credits.lease_expired()
+            log.warning(
+                "the buffer had not heard from %s for buffer.generator_lease_s and took its credits back: "
+                "dropping the %d held (groups in flight still go out)",
+                self.generator_id,
+                dropped,
+            )
+
+    def _heartbeat(self) -> None:
+        """Every generator.heartbeat_s: renew the credit lease, and mark the service unready while
+        the buffer leaves heartbeats unanswered (hung or gone; ZeroMQ reconnects by itself)."""
+        now = time.monotonic()
+        silent_s = now - self._last_heard
+        responding = silent_s <= max(self.cfg.transport.timeout_s, 3 * self.cfg.generator.heartbeat_s)
+        if responding != self.health.detail.get("buffer_responding", True):
+            if responding:
+                log.info("the buffer answers again")
+            else:
+                log.warning("the buffer has not answered for %.0f s; not ready until it does", silent_s)
+            self.health.detail["buffer_responding"] = responding
+        self.health.ready = responding and not self._disconnected
+        if now < self._next_heartbeat:
+            return
+        self._next_heartbeat = now + self.cfg.generator.heartbeat_s
+        self._send(*m.heartbeat(self.generator_id, self.credits.filtered_total))
+        self._filtered_sent = self.credits.filtered_total
 
     def _on_ack(self, body: dict[str, Any]) -> None:
         result = self.unacked.ack(body["accepted"], body["duplicates"], body["rejected"])
@@ -748,8 +810,12 @@ class GeneratorService:
         engine = self._engine
         if engine.version < self._credit_version - self._max_lag:
             return  # these credits are for a newer policy: wait for its weights (in-flight groups go on)
+        started = False
         while engine.num_in_flight < self.cfg.generator.max_groups_in_flight and self.credits.take():
             engine.add_group(next(self.prompts))
+            started = True
+        if started and self._cursor is not None:
+            self._cursor.save(self.prompts.state)
 
     def _verify(self, finished: list[FinishedGroup]) -> None:
         for group in finished:
@@ -775,11 +841,15 @@ class GeneratorService:
             if outcome.group is None:
                 self.credits.redeem_without_group()
             else:
-                self._send(*m.groups(self.generator_id, [outcome.group], filtered=self.credits.report()))
+                self._send_groups([outcome.group])
                 self.unacked.sent(outcome.group, time.monotonic())
                 self.metrics.groups_sent.inc()
-        if self.credits.unreported:
-            self._send(*m.groups(self.generator_id, [], filtered=self.credits.report()))
+        if self.credits.filtered_total != self._filtered_sent:
+            self._send_groups([])
+
+    def _send_groups(self, groups: list[Group]) -> None:
+        self._send(*m.groups(self.generator_id, groups, filtered_total=self.credits.filtered_total))
+        self._filtered_sent = self.credits.filtered_total
 
     def _count_outcome(self, outcome: GroupOutcome) -> None:
         mx = self.metrics
@@ -795,7 +865,7 @@ class GeneratorService:
     def _resend_unacked(self) -> None:
         for group in self.unacked.due(time.monotonic()):
             log.info("resending unacknowledged group %s", group.group_id)
-            self._send(*m.groups(self.generator_id, [group]))
+            self._send_groups([group])
             self.metrics.groups_sent.inc()
 
     def _send(self, msg_type: str, body: dict[str, Any]) -> None:
@@ -853,6 +923,15 @@ class GeneratorService:
             )
         log.info("drained (%d groups aborted)", aborted)
 
+    def _write_final_metrics(self) -> None:
+        if self.engine is None:
+            return  # it never generated anything
+        path = final_metrics_path(self.cfg.run.out_dir, self.generator_id)
+        try:
+            write_final_metrics(self.registry, path)
+        except OSError as exc:
+            log.warning("cannot write %s: %s (the run summary falls back to the last scrape)", path, exc)
+
     def close(self) -> None:
         """Stop threads, the engine, the pool and the sockets (idempotent)."""
         if self._closed:
@@ -867,6 +946,9 @@ class GeneratorService:
             self.engine.close()
         if self.verifier is not None:
             self.verifier.close()
+        self._write_final_metrics()
+        if self._cursor is not None and self.prompts is not None:
+            self._cursor.save(self.prompts.state, force=True)
         if self._monitor is not None:
             assert self.buffer is not None
             self.buffer.socket.disable_monitor()

@@ -42,7 +42,15 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from stream_dapo.config import Config, ConfigError, config_to_toml
+from stream_dapo.disk import DiskFullError, is_disk_full, no_space_left, write_text_atomic
 from stream_dapo.exit_codes import ExitCode
+from stream_dapo.learner.checkpoints import (
+    LATEST,
+    checkpoint_name,
+    discard_unfinished,
+    disk_full_error,
+    prune_checkpoints,
+)
 from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, start_metrics
 from stream_dapo.signals import on_stop_signal
 from stream_dapo.transport import codec
@@ -52,6 +60,7 @@ from stream_dapo.transport.sockets import (
     PeerUnavailable,
     TransportError,
     TransportTimeout,
+    new_request_id,
     open_endpoint,
     request,
 )
@@ -64,8 +73,6 @@ __all__ = ["LearnerService", "add_arguments", "run"]
 
 log = logging.getLogger("stream_dapo.learner")
 
-LATEST = "latest"
-"""File in ``checkpoints/`` naming the newest complete checkpoint directory."""
 BATCH_BACKOFF_S = (0.05, 1.0)
 """First and largest sleep between batch requests while the buffer is empty."""
 
@@ -297,7 +304,7 @@ class LearnerService:
         v = self.learner.version
         t = self.cfg.transport
         try:
-            self._request(*m.learner_hello(v, v), retries=3)
+            self._request(*m.learner_hello(v, v), attempts=3)
         except TransportTimeout as exc:
             raise PeerUnavailable(
                 f"{exc} The learner needs the buffer at {t.buffer_address('batches')}: start `stream-dapo buffer` "
@@ -308,11 +315,54 @@ class LearnerService:
 
     # ------------------------------------------------------------------ data
 
-    def _request(self, msg_type: str, body: dict[str, Any], retries: int = 2) -> codec.Message:
+    def _request(self, msg_type: str, body: dict[str, Any], attempts: int | None = None) -> codec.Message:
+        """Send one request to the buffer and return its reply.
+
+        Each attempt waits transport.timeout_s and all carry one request id, so the buffer answers a
+        retry as it answered the first copy (a retried `batch_request` gets the same lease) and a late
+        reply to an earlier request is dropped (counted), never read as this one's. With `attempts`
+        None it waits as long as it takes: a buffer that restarts or hangs is a transient failure,
+        so the learner stays live but not ready, and gives up only when asked to stop
+        (TransportTimeout then).
+        """
         assert self._buffer is not None
-        return request(
-            self._buffer, msg_type, body, timeout_ms=int(self.cfg.transport.timeout_s * 1000), retries=retries
-        )
+        rid = new_request_id()
+        timeout_s = self.cfg.transport.timeout_s
+        tried = 0
+        while True:
+            tried += 1
+            discarded = self._buffer.discarded
+            try:
+                reply = request(
+                    self._buffer, msg_type, body, timeout_ms=int(timeout_s * 1000), retries=0, request_id=rid
+                )
+            except TransportTimeout:
+                if (tried >= attempts) if attempts is not None else self._stop.is_set():
+                    raise
+                self.metrics.request_retries.inc()
+                self._buffer_reachable(False, f"no reply to {msg_type} for {tried * timeout_s:.0f} s")
+                continue
+            finally:
+                self.metrics.stale_replies.inc(self._buffer.discarded - discarded)
+            self._buffer_reachable(True)
+            return reply
+
+    def _buffer_reachable(self, reachable: bool, why: str = "") -> None:
+        """Readiness follows the buffer: a learner waiting on a hung buffer is live but not ready."""
+        if self.health is None:
+            return
+        self.health.beat()  # waiting on a peer on purpose: the learner itself is fine
+        was = self.health.detail.get("buffer_reachable", True)
+        self.health.detail["buffer_reachable"] = reachable
+        if reachable and not was:
+            log.info("the buffer answers again")
+        if not reachable:
+            log.warning(
+                "%s at %s; retrying with the same request id",
+                why,
+                self.cfg.transport.buffer_address("batches"),
+            )
+        self.health.ready = reachable
 
     def _next_rollout(self) -> list[m.Group] | None:
         """``rollout_batch_prompts`` groups, gathered on rank 0 and shared with every rank; None
@@ -341,7 +391,10 @@ class LearnerService:
         return self._broadcast_groups(groups)
 
     def _request_groups(self, n: int) -> list[m.Group]:
-        reply = self._request(*m.batch_request(self.learner.version, n, 0))
+        try:
+            reply = self._request(*m.batch_request(self.learner.version, n, 0))
+        except TransportTimeout:  # only when stopping: nothing was leased that a hello will not requeue
+            return []
         if reply.type == m.BATCH:
             if reply.body["dropped_stale"]:
                 log.warning("buffer dropped %d stale groups for this batch", reply.body["dropped_stale"])
@@ -423,29 +476,43 @@ class LearnerService:
         self._last_published = v
 
     def _checkpoint(self, state_dict: dict[str, Any] | None) -> None:
-        """Write ``step_{v}`` atomically, point ``latest`` at it, then commit its groups. Collective;
-        ``state_dict`` is this rank's `gather_state_dict` result, for the HF export inside."""
+        """Write ``step_{v}`` atomically, point ``latest`` at it, commit its groups, prune old
+        checkpoints. Collective; ``state_dict`` is this rank's `gather_state_dict` result, for the HF
+        export inside. A failed write leaves no partial checkpoint behind and ``latest`` naming the
+        last good one; a full disk raises DiskFullError ("no space left on ...", exit 1)."""
         t0 = time.perf_counter()
         v = self.learner.version
-        name = f"step_{v:06d}"
+        name = checkpoint_name(v)
         final, tmp = self.ckpt_root / name, self.ckpt_root / f".{name}.tmp"
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        self.learner.barrier()
         ids = list(self._uncommitted)
-        self.learner.save_checkpoint(
-            tmp, extra_state={"commit_group_ids": ids, "trained_groups_lines": _count_lines(self.trained_log)}
-        )
-        self.learner.write_hf(tmp / "hf", state_dict)
+        try:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            self.learner.barrier()
+            self.learner.save_checkpoint(
+                tmp,
+                extra_state={"commit_group_ids": ids, "trained_groups_lines": _count_lines(self.trained_log)},
+            )
+            self.learner.write_hf(tmp / "hf", state_dict)
+            if self.rank == 0:
+                if self.trained_log.exists():  # the log as of this version travels with the checkpoint
+                    shutil.copy2(self.trained_log, tmp / self.trained_log.name)
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+                write_text_atomic(self.ckpt_root / LATEST, name + "\n")
+        except Exception as exc:
+            full = is_disk_full(exc, self.ckpt_root)  # before the clean-up frees space
+            error = disk_full_error(self.ckpt_root, name, self.cfg.learner.keep_checkpoints) if full else None
+            if self.rank == 0:
+                discard_unfinished(self.ckpt_root, tmp, final)
+            if error is None:
+                raise
+            raise error from exc
         if self.rank == 0:
-            if self.trained_log.exists():  # the log as of this version travels with the checkpoint
-                shutil.copy2(self.trained_log, tmp / self.trained_log.name)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _write_text_atomic(self.ckpt_root / LATEST, name + "\n")
             self._commit(v, ids)
+            prune_checkpoints(self.ckpt_root, self.cfg.learner.keep_checkpoints)
             self.metrics.checkpoint_seconds.observe(time.perf_counter() - t0)
         self.learner.barrier()
         self._uncommitted.clear()
@@ -454,7 +521,7 @@ class LearnerService:
 
     def _commit(self, version: int, group_ids: list[str]) -> None:
         try:
-            self._request(*m.commit(version, group_ids), retries=3)
+            self._request(*m.commit(version, group_ids), attempts=3 if self._stop.is_set() else None)
         except TransportTimeout as exc:
             # The ids are in the checkpoint's state: the next start-up resends them.
             log.error("commit of %d groups at version %d got no reply: %s", len(group_ids), version, exc)
@@ -592,3 +659,16 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, TransportError, FileNotFoundError) as exc:
         log.error("learner stopped: %s", exc)
         return ExitCode.CONFIG
+    except DiskFullError as exc:
+        log.error("learner stopped: %s", exc)
+        return ExitCode.FAILURE
+    except Exception as exc:  # a full disk anywhere else (logs, final export): say so, exit 1 (restart)
+        if not is_disk_full(exc, cfg.run.out_dir):
+            raise
+        log.error(
+            "learner stopped: %s (%s); free space there and restart the learner: it resumes from "
+            "checkpoints/latest",
+            no_space_left(cfg.run.out_dir),
+            exc,
+        )
+        return ExitCode.FAILURE

@@ -2,7 +2,12 @@
 
 Wire format of one message (a msgpack map, the "envelope")::
 
-    {"v": SCHEMA_VERSION, "t": <message type>, "b": <body map>}
+    {"v": SCHEMA_VERSION, "t": <message type>, "b": <body map>[, "id": <request id>]}
+
+"id" (an int in [0, 2**63)) pairs a request with its reply: a client sends it with a request, the
+server copies it into the reply, and the client drops replies that name another id (a late answer
+to an attempt it gave up on). A retried request keeps its id, so a server can recognise it and
+answer it the way it answered the first copy. One-way messages carry none.
 
 numpy arrays travel as msgpack ExtType code `EXT_NDARRAY` with this payload (little-endian)::
 
@@ -34,7 +39,7 @@ import numpy as np
 
 from stream_dapo.transport.messages import SCHEMAS, SchemaError, Struct
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """Bump on any incompatible change to the envelope, the array encoding or a message schema."""
 
 EXT_NDARRAY: Final = 1
@@ -51,6 +56,7 @@ MAX_STR_LEN: Final = 1 << 20
 MAX_ARRAY_LEN: Final = 1 << 20
 MAX_MAP_LEN: Final = 64
 
+MAX_REQUEST_ID: Final = (1 << 63) - 1
 REASONS: Final = ("oversized", "malformed", "bad_version", "unknown_type", "bad_schema", "bad_array")
 
 
@@ -72,6 +78,8 @@ class Message:
 
     type: str
     body: dict[str, Any]
+    request_id: int | None = None
+    """The envelope's "id": set on requests and on the replies that answer them."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,7 +235,16 @@ def _schema_for(msg_type: Any) -> Struct:
         ) from None
 
 
-def encode(msg_type: str, body: dict[str, Any]) -> bytes:
+def _check_request_id(request_id: Any) -> None:
+    if (
+        not isinstance(request_id, int)
+        or isinstance(request_id, bool)
+        or not 0 <= request_id <= MAX_REQUEST_ID
+    ):
+        raise CodecError("malformed", f"request id must be an int in [0, 2**63), got {request_id!r}")
+
+
+def encode(msg_type: str, body: dict[str, Any], request_id: int | None = None) -> bytes:
     """Validate `body` against the schema of `msg_type` and encode it.
 
     Validating on the way out makes a sender bug fail at the sender, with the field's path,
@@ -238,7 +255,11 @@ def encode(msg_type: str, body: dict[str, Any]) -> bytes:
         schema.check(body, msg_type)
     except SchemaError as e:
         raise CodecError("bad_schema", str(e)) from None
-    return pack_value({"v": SCHEMA_VERSION, "t": msg_type, "b": body})
+    env: dict[str, Any] = {"v": SCHEMA_VERSION, "t": msg_type, "b": body}
+    if request_id is not None:
+        _check_request_id(request_id)
+        env["id"] = request_id
+    return pack_value(env)
 
 
 def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Message:
@@ -255,13 +276,19 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Message:
             f"peer speaks schema version {version}, this process speaks {SCHEMA_VERSION}; "
             "upgrade the older side so both run the same stream-dapo release",
         )
-    if set(env) != {"v", "t", "b"}:
+    if set(env) - {"id"} != {"v", "t", "b"}:
         # repr: keys may mix str and bytes, which do not sort together.
-        raise CodecError("malformed", f"envelope keys must be 'v', 't', 'b', got {sorted(map(repr, env))}")
+        raise CodecError(
+            "malformed",
+            f"envelope keys must be 'v', 't', 'b' and optionally 'id', got {sorted(map(repr, env))}",
+        )
+    request_id = env.get("id")
+    if request_id is not None:
+        _check_request_id(request_id)
     schema = _schema_for(env["t"])
     body = env["b"]
     try:
         schema.check(body, env["t"])
     except SchemaError as e:
         raise CodecError("bad_schema", str(e)) from None
-    return Message(env["t"], body)
+    return Message(env["t"], body, request_id)

@@ -15,7 +15,8 @@ work with; `to_wire()` / `from_wire()` convert to and from message bodies.
 
 Message flow (DEALER client -> ROUTER server):
 
-    generator -> buffer   "samples" socket   hello, credit_request, groups   -> credit, ack
+    generator -> buffer   "samples" socket   hello, credit_request, groups,  -> credit, ack,
+                                              heartbeat                          lease
     learner   -> buffer   "batches" socket   learner_hello, batch_request,
                                               commit                          -> batch, empty
     generator -> learner  "weights" socket   weights_query, chunk_request     -> weights_manifest,
@@ -242,10 +243,10 @@ class Struct(Spec):
 # --------------------------------------------------------------------------------------------
 
 MAX_SAMPLES_PER_GROUP = 1024
-MAX_FILTERED_PER_MESSAGE = 1 << 20
-"""Most groups one `groups` message may report as `filtered`. A generator reports at most the
-credits it held (a few hundred); the bound keeps a corrupt count from pushing the buffer's
-counters past what its journal can store (msgpack integers end at 2**64 - 1)."""
+MAX_FILTERED_TOTAL = 1 << 53
+"""Bound on `filtered_total`, the credits one generator process has spent without a group reaching
+the buffer. It keeps a corrupt count from pushing the buffer's counters past what its journal can
+store (msgpack integers end at 2**64 - 1)."""
 
 ID = Str(min_len=1, max_len=256)
 VERSION = Int(min=0)
@@ -300,8 +301,10 @@ GROUP = Struct(
 HELLO = "hello"
 CREDIT_REQUEST = "credit_request"
 GROUPS = "groups"
+HEARTBEAT = "heartbeat"
 CREDIT = "credit"
 ACK = "ack"
+LEASE = "lease"
 LEARNER_HELLO = "learner_hello"
 BATCH_REQUEST = "batch_request"
 COMMIT = "commit"
@@ -320,19 +323,26 @@ SCHEMAS: dict[str, Struct] = {
     # generator -> buffer
     HELLO: Struct(HELLO, {"generator_id": ID, "policy_version": VERSION}),
     CREDIT_REQUEST: Struct(CREDIT_REQUEST, {"generator_id": ID, "want": COUNT}),
-    # `filtered` (optional, default 0): groups the generator dropped by dynamic sampling since its
-    # last `groups` message; each returns the credit it used. May come with an empty `groups`.
+    # `filtered_total` (optional): credits this generator process has spent since its hello
+    # without a group reaching the buffer (dynamic sampling dropped it, it was aborted, or it was
+    # unused at shutdown). A running total, not a delta: a lost or repeated message loses or
+    # doubles nothing, the next one carries the total again. May come with an empty `groups`.
     GROUPS: Struct(
         GROUPS,
         {
             "generator_id": ID,
             "groups": ListOf(GROUP),
-            "filtered": Int(min=0, max=MAX_FILTERED_PER_MESSAGE),
+            "filtered_total": Int(min=0, max=MAX_FILTERED_TOTAL),
         },
-        optional=frozenset({"filtered"}),
+        optional=frozenset({"filtered_total"}),
     ),
+    # Every generator.heartbeat_s: the generator is alive, so its credits stay leased to it.
+    HEARTBEAT: Struct(HEARTBEAT, {"generator_id": ID, "filtered_total": Int(min=0, max=MAX_FILTERED_TOTAL)}),
     # buffer -> generator
     CREDIT: Struct(CREDIT, {"granted": COUNT, "learner_version": VERSION}),
+    # The answer to a heartbeat: credits the buffer counts as this generator's, and whether they
+    # expired since it last heard from it (then the generator must drop the credits it holds).
+    LEASE: Struct(LEASE, {"credits": COUNT, "expired": Bool(), "learner_version": VERSION}),
     ACK: Struct(
         ACK,
         {
@@ -614,13 +624,21 @@ def credit_request(generator_id: str, want: int) -> Outgoing:
     return CREDIT_REQUEST, {"generator_id": generator_id, "want": want}
 
 
-def groups(generator_id: str, items: Sequence[Group], filtered: int = 0) -> Outgoing:
-    """`filtered`: groups dropped by dynamic sampling since the last `groups` message (each gives
-    back its credit); sent only when non-zero."""
+def groups(generator_id: str, items: Sequence[Group], filtered_total: int = 0) -> Outgoing:
+    """`filtered_total`: credits spent without a group since the generator's hello (a running
+    total; each new one gives back a credit); sent only when non-zero."""
     body: Body = {"generator_id": generator_id, "groups": [g.to_wire() for g in items]}
-    if filtered:
-        body["filtered"] = filtered
+    if filtered_total:
+        body["filtered_total"] = filtered_total
     return GROUPS, body
+
+
+def heartbeat(generator_id: str, filtered_total: int) -> Outgoing:
+    return HEARTBEAT, {"generator_id": generator_id, "filtered_total": filtered_total}
+
+
+def lease(credits: int, expired: bool, learner_version: int) -> Outgoing:
+    return LEASE, {"credits": credits, "expired": expired, "learner_version": learner_version}
 
 
 def credit(granted: int, learner_version: int) -> Outgoing:

@@ -14,6 +14,7 @@ Bad input never stops a service: `Endpoint.recv` counts a malformed message in
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 MIB = 1 << 20
 WEIGHTS_MAX_BYTES = 256 * MIB
+OVERSIZE_SLACK_BYTES = 64 * 1024
 """A sensible `max_bytes` for weight-chunk endpoints; sample and batch endpoints choose their own."""
 
 
@@ -114,8 +116,12 @@ def make_socket(
     curve: CurveKeys | None = None,
     curve_server: bool = False,
     identity: bytes | None = None,
+    max_message_bytes: int = 0,
 ) -> zmq.Socket[Any]:
     """Create a socket that binds or connects (exactly one), with linger 0 and bounded queues.
+
+    `max_message_bytes` > 0 sets ZMQ_MAXMSGSIZE: libzmq drops the connection of a peer that sends a
+    larger frame instead of reading it whole into memory first (it reconnects).
 
     `hwm` bounds queued messages per peer in each direction. ROUTER sockets get
     ROUTER_MANDATORY, so a send to a peer that is gone raises (see `Endpoint.send`) instead of
@@ -144,6 +150,8 @@ def make_socket(
         sock.rcvhwm = hwm
         if identity is not None:
             sock.routing_id = identity
+        if max_message_bytes > 0:
+            sock.maxmsgsize = max_message_bytes
         if sock_type == zmq.ROUTER:
             sock.router_mandatory = 1
         if curve is not None:
@@ -191,10 +199,12 @@ def _bind(sock: zmq.Socket[Any], address: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-class _RateLimitedWarnings:
-    """At most one warning per key per interval, reporting how many were suppressed."""
+class RateLimitedWarnings:
+    """At most one warning per key per interval, reporting how many were suppressed: a peer that
+    sends a flood of bad or misrouted messages must not flood the log too."""
 
-    def __init__(self, interval_s: float) -> None:
+    def __init__(self, log: logging.Logger = logger, interval_s: float = 10.0) -> None:
+        self.log = log
         self.interval_s = interval_s
         self._last: dict[str, float] = {}
         self._suppressed: Counter[str] = Counter()
@@ -210,7 +220,7 @@ class _RateLimitedWarnings:
         if n:
             msg += " (%d more like it in the last %.0f s)"
             args = (*args, n, self.interval_s)
-        logger.warning(msg, *args)
+        self.log.warning(msg, *args)
 
 
 class Endpoint:
@@ -251,12 +261,13 @@ class Endpoint:
         self.rejected: Counter[str] = Counter()
         """Bad messages received, by CodecError reason (a wrong frame count counts as "malformed")."""
         self.discarded = 0
-        """Replies `request` dropped because `accept` refused them (late answers to earlier tries)."""
+        """Replies `request` dropped: answers to another request id (one it gave up on), or refused
+        by `accept`."""
         sock.sndtimeo = send_timeout_ms
         self._send_timeout_ms = send_timeout_ms
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
-        self._warnings = _RateLimitedWarnings(log_interval_s)
+        self._warnings = RateLimitedWarnings(logger, log_interval_s)
         self._closed = False
 
     def __enter__(self) -> Endpoint:
@@ -280,8 +291,11 @@ class Endpoint:
         if self._closed:
             raise TransportError(f"endpoint {self.address} is closed")
 
-    def send(self, msg_type: str, body: dict[str, Any], *, to: bytes | None = None) -> None:
+    def send(
+        self, msg_type: str, body: dict[str, Any], *, to: bytes | None = None, request_id: int | None = None
+    ) -> None:
         """Encode and send. A ROUTER needs `to` (the peer identity from `recv`); others must not.
+        `request_id`: the request's id, on a request (see `request`) and on the reply to it.
 
         Raises CodecError if `body` does not match its schema, PeerUnreachable if `to` is gone,
         TransportTimeout if the peer's queue stays full for send_timeout_ms.
@@ -291,7 +305,7 @@ class Endpoint:
             raise ValueError("a ROUTER endpoint must be told which peer to send to: send(..., to=peer_id)")
         if not self.routing and to is not None:
             raise ValueError("only a ROUTER endpoint sends to a peer identity; drop to=")
-        self._send_frames(encode(msg_type, body), to, what=msg_type)
+        self._send_frames(encode(msg_type, body, request_id), to, what=msg_type)
 
     def _send_frames(self, data: bytes, to: bytes | None, *, what: str) -> None:
         frames = [data] if to is None else [to, data]
@@ -365,6 +379,16 @@ class Endpoint:
 # --------------------------------------------------------------------------------------------
 
 
+_request_ids = itertools.count(random.SystemRandom().getrandbits(62))
+"""Request ids of this process: a random start, so that a restarted client does not reuse the ids
+(and so the replies) of the process before it."""
+
+
+def new_request_id() -> int:
+    """A request id unique to this process; retries of one request reuse it."""
+    return next(_request_ids)
+
+
 def request(
     endpoint: Endpoint,
     msg_type: str,
@@ -375,26 +399,33 @@ def request(
     backoff_ms: int = 100,
     max_backoff_ms: int = 2000,
     accept: Callable[[Message], bool] | None = None,
+    request_id: int | None = None,
 ) -> Message:
     """Send a request and wait for its reply, retrying up to `retries` times.
 
+    Every attempt carries the same request id (`request_id`, or a new one), and only a reply that
+    names it is returned: replies to other ids (a late answer to an earlier request the caller gave
+    up on) are discarded and counted in `endpoint.discarded`, so a request never reads another's
+    reply. Servers must treat a repeated id as one request (the buffer answers a retried
+    `batch_request` with the same lease). A caller that retries beyond `retries` passes the same
+    `request_id` again.
+
     Only two failures are retried, with exponential back-off and jitter: no reply within
     `timeout_ms`, and a send queue that stays full. An `error` reply raises RemoteError (the
-    peer decided; asking again will not change its mind). Requests must be idempotent: the
-    server may see one up to retries + 1 times. `accept` filters replies: a late reply to an
-    earlier attempt (e.g. chunk 3 while asking for chunk 4) is discarded and counted in
-    `endpoint.discarded`.
+    peer decided; asking again will not change its mind); an `error` without an id answers a
+    message the peer could not decode, which can only be this one. `accept` filters further.
     """
     if endpoint.routing:
         raise ValueError("request() is for DEALER clients; a ROUTER answers with endpoint.send(..., to=peer)")
     if timeout_ms <= 0 or retries < 0:
         raise ValueError(f"need timeout_ms > 0 and retries >= 0, got {timeout_ms} and {retries}")
+    rid = new_request_id() if request_id is None else request_id
     attempts = retries + 1
     delay_ms = float(backoff_ms)
     for attempt in range(attempts):
         try:
-            endpoint.send(msg_type, body)
-            reply = _await_reply(endpoint, timeout_ms, accept)
+            endpoint.send(msg_type, body, request_id=rid)
+            reply = _await_reply(endpoint, timeout_ms, rid, accept)
         except TransportTimeout:
             reply = None
         if reply is not None:
@@ -413,7 +444,7 @@ def request(
 
 
 def _await_reply(
-    endpoint: Endpoint, timeout_ms: int, accept: Callable[[Message], bool] | None
+    endpoint: Endpoint, timeout_ms: int, request_id: int, accept: Callable[[Message], bool] | None
 ) -> Message | None:
     deadline = time.monotonic() + timeout_ms / 1000
     while True:
@@ -424,7 +455,9 @@ def _await_reply(
         if got is None:
             return None
         msg = got[1]
-        if accept is None or msg.type == ERROR or accept(msg):
+        if msg.request_id is None and msg.type == ERROR:
+            return msg
+        if msg.request_id == request_id and (accept is None or msg.type == ERROR or accept(msg)):
             return msg
         endpoint.discarded += 1
 
@@ -454,6 +487,9 @@ def open_endpoint(
         curve=curve,
         curve_server=curve_server,
         identity=identity,
+        # Up to twice the limit a frame is read and answered `oversized` (the sender learns why);
+        # beyond that it is never buffered: the connection drops.
+        max_message_bytes=2 * max_bytes + OVERSIZE_SLACK_BYTES,
     )
     try:
         return Endpoint(

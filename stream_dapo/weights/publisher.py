@@ -299,7 +299,7 @@ class WeightServer:
                 peer, msg = got
                 assert peer is not None
                 reply = self._answer(msg.type, msg.body)
-                ep.send(*reply, to=peer)
+                ep.send(*reply, to=peer, request_id=msg.request_id)
             except (PeerUnreachable, TransportTimeout) as exc:
                 # The generator went away or stopped reading; it will ask again when it comes back.
                 self.stats["errors"] += 1

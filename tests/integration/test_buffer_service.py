@@ -31,7 +31,7 @@ from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.service import BufferService, persist_path
 from stream_dapo.config import Config, ConfigError, load_config
 from stream_dapo.transport import messages as m
-from stream_dapo.transport.codec import encode, pack_value
+from stream_dapo.transport.codec import SCHEMA_VERSION, encode, pack_value
 from stream_dapo.transport.messages import Group, Sample
 from stream_dapo.transport.sockets import (
     CurveKeys,
@@ -168,7 +168,7 @@ def test_groups_in_acked_batch_out_committed(tmp_path: Path) -> None:
             resend = peers.ask(peers.gen, m.groups("gen-0", sent[:2]))
             assert resend.body == {"accepted": [], "duplicates": ["g0", "g1"], "rejected": []}
             # The two other credits went to groups the dynamic-sampling filter dropped.
-            assert peers.ask(peers.gen, m.groups("gen-0", [], filtered=2)).body["accepted"] == []
+            assert peers.ask(peers.gen, m.groups("gen-0", [], filtered_total=2)).body["accepted"] == []
             assert peers.ask(peers.gen, m.credit_request("gen-0", 10)).body["granted"] == 2  # 4 waiting
 
             got = peers.ask(peers.learner, m.batch_request(0, 3, 0))
@@ -268,8 +268,10 @@ def test_an_absurd_filtered_count_is_refused_and_the_buffer_keeps_running(tmp_pa
         try:
             odd = make_group("odd", samples=3).to_wire()  # a refused group: redeemed is then 2**64
             for groups in ([odd], [], []):
-                body = {"generator_id": "gen-0", "groups": groups, "filtered": 2**64 - 1}
-                peers.gen.socket.send(pack_value({"v": 1, "t": "groups", "b": body}))  # unchecked
+                body = {"generator_id": "gen-0", "groups": groups, "filtered_total": 2**64 - 1}
+                peers.gen.socket.send(
+                    pack_value({"v": SCHEMA_VERSION, "t": "groups", "b": body})
+                )  # unchecked
                 reply = peers.gen.recv(WAIT_MS)
                 assert reply is not None and reply[1].type == m.ERROR
                 assert reply[1].body["reason"] == "bad_schema"

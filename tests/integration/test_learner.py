@@ -237,7 +237,7 @@ class FakeBuffer:
                     self.groups.extend(groups)
                     self.served.extend(g.group_id for g in groups)
                     reply = m.batch(groups, 0)
-            self.endpoint.send(*reply, to=peer)
+            self.endpoint.send(*reply, to=peer, request_id=msg.request_id)
 
     def close(self) -> None:
         self._stop.set()

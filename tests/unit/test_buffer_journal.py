@@ -13,7 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stream_dapo.buffer.journal import JOURNAL_MAGIC, SNAPSHOT_MAGIC, Journal, JournalError
+from stream_dapo.buffer.journal import (
+    JOURNAL_MAGIC,
+    SNAPSHOT_MAGIC,
+    Journal,
+    JournalDiskFullError,
+    JournalError,
+)
 from stream_dapo.buffer.replay import AdmissionPolicy, ReplayBuffer
 from stream_dapo.transport.messages import Group, Sample
 
@@ -72,7 +78,7 @@ def test_buffer_restored_from_its_files_matches_the_live_one(tmp_path: Path) -> 
     path = tmp_path / "state.msgpack"
     live, journal = open_buffer(path)
     live.grant_credits("gen-0", 6)
-    live.add_groups("gen-0", [make_group(g, 2) for g in "abcde"], filtered=1)
+    live.add_groups("gen-0", [make_group(g, 2) for g in "abcde"], filtered_total=1)
     live.serve(3, max_groups=2)
     journal.compact(live.snapshot_records())
     live.commit(4, ["a"])
@@ -281,3 +287,99 @@ def test_journal_files_are_created_with_their_directory(tmp_path: Path) -> None:
     journal.load()
     journal.close()
     assert sorted(os.listdir(path.parent)) == ["state.msgpack.journal"]
+
+
+# --------------------------------------------------------------------------------------------------
+# A full disk (/dev/full behind the journal's file descriptors: every write fails with ENOSPC)
+# --------------------------------------------------------------------------------------------------
+
+
+class FullDisk:
+    """Opens files for the journal module and, once `fill()` is called, puts /dev/full behind every
+    descriptor it opened for writing (and every one it opens later): writes then fail with ENOSPC
+    in the kernel, exactly as on a full disk, while the files stay in place."""
+
+    def __init__(self) -> None:
+        self.files: list = []
+        self.full = False
+
+    def open(self, path, mode="r", *args, **kwargs):
+        f = open(path, mode, *args, **kwargs)
+        if any(c in mode for c in "wa+"):
+            self.files.append(f)
+            if self.full:
+                self._fill(f)
+        return f
+
+    def fill(self) -> None:
+        self.full = True
+        for f in self.files:
+            if not f.closed:
+                self._fill(f)
+
+    def free(self) -> None:
+        """Space again for files opened from now on."""
+        self.full = False
+
+    @staticmethod
+    def _fill(f) -> None:
+        fd = os.open("/dev/full", os.O_WRONLY)
+        try:
+            os.dup2(fd, f.fileno())
+        finally:
+            os.close(fd)
+
+
+@pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> FullDisk:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    from stream_dapo.buffer import journal as journal_module
+
+    disk = FullDisk()
+    monkeypatch.setattr(journal_module, "open", disk.open, raising=False)
+    return disk
+
+
+def test_a_full_disk_fails_the_sync_naming_the_file_and_close_still_releases_it(
+    tmp_path: Path, full_disk: FullDisk
+) -> None:
+    path = tmp_path / "state.msgpack"
+    journal = Journal(path)
+    journal.load()
+    journal.append({"k": "version", "v": 1})
+    journal.sync()
+    full_disk.fill()
+    journal.append({"k": "version", "v": 2})
+    with pytest.raises(
+        JournalDiskFullError, match=rf"^no space left on {re.escape(str(path))}\.journal .*fsync failed"
+    ):
+        journal.sync()
+    journal.close()  # no second error: the failed write is not retried
+    full_disk.free()
+    assert records_of(path) == [{"k": "version", "v": 1}]  # what was synced; the lock is released
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.msgpack.journal"]
+
+
+def test_a_full_disk_during_compaction_keeps_the_old_snapshot_and_removes_the_temporary_file(
+    tmp_path: Path, full_disk: FullDisk
+) -> None:
+    path = tmp_path / "state.msgpack"
+    buf, journal = open_buffer(path)
+    buf.add_groups("gen-0", [make_group("g0")])
+    journal.compact(buf.snapshot_records())
+    snapshot = path.read_bytes()
+    buf.add_groups("gen-0", [make_group("g1")])
+    journal.sync()
+    full_disk.fill()
+    with pytest.raises(
+        JournalDiskFullError, match=rf"^no space left on {re.escape(str(tmp_path))} .*writing snapshot"
+    ):
+        journal.compact(buf.snapshot_records())
+    assert path.read_bytes() == snapshot
+    assert not path.with_name("state.msgpack.tmp").exists()
+    journal.close()
+    full_disk.free()
+    restored, journal = open_buffer(path)  # the old snapshot + the journal still hold both groups
+    assert restored.waiting_ids() == ["g0", "g1"]
+    journal.close()

@@ -377,12 +377,24 @@ def test_an_unanswered_credit_request_is_repeated_after_the_timeout() -> None:
     assert ledger.held == 4 and ledger.request(in_flight=0, now=7.0) == 0
 
 
-def test_filtered_groups_are_reported_once() -> None:
+def test_filtered_groups_add_to_a_running_total() -> None:
     ledger = CreditLedger(max_in_flight=2, timeout_s=5.0)
     ledger.redeem_without_group()
     ledger.redeem_without_group(2)
-    assert ledger.report() == 3
-    assert ledger.report() == 0
+    assert ledger.filtered_total == 3  # sent in every message: the buffer redeems the increase
+    ledger.redeem_without_group()
+    assert ledger.filtered_total == 4
+
+
+def test_an_expired_lease_drops_held_credits_and_allows_a_request_at_once() -> None:
+    ledger = CreditLedger(max_in_flight=4, timeout_s=5.0)
+    assert ledger.request(in_flight=0, now=0.0) == 4
+    ledger.granted(3, now=0.1)
+    assert ledger.take() and ledger.held == 2
+    assert ledger.request(in_flight=1, now=0.2) == 1
+    assert ledger.lease_expired() == 2
+    assert ledger.held == 0 and not ledger.take()
+    assert ledger.request(in_flight=1, now=0.3) == 3  # the request in flight is forgotten too
 
 
 # --------------------------------------------------------------------------------------------------

@@ -175,12 +175,28 @@ def test_leased_groups_count_against_capacity_groups() -> None:
 def test_filtered_groups_redeem_credits() -> None:
     buf = ReplayBuffer(policy(line_capacity=6))
     buf.grant_credits("gen-0", 5)
-    buf.add_groups("gen-0", [make_group("a")], filtered=3)
+    buf.add_groups("gen-0", [make_group("a")], filtered_total=3)
     assert buf.credits_of("gen-0") == 1
     assert buf.line == 2
-    buf.add_groups("gen-0", [], filtered=4)  # more than it held: clamped, and counted
+    buf.add_groups("gen-0", [], filtered_total=7)  # 4 more than it held: clamped, and counted
     assert buf.credits_of("gen-0") == 0
     assert buf.stats()["uncredited"] == 3
+
+
+def test_a_repeated_or_lost_filtered_report_neither_doubles_nor_leaks_credits() -> None:
+    """Regression: filtered counts were deltas, reported once; one that the buffer never read (it
+    crashed first) leaked its credits for the rest of the run. A running total heals both ways."""
+    buf = ReplayBuffer(policy(line_capacity=6))
+    buf.grant_credits("gen-0", 6)
+    buf.add_groups("gen-0", [], filtered_total=2)
+    buf.heartbeat("gen-0", 2)  # the same total again: nothing new
+    assert buf.credits_of("gen-0") == 4
+    # The report of totals 3 and 4 was lost; the heartbeat after it carries 5.
+    assert buf.heartbeat("gen-0", 5) == (1, False)
+    buf.generator_hello("gen-0")  # a new process: its total starts again from 0
+    buf.grant_credits("gen-0", 2)
+    buf.add_groups("gen-0", [], filtered_total=1)
+    assert buf.credits_of("gen-0") == 1 and buf.stats()["uncredited"] == 0
 
 
 def test_a_filtered_count_the_journal_cannot_store_is_refused(tmp_path) -> None:
@@ -188,20 +204,55 @@ def test_a_filtered_count_the_journal_cannot_store_is_refused(tmp_path) -> None:
     integer, so the journal could not encode the credit record (or a later snapshot) and the buffer
     service stopped. Such a count is refused before anything changes."""
     from stream_dapo.buffer.journal import Journal
-    from stream_dapo.transport.messages import MAX_FILTERED_PER_MESSAGE
+    from stream_dapo.transport.messages import MAX_FILTERED_TOTAL
 
     journal = Journal(tmp_path / "state.msgpack")
     journal.load()
     buf = ReplayBuffer(policy(), journal)
-    for count in (2**64 - 1, 2**63, MAX_FILTERED_PER_MESSAGE + 1, -1):
-        with pytest.raises(BufferInputError, match="filtered must be an int >= 0 and <="):
-            buf.add_groups("gen-0", [make_group("a", samples=1)], filtered=count)
-    buf.add_groups("gen-0", [], filtered=MAX_FILTERED_PER_MESSAGE)
-    buf.add_groups("gen-0", [], filtered=MAX_FILTERED_PER_MESSAGE)
-    assert buf.stats()["uncredited"] == 2 * MAX_FILTERED_PER_MESSAGE
+    for count in (2**64 - 1, 2**63, MAX_FILTERED_TOTAL + 1, -1, True):
+        with pytest.raises(BufferInputError, match=r"filtered_total must be an int in \[0, "):
+            buf.add_groups("gen-0", [make_group("a", samples=1)], filtered_total=count)
+    buf.add_groups("gen-0", [], filtered_total=MAX_FILTERED_TOTAL)
+    buf.add_groups("gen-1", [], filtered_total=MAX_FILTERED_TOTAL)
+    assert buf.stats()["uncredited"] == 2 * MAX_FILTERED_TOTAL
     assert buf.stats()["rejected_groups"] == {}
     journal.sync()
     journal.compact(buf.snapshot_records())
+
+
+def test_credits_of_a_silent_generator_expire_after_the_lease_and_it_is_told_once() -> None:
+    clock = FakeClock()
+    log = MemoryLog()
+    buf = ReplayBuffer(policy(line_capacity=6, generator_lease_s=30.0), log, clock)
+    assert buf.grant_credits("gen-0", 4) == 4 and buf.grant_credits("gen-1", 2) == 2
+    clock.now += 20
+    assert buf.heartbeat("gen-1", 0) == (2, False)
+    assert buf.expire_generators() == [] and buf.live_generators == 2
+    clock.now += 11  # gen-0 silent for 31 s > 30, gen-1 for 11 s
+    assert buf.expire_generators() == [("gen-0", 4)]
+    assert buf.credits_of("gen-0") == 0 and buf.room == 4 and buf.live_generators == 1
+    assert buf.grant_credits("gen-2", 10) == 4  # a newcomer gets the whole line back
+    assert buf.heartbeat("gen-0", 0) == (0, True)  # back after all (a long pause): it drops its credits
+    assert buf.heartbeat("gen-0", 0) == (0, False)  # told once
+    stats = buf.stats()
+    assert (stats["generators_expired"], stats["credits_released"]) == (1, 4)
+    restored = ReplayBuffer.restore(buf.policy, log.records)
+    assert restored.stats()["generators_expired"] == 1
+    assert [restored.credits_of(g) for g in ("gen-0", "gen-1", "gen-2")] == [0, 2, 4]
+
+
+def test_after_a_restart_every_generator_gets_a_full_lease_then_a_dead_one_expires() -> None:
+    """Regression: credits outlived their holders across buffer restarts; after two replacements
+    every credit was held by a dead generator and the learner waited forever."""
+    clock = FakeClock()
+    log = MemoryLog()
+    buf = ReplayBuffer(policy(line_capacity=6, generator_lease_s=30.0), log, clock)
+    buf.grant_credits("dead", 6)
+    clock.now += 1000  # the buffer was down a long time
+    restored = ReplayBuffer.restore(buf.policy, log.records, clock=clock)
+    assert restored.expire_generators() == [] and restored.credits_of("dead") == 6
+    clock.now += 31
+    assert restored.expire_generators() == [("dead", 6)] and restored.room == 6
 
 
 def test_generator_hello_releases_its_credits() -> None:
@@ -230,6 +281,7 @@ def test_credits_never_exceed_capacity(seed: int, capacity_groups: int, line: in
     rng = random.Random(seed)
     buf = ReplayBuffer(policy(line_capacity=line, capacity_groups=capacity_groups, max_staleness=100))
     inflight: dict[str, list[str]] = {"gen-0": [], "gen-1": [], "gen-2": []}
+    filtered = dict.fromkeys(inflight, 0)
     version, n = 0, 0
     for _ in range(150):
         gen = rng.choice(sorted(inflight))
@@ -244,7 +296,8 @@ def test_credits_never_exceed_capacity(seed: int, capacity_groups: int, line: in
             k = rng.randint(1, len(inflight[gen]))
             done, inflight[gen] = inflight[gen][:k], inflight[gen][k:]
             kept = [gid for gid in done if rng.random() < 0.7]
-            buf.add_groups(gen, [make_group(gid, version) for gid in kept], filtered=len(done) - len(kept))
+            filtered[gen] += len(done) - len(kept)
+            buf.add_groups(gen, [make_group(gid, version) for gid in kept], filtered_total=filtered[gen])
         elif op < 0.75:
             buf.serve(version, max_groups=rng.randint(1, 4))
         elif op < 0.9:
@@ -255,6 +308,7 @@ def test_credits_never_exceed_capacity(seed: int, capacity_groups: int, line: in
         else:
             buf.generator_hello(gen)
             inflight[gen].clear()  # a restarted generator lost what it was generating
+            filtered[gen] = 0
         assert buf.held + buf.credits_outstanding <= capacity_groups
         assert buf.credits_outstanding == sum(len(v) for v in inflight.values())
     assert buf.stats()["rejected_groups"] == {}
@@ -441,6 +495,58 @@ def test_committed_group_is_served_again_up_to_max_reuse() -> None:
     assert buf.stats()["served"] == 3
 
 
+def test_a_retried_batch_request_gets_the_same_lease_not_a_second_one() -> None:
+    buf = ReplayBuffer(policy())
+    buf.add_groups("gen-0", [make_group(g) for g in "abcdef"])
+    first = buf.serve(0, max_groups=2, request_id=11)
+    again = buf.serve(0, max_groups=2, request_id=11)  # the learner gave up waiting and resent it
+    assert [g.group_id for g in first.groups] == [g.group_id for g in again.groups] == ["a", "b"]
+    assert again.retried and not first.retried and again.staleness == [] and again.dropped_stale == []
+    assert buf.leased_ids() == ["a", "b"] and buf.waiting_ids() == ["c", "d", "e", "f"]
+    nxt = buf.serve(0, max_groups=2, request_id=12)
+    assert [g.group_id for g in nxt.groups] == ["c", "d"]  # positions 2, 3: the retry took no slot
+    assert nxt.staleness == [1, 1]
+    stats = buf.stats()
+    assert (stats["served"], stats["retried_requests"]) == (4, 1)
+
+
+def test_a_retried_lease_returns_only_what_is_still_leased_and_a_hello_forgets_it() -> None:
+    buf = ReplayBuffer(policy())
+    buf.add_groups("gen-0", [make_group(g) for g in "abcd"])
+    buf.serve(0, max_groups=2, request_id=5)
+    buf.commit(1, ["a"], request_id=6)
+    assert [g.group_id for g in buf.serve(1, max_groups=2, request_id=5).groups] == ["b"]
+    buf.learner_hello(1, 1)  # b back in line: a request with the old id now leases anew
+    assert [g.group_id for g in buf.serve(1, max_groups=2, request_id=5).groups] == ["b", "c"]
+
+
+def test_a_retried_commit_is_not_applied_twice() -> None:
+    buf = ReplayBuffer(policy(max_reuse=3, max_staleness=100))
+    buf.add_groups("gen-0", [make_group("a")])
+    buf.serve(0, max_groups=1, request_id=1)
+    assert buf.commit(1, ["a"], request_id=2).reused == ["a"]
+    again = buf.commit(1, ["a"], request_id=2)
+    assert again.retried and again.reused == [] and again.committed == []
+    buf.serve(1, max_groups=1, request_id=3)
+    # max_reuse=3 allows three uses; had the retry counted, this commit would be the third and last.
+    assert buf.commit(2, ["a"], request_id=4).reused == ["a"]
+    assert buf.stats()["committed"] == 2 and buf.stats()["retried_requests"] == 1
+
+
+def test_request_ids_of_the_last_lease_and_commit_survive_a_restart() -> None:
+    log = MemoryLog()
+    live = ReplayBuffer(policy(), log)
+    live.add_groups("gen-0", [make_group(g) for g in "abcd"])
+    live.serve(0, max_groups=2, request_id=77)
+    live.commit(0, ["zzz"], request_id=78)
+    for records in (log.records, list(live.snapshot_records())):
+        restored = ReplayBuffer.restore(live.policy, records)
+        retry = restored.serve(0, max_groups=2, request_id=77)
+        assert retry.retried and [g.group_id for g in retry.groups] == ["a", "b"]
+        assert restored.commit(0, ["zzz"], request_id=78).retried
+        assert restored.leased_ids() == ["a", "b"]
+
+
 def test_oldest_waiting_age_uses_the_injected_clock() -> None:
     clock = FakeClock()
     buf = ReplayBuffer(policy(), clock=clock)
@@ -459,7 +565,7 @@ def test_oldest_waiting_age_uses_the_injected_clock() -> None:
         (lambda b: b.serve(0, max_groups=0), "max_groups must be an int >= 1"),
         (lambda b: b.serve(-1, max_groups=1), "learner_version must be an int >= 0"),
         (lambda b: b.serve(0, max_groups=1, max_tokens=-5), "max_tokens must be an int >= 0"),
-        (lambda b: b.add_groups("gen-0", [], filtered=-1), "filtered must be an int >= 0"),
+        (lambda b: b.add_groups("gen-0", [], filtered_total=-1), "filtered_total must be an int in"),
         (lambda b: b.learner_hello(1, -1), "committed_through must be an int >= 0"),
     ],
 )
@@ -520,6 +626,7 @@ def test_credited_groups_finished_in_order_are_never_too_stale(
 def random_session(buf: ReplayBuffer, seed: int) -> None:
     rng = random.Random(seed)
     version = 0
+    filtered = {f"gen-{i}": buf._filtered.get(f"gen-{i}", 0) for i in range(3)}
     for _ in range(120):
         op = rng.random()
         gen = f"gen-{rng.randint(0, 2)}"
@@ -527,9 +634,13 @@ def random_session(buf: ReplayBuffer, seed: int) -> None:
             buf.grant_credits(gen, rng.randint(0, 3))
         elif op < 0.5:
             ids = [f"g{rng.randint(0, 60)}" for _ in range(rng.randint(0, 3))]
+            filtered[gen] += rng.randint(0, 1)
             buf.add_groups(
-                gen, [make_group(g, max(0, version - rng.randint(0, 5))) for g in ids], rng.randint(0, 1)
+                gen, [make_group(g, max(0, version - rng.randint(0, 5))) for g in ids], filtered[gen]
             )
+        elif op < 0.55:
+            filtered[gen] += rng.randint(0, 1)
+            buf.heartbeat(gen, filtered[gen])
         elif op < 0.7:
             buf.serve(version, rng.randint(1, 4), rng.choice([0, 30]))
         elif op < 0.85:
@@ -539,6 +650,7 @@ def random_session(buf: ReplayBuffer, seed: int) -> None:
             buf.learner_hello(version, max(0, version - 1))
         elif op < 0.95:
             buf.generator_hello(gen)
+            filtered[gen] = 0
         else:
             buf.count_rejected_message(rng.choice(["malformed", "bad_version"]), rng.randint(1, 2))
 
@@ -599,7 +711,7 @@ def test_lockstep_grants_one_rollout_batch_per_learner_version() -> None:
     assert buf.grant_credits("g", 10) == 4
     assert buf.grant_credits("g", 10) == 0
     # Two groups arrive, one group was filtered by dynamic sampling: its credit comes back.
-    buf.add_groups("g", [_lockstep_group("a"), _lockstep_group("b")], filtered=1)
+    buf.add_groups("g", [_lockstep_group("a"), _lockstep_group("b")], filtered_total=1)
     assert buf.grant_credits("g", 10) == 1
     assert len(buf.serve(0, max_groups=4).groups) == 2  # the learner takes what is there, waits for more
     assert buf.grant_credits("g", 10) == 0

@@ -143,8 +143,10 @@ hex_digests = st.binary(min_size=32, max_size=32).map(bytes.hex)
 STRATEGIES: dict[str, st.SearchStrategy[tuple[str, dict[str, Any]]]] = {
     "hello": st.builds(m.hello, ids, versions),
     "credit_request": st.builds(m.credit_request, ids, counts),
-    "groups": st.builds(m.groups, ids, st.lists(groups(), max_size=3)),
+    "groups": st.builds(m.groups, ids, st.lists(groups(), max_size=3), st.integers(0, m.MAX_FILTERED_TOTAL)),
+    "heartbeat": st.builds(m.heartbeat, ids, st.integers(0, m.MAX_FILTERED_TOTAL)),
     "credit": st.builds(m.credit, counts, versions),
+    "lease": st.builds(m.lease, counts, st.booleans(), versions),
     "ack": st.builds(m.ack, st.lists(ids), st.lists(ids), st.lists(st.tuples(ids, reasons))),
     "learner_hello": st.builds(m.learner_hello, versions, versions),
     "batch_request": st.builds(m.batch_request, versions, st.integers(1, 10_000), counts),
@@ -355,25 +357,45 @@ def test_wrong_version_names_both_versions_and_says_to_upgrade() -> None:
         msgpack.packb({"t": "hello", "b": HELLO_BODY}),
         raw_envelope(HELLO_BODY, v=True),
         raw_envelope(HELLO_BODY, extra="x"),
-        msgpack.packb({"v": 1, "t": "hello", "b": HELLO_BODY, b"x": 1}),  # str and bytes keys mixed
+        msgpack.packb(
+            {"v": SCHEMA_VERSION, "t": "hello", "b": HELLO_BODY, b"x": 1}
+        ),  # str and bytes keys mixed
         raw_envelope(HELLO_BODY, t=7),
-        msgpack.packb({"v": 1, "t": "hello", "b": {1: 2}}),  # non-string map key
+        msgpack.packb({"v": SCHEMA_VERSION, "t": "hello", "b": {1: 2}}),  # non-string map key
         raw_envelope({"generator_id": "x" * (MAX_STR_LEN + 1), "policy_version": 1}),
         raw_envelope(msgpack.ExtType(42, b"")),  # ext code we never use
+        raw_envelope(HELLO_BODY, id=-1),
+        raw_envelope(HELLO_BODY, id="7"),
+        raw_envelope(HELLO_BODY, id=True),
+        raw_envelope(HELLO_BODY, id=1 << 63),
     ],
 )
 def test_bad_envelopes_are_malformed(data: bytes) -> None:
     assert reason_of(data) == "malformed"
 
 
-def test_a_filtered_count_beyond_its_bound_is_bad_schema() -> None:
-    """Regression: the buffer adds `filtered` to counters its journal stores as msgpack integers,
-    so an unbounded count (2**64 - 1 decodes fine) could stop it. The schema bounds it."""
-    for count in (2**64 - 1, m.MAX_FILTERED_PER_MESSAGE + 1):
-        body = {"generator_id": "gen-0", "groups": [], "filtered": count}
-        assert reason_of(raw_envelope(body, t="groups")) == "bad_schema"
-    largest = encode(*m.groups("gen-0", [], filtered=m.MAX_FILTERED_PER_MESSAGE))
-    assert decode(largest, max_bytes=MAX).body["filtered"] == m.MAX_FILTERED_PER_MESSAGE
+def test_a_request_id_travels_in_the_envelope_and_only_when_given() -> None:
+    with_id = decode(encode("hello", HELLO_BODY, request_id=(1 << 63) - 1), max_bytes=MAX)
+    assert with_id.request_id == (1 << 63) - 1 and with_id.body == HELLO_BODY
+    without = decode(encode("hello", HELLO_BODY), max_bytes=MAX)
+    assert without.request_id is None
+    assert set(msgpack.unpackb(encode("hello", HELLO_BODY))) == {"v", "t", "b"}
+    with pytest.raises(CodecError, match="request id"):
+        encode("hello", HELLO_BODY, request_id=-3)
+
+
+def test_a_filtered_total_beyond_its_bound_is_bad_schema() -> None:
+    """Regression: the buffer adds the filtered count to counters its journal stores as msgpack
+    integers, so an unbounded count (2**64 - 1 decodes fine) could stop it. The schema bounds it."""
+    for count in (2**64 - 1, m.MAX_FILTERED_TOTAL + 1):
+        for t, body in (
+            ("groups", {"generator_id": "gen-0", "groups": [], "filtered_total": count}),
+            ("heartbeat", {"generator_id": "gen-0", "filtered_total": count}),
+        ):
+            assert reason_of(raw_envelope(body, t=t)) == "bad_schema"
+    largest = encode(*m.groups("gen-0", [], filtered_total=m.MAX_FILTERED_TOTAL))
+    assert decode(largest, max_bytes=MAX).body["filtered_total"] == m.MAX_FILTERED_TOTAL
+    assert "filtered_total" not in decode(encode(*m.groups("gen-0", [])), max_bytes=MAX).body
 
 
 def test_unknown_type_is_reported_as_such() -> None:
@@ -436,7 +458,10 @@ def _bad_group_wire(**sample_changes: Any) -> dict[str, Any]:
 )
 def test_schema_violations_are_bad_schema_and_name_the_field(msg_type: str, body: Any, where: str) -> None:
     with pytest.raises(CodecError) as decoded:
-        decode(msgpack.packb({"v": 1, "t": msg_type, "b": body}, default=pack_value_default), max_bytes=MAX)
+        decode(
+            msgpack.packb({"v": SCHEMA_VERSION, "t": msg_type, "b": body}, default=pack_value_default),
+            max_bytes=MAX,
+        )
     assert decoded.value.reason == "bad_schema"
     assert where in decoded.value.detail
     # The sender finds out first: encode validates the same way.
@@ -456,7 +481,7 @@ def _sample_body_with(tokens: msgpack.ExtType) -> bytes:
     sample = wire["samples"][0]
     body = {"generator_id": "gen-0", "groups": [wire]}
     sample["tokens"] = tokens
-    return msgpack.packb({"v": 1, "t": "groups", "b": body}, default=pack_value_default)
+    return msgpack.packb({"v": SCHEMA_VERSION, "t": "groups", "b": body}, default=pack_value_default)
 
 
 @pytest.mark.parametrize(
@@ -584,7 +609,9 @@ def test_valid_bodies_with_one_random_field_only_ever_raise_codec_error(
     out: tuple[str, dict[str, Any]],
 ) -> None:
     msg_type, body = out
-    decodes_or_codec_error(msgpack.packb({"v": 1, "t": msg_type, "b": body}, default=pack_value_default))
+    decodes_or_codec_error(
+        msgpack.packb({"v": SCHEMA_VERSION, "t": msg_type, "b": body}, default=pack_value_default)
+    )
 
 
 @settings(max_examples=400, deadline=None)

@@ -23,6 +23,7 @@ from stream_dapo.transport.sockets import (
     RemoteError,
     TransportTimeout,
     make_socket,
+    new_request_id,
     open_endpoint,
     request,
 )
@@ -147,22 +148,66 @@ def test_request_names_the_address_when_no_server_is_there(ctx: zmq.Context[Any]
 
 def test_request_retries_until_the_server_answers(ctx: zmq.Context[Any]) -> None:
     with server(ctx) as srv, client(ctx, srv.address) as cli:
-        seen: list[int] = []
+        seen: list[tuple[int, int | None]] = []
 
         def serve() -> None:
             # Ignore the first request, as if the buffer had been restarting; answer the second.
             for _ in range(2):
                 got = srv.recv(WAIT_MS)
                 assert got is not None
-                seen.append(got[1].body["want"])
-            srv.send(*m.credit(4, 9), to=got[0])
+                seen.append((got[1].body["want"], got[1].request_id))
+            srv.send(*m.credit(4, 9), to=got[0], request_id=got[1].request_id)
 
         thread = threading.Thread(target=serve)
         thread.start()
         reply = request(cli, *m.credit_request("gen-0", 4), timeout_ms=300, retries=5, backoff_ms=1)
         thread.join(WAIT_MS / 1000)
         assert reply.body == {"granted": 4, "learner_version": 9}
-        assert seen == [4, 4]
+        # Both copies carry one id: the server can tell a retry from a second request.
+        assert [want for want, _ in seen] == [4, 4]
+        assert seen[0][1] is not None and seen[0][1] == seen[1][1] == reply.request_id
+
+
+def test_a_request_never_reads_the_reply_of_an_earlier_request(ctx: zmq.Context[Any]) -> None:
+    """The stalled-buffer case: the client gave up on request A, the server answers A late (twice,
+    one per copy it queued), and then B. B must get B's reply; the copies of A's are discarded."""
+    with server(ctx) as srv, client(ctx, srv.address) as cli:
+        with pytest.raises(TransportTimeout):
+            request(cli, *m.batch_request(3, 8), timeout_ms=50, retries=1, backoff_ms=1)
+        copies = [srv.recv(WAIT_MS) for _ in range(2)]
+        assert all(c is not None for c in copies)
+        rid_a = copies[0][1].request_id  # type: ignore[index]
+        assert copies[1][1].request_id == rid_a  # type: ignore[index]
+        peer = copies[0][0]  # type: ignore[index]
+
+        def serve() -> None:
+            for _ in copies:
+                srv.send(*m.empty("no_waiting_groups"), to=peer, request_id=rid_a)
+            got = srv.recv(WAIT_MS)
+            assert got is not None and got[1].type == m.COMMIT
+            srv.send(*m.empty("committed"), to=peer, request_id=got[1].request_id)
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        reply = request(cli, *m.commit(3, ["g-1"]), timeout_ms=WAIT_MS, retries=0)
+        thread.join(WAIT_MS / 1000)
+        assert reply.body == {"reason": "committed"} and reply.request_id != rid_a
+        assert cli.discarded == 2
+
+
+def test_request_ids_differ_between_requests_and_name_the_reply(ctx: zmq.Context[Any]) -> None:
+    ids = {new_request_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(0 <= i < 2**63 for i in ids)
+    with server(ctx) as srv, client(ctx, srv.address) as cli:
+        cli.send(*m.hello("gen-0", 0), request_id=7)
+        got = srv.recv(WAIT_MS)
+        assert got is not None and got[1].request_id == 7
+        srv.send(*m.credit(0, 0), to=got[0], request_id=7)
+        back = cli.recv(WAIT_MS)
+        assert back is not None and back[1].request_id == 7
+        cli.send(*m.hello("gen-0", 0))  # one-way messages carry no id
+        got = srv.recv(WAIT_MS)
+        assert got is not None and got[1].request_id is None
 
 
 def test_request_raises_remote_error_on_an_error_reply_and_skips_unaccepted_replies(
@@ -173,14 +218,21 @@ def test_request_raises_remote_error_on_an_error_reply_and_skips_unaccepted_repl
         got = srv.recv(WAIT_MS)
         assert got is not None
         peer = got[0]
-        # A late answer for chunk 0 arrives before the answer for chunk 1.
-        srv.send(*m.chunk(5, 0, b"old"), to=peer)
-        srv.send(*m.chunk(5, 1, b"new"), to=peer)
+        rid = new_request_id()
+        # A reply with the right id that `accept` refuses, then the one it takes.
+        srv.send(*m.chunk(5, 0, b"old"), to=peer, request_id=rid)
+        srv.send(*m.chunk(5, 1, b"new"), to=peer, request_id=rid)
         reply = request(
-            cli, *m.chunk_request(5, 1), timeout_ms=WAIT_MS, retries=0, accept=lambda r: r.body["index"] == 1
+            cli,
+            *m.chunk_request(5, 1),
+            timeout_ms=WAIT_MS,
+            retries=0,
+            accept=lambda r: r.body["index"] == 1,
+            request_id=rid,
         )
         assert reply.body["data"] == b"new"
         assert cli.discarded == 1
+        # An error that names no id answers a message the server could not decode: this one.
         srv.send(*m.error("draining", "buffer is shutting down"), to=peer)
         with pytest.raises(RemoteError, match="draining") as info:
             request(cli, *m.hello("gen-0", 0), timeout_ms=WAIT_MS, retries=3)

@@ -1,0 +1,118 @@
+"""Where a generator is in its prompt shard, kept across restarts.
+
+A generator that restarts (a crash, a preempted node, `systemctl restart`) continues its shard where
+it stopped instead of serving the shard's first prompts again from epoch 0, which would train the
+same prompts twice as often as the rest. The cursor is a small JSON file per generator id, written
+atomically every few seconds and at shutdown, holding the stream's ``StreamState`` and the layout it
+belongs to; a file written for another layout (other data, seed or shard count) is ignored, with a
+log line, and the shard starts at epoch 0.
+
+The position counts prompts *started*: groups in flight when a generator dies are not generated again
+(their credits come back to the buffer with the lease).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from stream_dapo.data.dataset import PromptStream, StreamState
+
+log = logging.getLogger("stream_dapo.generator")
+
+SAVE_EVERY_S = 5.0
+
+SEED_STRIDE = 1_000_003
+"""Seed offset per extra replica of a shard: generators I and I + num_generators share shard I mod
+num_generators but shuffle it differently, so they do not start the same prompts at the same time."""
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """What a saved position is only valid for."""
+
+    data: str
+    num_prompts: int
+    seed: int
+    num_shards: int
+    shard_index: int
+
+    @classmethod
+    def of(cls, data: str, num_prompts: int, data_seed: int, num_shards: int, index: int) -> ShardLayout:
+        """Generator `index`'s layout: shard index mod num_shards, a seed per replica of that shard."""
+        return cls(
+            data, num_prompts, data_seed + SEED_STRIDE * (index // num_shards), num_shards, index % num_shards
+        )
+
+
+class PromptCursor:
+    """Loads and saves one generator's position in its shard."""
+
+    def __init__(self, path: Path, layout: ShardLayout) -> None:
+        self.path = path
+        self.layout = layout
+        self._saved_at = float("-inf")
+        self._saved: StreamState | None = None
+
+    def load(self) -> StreamState | None:
+        try:
+            doc = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "ignoring the prompt position in %s (%s): starting the shard at epoch 0", self.path, exc
+            )
+            return None
+        if doc.get("layout") != asdict(self.layout):
+            log.info(
+                "the prompt position in %s is for another data set, seed or shard count: starting the shard at epoch 0",
+                self.path,
+            )
+            return None
+        state = StreamState(int(doc["epoch"]), int(doc["position"]))
+        log.info(
+            "continuing the prompt shard at epoch %d, position %d (%s)",
+            state.epoch,
+            state.position,
+            self.path,
+        )
+        return state
+
+    def stream(self, prompts: Any) -> PromptStream:
+        """The shard's stream, resumed from the saved position when it fits this layout."""
+        lay = self.layout
+        state = self.load()
+        try:
+            return PromptStream(
+                prompts, seed=lay.seed, num_shards=lay.num_shards, shard_index=lay.shard_index, state=state
+            )
+        except ValueError as exc:  # a position beyond this shard: the data changed under the same name
+            log.warning(
+                "ignoring the prompt position in %s (%s): starting the shard at epoch 0", self.path, exc
+            )
+            return PromptStream(
+                prompts, seed=lay.seed, num_shards=lay.num_shards, shard_index=lay.shard_index
+            )
+
+    def save(self, state: StreamState, *, force: bool = False) -> None:
+        """Write the position (at most every SAVE_EVERY_S unless `force`); a failure is logged, not fatal."""
+        now = time.monotonic()
+        if state == self._saved or (not force and now - self._saved_at < SAVE_EVERY_S):
+            return
+        self._saved_at = now
+        doc = {"layout": asdict(self.layout), "epoch": state.epoch, "position": state.position}
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, self.path)
+            self._saved = state
+        except OSError as exc:
+            log.warning("cannot save the prompt position to %s: %s", self.path, exc)
+            tmp.unlink(missing_ok=True)
