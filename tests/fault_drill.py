@@ -222,8 +222,8 @@ class FaultDrill:
     # ------------------------------------------------------------------------------ helpers
 
     def start(self, name: str) -> float:
-        service = name.split("-")[0]
-        extra = ("--index", "0") if service == "generator" else ()
+        service, _, index = name.partition("-")
+        extra = ("--index", index) if service == "generator" else ()
         argv = service_argv(service, self.config_path, *extra)
         self.children[name] = self.sup.start(name, argv, child_env(self.cfg, service))
         return time.monotonic()
@@ -253,3 +253,189 @@ class FaultDrill:
 
     def accepted(self) -> int:
         return int(metric_sum(scrape(self.buffer_url), "stream_dapo_buffer_groups_accepted_total"))
+
+
+# --------------------------------------------------------------------------------------------------
+# The elastic fleet
+# --------------------------------------------------------------------------------------------------
+
+LEASE_S = 6.0
+HEARTBEAT_S = 1.0
+
+
+@dataclass
+class ElasticReport:
+    """What the elastic drill saw: per membership change, how long until the buffer's view of the
+    fleet (live generators, credits) was right again, then the whole run's group accounting."""
+
+    events: list[dict[str, Any]]
+    lease_s: float
+    drill: DrillReport
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lease_s": self.lease_s, "events": self.events, **self.drill.to_json()}
+
+
+def free_port_block(n: int) -> int:
+    """A port p with p .. p + n - 1 all free (generator I serves metrics on generator_port + I)."""
+    import socket
+
+    for _ in range(200):
+        base = free_ports(1)[0]
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no block of {n} free ports found")
+
+
+class ElasticDrill(FaultDrill):
+    """1 -> 3 -> 1 generators during one run, then the last one replaced by one with a new index.
+
+    Generators 1 and 2 join mid-run (any index joins: the fleet is whatever connects); then 1 leaves
+    with SIGTERM (a systemd stop: it drains and hands its unused credits back) and 2 with kill -9 (a
+    preempted node: its credits come back when its lease expires); then 0 is killed and 3 starts in
+    its place. The run must finish with every acknowledged group trained, held or dropped stale,
+    none trained twice, and each departure's credits back in the admission line within the lease.
+    """
+
+    def __init__(self, model: Path, out: Path, total_steps: int = 60) -> None:
+        self._generator_port = free_port_block(4)
+        super().__init__(model, out, total_steps)
+        self.cfg = load_config(
+            overrides=[
+                *tiny_overrides(model, out, free_ports(8)),
+                f"learner.total_steps={total_steps}",
+                "learner.checkpoint_every=2",
+                "algo.dynamic_sampling=false",
+                f"metrics.generator_port={self._generator_port}",
+                f"generator.heartbeat_s={HEARTBEAT_S}",
+                f"buffer.generator_lease_s={LEASE_S}",
+            ],
+            environ={},
+        )
+        self.config_path.write_text(config_to_toml(self.cfg))
+        m = self.cfg.metrics
+        self.learner_url = f"http://{m.host}:{m.learner_port}/metrics"
+        self.buffer_url = f"http://{m.host}:{m.buffer_port}/metrics"
+
+    def gen_url(self, index: int) -> str:
+        return f"http://{self.cfg.metrics.host}:{self._generator_port + index}/metrics"
+
+    def run(self) -> ElasticReport:  # type: ignore[override]
+        events: list[dict[str, Any]] = []
+        try:
+            for name in ("buffer", "learner", "generator-0"):
+                self.start(name)
+            self.wait_for("learner version 2", lambda: self.learner_step() >= 2)
+            events.append(self.scale_up([1, 2]))
+            events.append(self.leave(1, signal.SIGTERM))
+            events.append(self.leave(2, signal.SIGKILL))
+            events.append(self.replace(0, 3))
+            learner = self.children["learner"]
+            self.wait_for("the learner to finish", lambda: learner.popen.poll() is not None, FINISH_WAIT_S)
+            exit_code = learner.popen.returncode
+        finally:
+            self.sup.stop_all(timeout_s=20)
+        return ElasticReport(events, LEASE_S, self.account([], exit_code))
+
+    # ------------------------------------------------------------------------------ membership
+
+    def scale_up(self, indices: list[int]) -> dict[str, Any]:
+        step, t0 = self.learner_step(), time.monotonic()
+        for i in indices:
+            self.start(f"generator-{i}")
+        self.wait_for(f"{1 + len(indices)} live generators", lambda: self.live() == 1 + len(indices))
+        done = self.wait_for(
+            "every newcomer to deliver a group", lambda: all(self.acked(i) > 0 for i in indices)
+        )
+        return {
+            "event": f"scale 1 -> {1 + len(indices)}",
+            "at_step": step,
+            "to_delivering_s": round(done - t0, 2),
+        }
+
+    def leave(self, index: int, sig: int) -> dict[str, Any]:
+        """Generator `index` leaves; its credits must return to the line (at once after a drain,
+        within the lease after kill -9) while the run goes on."""
+        step = self.learner_step()
+        expired = self.expired()
+        child = self.children.pop(f"generator-{index}")
+        t0 = time.monotonic()
+        os.killpg(child.popen.pid, sig)
+        child.popen.wait(timeout=120)
+        self.sup.children.remove(child)
+        child.log_file.close()
+        reclaimed = self.wait_for(
+            f"generator-{index}'s credits back in the line",
+            lambda: self.credits_held_by(index) == 0,
+            timeout_s=LEASE_S * 4 + 60,
+        )
+        self.wait_for(
+            "the learner to take a step without it", lambda: self.learner_step() > step or self.finished()
+        )
+        how = "SIGTERM (drain)" if sig == signal.SIGTERM else "kill -9"
+        return {
+            "event": f"generator-{index} leaves by {how}",
+            "at_step": step,
+            "to_reclaimed_s": round(reclaimed - t0, 2),
+            "lease_expired": self.expired() > expired,
+            "exit_code": child.popen.returncode,
+        }
+
+    def replace(self, old: int, new: int) -> dict[str, Any]:
+        step = self.learner_step()
+        expired = self.expired()
+        t0 = self.kill9(f"generator-{old}")
+        self.start(f"generator-{new}")
+        reclaimed = self.wait_for(
+            f"generator-{old}'s lease to expire",
+            lambda: self.expired() > expired and self.credits_held_by(old) == 0,
+            timeout_s=LEASE_S * 4 + 60,
+        )
+        done = self.wait_for(f"generator-{new} to deliver a group", lambda: self.acked(new) > 0)
+        return {
+            "event": f"generator-{old} replaced by generator-{new}",
+            "at_step": step,
+            "to_reclaimed_s": round(reclaimed - t0, 2),
+            "to_delivering_s": round(done - t0, 2),
+        }
+
+    # ------------------------------------------------------------------------------ probes
+
+    def finished(self) -> bool:
+        return self.children["learner"].popen.poll() is not None
+
+    def buffer_metric(self, name: str) -> float:
+        return metric_sum(scrape(self.buffer_url), name)
+
+    def live(self) -> int:
+        return int(self.buffer_metric("stream_dapo_buffer_live_generators"))
+
+    def expired(self) -> int:
+        return int(self.buffer_metric("stream_dapo_buffer_generators_expired_total"))
+
+    def acked(self, index: int) -> int:
+        return int(metric_sum(scrape(self.gen_url(index)), "stream_dapo_generator_groups_acked_total"))
+
+    def credits_held_by(self, index: int) -> int:
+        """Credits the buffer counts as generator `index`'s (its /healthz lists every lease)."""
+        import urllib.request
+
+        url = self.buffer_url.replace("/metrics", "/healthz")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            body = json.loads(exc.read())
+        except OSError:
+            return -1
+        return int(body.get("generators", {}).get(f"generator-{index}", {}).get("credits", 0))

@@ -825,6 +825,17 @@ class ReplayBuffer:
         now, lease_s = self._clock(), self.policy.generator_lease_s
         return sum(1 for t in self._last_seen.values() if now - t <= lease_s)
 
+    def generator_leases(self) -> dict[str, dict[str, float]]:
+        """Per generator heard from (or holding credits): its credits and seconds since last heard."""
+        now = self._clock()
+        return {
+            gen: {
+                "credits": self._credits.get(gen, 0),
+                "silent_s": round(now - self._last_seen.get(gen, self._started_at), 1),
+            }
+            for gen in sorted({*self._credits, *self._last_seen})
+        }
+
     def credits_of(self, generator_id: str) -> int:
         return self._credits.get(generator_id, 0)
 

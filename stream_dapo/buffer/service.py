@@ -426,7 +426,7 @@ class BufferService:
     def _maybe_log_status(self) -> None:
         if time.monotonic() - self._last_status >= STATUS_EVERY_S:
             self._last_status = time.monotonic()
-            s = self.buffer.stats()
+            s = self.stats()
             log.info("status: %s", ", ".join(f"{key} {s[key]}" for key in STATUS_KEYS))
 
     def _export_metrics(self) -> None:
@@ -438,6 +438,7 @@ class BufferService:
         mt.depth.labels(state="leased").set(s["leased"])
         mt.credits_outstanding.set(s["credits_outstanding"])
         mt.live_generators.set(s["live_generators"])
+        self.health.detail["generators"] = self.buffer.generator_leases()
         mt.credit_capacity.set(s["line_capacity"])
         mt.learner_version.set(s["learner_version"])
         mt.oldest_waiting.set(s["oldest_waiting_age_s"])

@@ -476,3 +476,18 @@ def test_missing_curve_keys_fail_at_start_naming_the_fix(tmp_path: Path) -> None
     cfg = load_config(overrides=[*overrides(tmp_path), f'transport.curve_dir="{tmp_path}"'], environ={})
     with pytest.raises(ConfigError, match=r"server\.key_secret .*unset transport\.curve_dir"):
         BufferService(cfg)
+
+
+def test_the_periodic_status_line_names_every_key(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: a status key that only the service's stats() has crashed the buffer after 60 s."""
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    svc = BufferService(cfg)
+    try:
+        svc._last_status = float("-inf")  # due now
+        with caplog.at_level("INFO", logger="stream_dapo.buffer"):
+            svc.step(0)
+    finally:
+        svc.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("status: ")]
+    assert all(f"{key} " in line for key in buffer_service.STATUS_KEYS)
+    assert "live_generators 0" in line

@@ -208,3 +208,43 @@ def test_prometheus_scraped_every_required_metric_from_its_job(async_run) -> Non
     assert float(changes["value"][1]) >= 1
     (bound,) = query(prom, "last_over_time(stream_dapo:staleness_bound_versions[15m])")
     assert float(bound["value"][1]) == 4.0, "the recording rule reads algo.max_staleness from the buffer"
+
+
+def test_sigterm_to_run_stops_every_service_in_drain_order_and_writes_the_summary(
+    tmp_path: Path, warm_model: Path
+) -> None:
+    """Regression: SIGTERM killed the launcher alone and left the services (and vLLM) running, holding
+    the ports, so `--resume` failed with "port in use"; no summary was written."""
+    import signal
+
+    from stream_dapo.launcher import check_ports_free
+
+    out = tmp_path / "run"
+    overrides = tiny_overrides(warm_model, out, free_ports(8)) + ["learner.total_steps=10000"]
+    argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--no-eval", "--quiet"]
+    for item in overrides:
+        argv += ["--set", item]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    parent = psutil.Process(proc.pid)
+    seen: set[int] = set()
+    metrics = out / "learner" / "metrics.jsonl"
+    try:
+        while not (metrics.exists() and metrics.read_text().strip()):  # the learner took a step
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            seen.update(p.pid for p in parent.children(recursive=True))
+            time.sleep(0.5)
+        seen.update(p.pid for p in parent.children(recursive=True))
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM"
+    assert 1 <= summary["learner_steps"] < 10000 and summary["groups_trained_twice"] == 0
+    assert "Traceback" not in output
+    assert alive(seen) == [], "services outlived the launcher"
+    check_ports_free(load_config([out / "config.toml"], environ={}))  # a --resume can bind them again
+    logs = {p.stem: p.read_text() for p in (out / "logs").glob("*.log")}
+    assert "received SIGTERM" in logs["learner"] and "checkpoint" in logs["learner"]  # it drained

@@ -266,3 +266,22 @@ def test_a_buffer_whose_disk_fills_exits_1_and_says_so_without_a_traceback(
     journal = Journal(state)  # the lock is released and the files load: a restart recovers
     assert journal.load() == []
     journal.close()
+
+
+def test_run_with_a_port_in_use_exits_2_naming_the_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: a taken port made `stream-dapo run` exit 1 (a systemd restart loop), not 2."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = tmp_path / "run"
+        argv = run_argv(fake_model_dir(tmp_path / "model"), out, f"transport.batches_port={port}")
+        assert main(argv) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port} (transport.batches_port) is in use" in err
+    assert "--set transport.batches_port=<port>" in err and "Traceback" not in err
+    assert not out.exists()
