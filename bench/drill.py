@@ -10,6 +10,11 @@ accounted for from its persisted state and the learner's trained-group log: trai
 (must be 0), still held, dropped as stale, lost (must be 0). tests/fault_drill.py defines each
 figure; tests/integration/test_faults.py runs the same drill and asserts on it.
 
+With `--elastic` it runs the elastic-fleet drill instead (tests/fault_drill.py `ElasticDrill`): 1 -> 3
+-> 1 generators during one run (one leaves by SIGTERM, one by kill -9), then the last one replaced by
+a generator with a new index; per change, the seconds until the newcomers delivered or the
+departed generator's credits were back in the admission line, then the same group accounting.
+
 It starts vLLM and DeepSpeed: a few minutes on two CPU cores.
 """
 
@@ -24,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.fault_drill import DrillReport, FaultDrill  # noqa: E402
+from tests.fault_drill import LEASE_S, DrillReport, ElasticDrill, FaultDrill  # noqa: E402
 
 
 def warm_model(path: Path | None) -> Path:
@@ -73,7 +78,10 @@ def main() -> int:
     parser.add_argument("--model", type=Path, help="model directory (default: the cached warm tiny model)")
     parser.add_argument("--out", type=Path, help="run directory, must not exist (default: a temp dir)")
     parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--elastic", action="store_true", help="the elastic-fleet drill instead")
     args = parser.parse_args()
+    if args.elastic:
+        return elastic(args)
     if args.steps < 8:
         parser.error("--steps must be >= 8: the learner is killed after its checkpoint at version 4")
     out = args.out or Path(tempfile.mkdtemp(prefix="stream-dapo-drill-")) / "run"
@@ -87,6 +95,30 @@ def main() -> int:
         and report.groups_trained_twice == 0
         and report.learner_exit_code == 0
         and report.trained_versions == list(range(1, args.steps + 1))
+    )
+    if args.json:
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    return 0 if data["ok"] else 1
+
+
+def elastic(args: argparse.Namespace) -> int:
+    out = args.out or Path(tempfile.mkdtemp(prefix="stream-dapo-elastic-")) / "run"
+    report = ElasticDrill(warm_model(args.model), out).run()
+    print(f"\nlease {LEASE_S:.0f} s (buffer.generator_lease_s), heartbeat every 1 s")
+    print(f"{'event':<42} {'at step':>8} {'to delivering s':>16} {'to reclaimed s':>15}")
+    for e in report.events:
+        print(
+            f"{e['event']:<42} {e['at_step']:>8} {e.get('to_delivering_s', '-'):>16} {e.get('to_reclaimed_s', '-'):>15}"
+        )
+    print_report(report.drill)
+    d = report.drill
+    data = report.to_json()
+    data["run_dir"] = str(out)
+    data["ok"] = (
+        d.groups_lost == 0
+        and d.groups_trained_twice == 0
+        and d.learner_exit_code == 0
+        and d.trained_versions == list(range(1, len(d.trained_versions) + 1))
     )
     if args.json:
         args.json.write_text(json.dumps(data, indent=2) + "\n")

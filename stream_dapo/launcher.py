@@ -77,9 +77,15 @@ class Supervisor:
         return [c for c in self.children if c.popen.poll() is not None]
 
     def stop(self, child: Child, timeout_s: float) -> int | None:
-        """SIGTERM the child's process group (the service drains), SIGKILL it after timeout_s."""
+        """SIGTERM the child (the service drains), then SIGKILL its whole process group: systemd's
+        KillMode=mixed. Only the service itself gets SIGTERM, so that the processes it owns (vLLM's
+        engine) keep working while it drains; whatever is left of the group after it exits, or after
+        timeout_s, is killed."""
         if child.popen.poll() is None:
-            _signal_group(child.popen.pid, signal.SIGTERM)
+            try:
+                child.popen.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
             try:
                 child.popen.wait(timeout_s)
             except subprocess.TimeoutExpired:

@@ -225,7 +225,8 @@ class FaultDrill:
         service, _, index = name.partition("-")
         extra = ("--index", index) if service == "generator" else ()
         argv = service_argv(service, self.config_path, *extra)
-        self.children[name] = self.sup.start(name, argv, child_env(self.cfg, service))
+        env = child_env(self.cfg, service, int(index) if index else 0)
+        self.children[name] = self.sup.start(name, argv, env)
         return time.monotonic()
 
     def kill9(self, name: str) -> float:
@@ -259,7 +260,7 @@ class FaultDrill:
 # The elastic fleet
 # --------------------------------------------------------------------------------------------------
 
-LEASE_S = 6.0
+LEASE_S = 10.0
 HEARTBEAT_S = 1.0
 
 
@@ -303,11 +304,12 @@ class ElasticDrill(FaultDrill):
     Generators 1 and 2 join mid-run (any index joins: the fleet is whatever connects); then 1 leaves
     with SIGTERM (a systemd stop: it drains and hands its unused credits back) and 2 with kill -9 (a
     preempted node: its credits come back when its lease expires); then 0 is killed and 3 starts in
-    its place. The run must finish with every acknowledged group trained, held or dropped stale,
-    none trained twice, and each departure's credits back in the admission line within the lease.
+    its place. Then the run is stopped as `stream-dapo run` stops it (SIGTERM, drain order), so the
+    drill does not race the learner's step budget. Every acknowledged group must be trained, held or
+    dropped stale, none trained twice, and each departure's credits back in the admission line.
     """
 
-    def __init__(self, model: Path, out: Path, total_steps: int = 60) -> None:
+    def __init__(self, model: Path, out: Path, total_steps: int = 100_000) -> None:
         self._generator_port = free_port_block(4)
         super().__init__(model, out, total_steps)
         self.cfg = load_config(
@@ -340,12 +342,16 @@ class ElasticDrill(FaultDrill):
             events.append(self.leave(1, signal.SIGTERM))
             events.append(self.leave(2, signal.SIGKILL))
             events.append(self.replace(0, 3))
+            if self.finished():
+                raise DrillError(
+                    f"the learner finished before the drill did: raise total_steps\n{self.logs()}"
+                )
             learner = self.children["learner"]
-            self.wait_for("the learner to finish", lambda: learner.popen.poll() is not None, FINISH_WAIT_S)
-            exit_code = learner.popen.returncode
         finally:
-            self.sup.stop_all(timeout_s=20)
-        return ElasticReport(events, LEASE_S, self.account([], exit_code))
+            # Drain order, like `stream-dapo run` at the end: generators, then the learner (it
+            # finishes its step and checkpoints), then the buffer (it persists).
+            self.sup.stop_all(timeout_s=60)
+        return ElasticReport(events, LEASE_S, self.account([], learner.popen.returncode))
 
     # ------------------------------------------------------------------------------ membership
 
@@ -370,10 +376,13 @@ class ElasticDrill(FaultDrill):
         expired = self.expired()
         child = self.children.pop(f"generator-{index}")
         t0 = time.monotonic()
-        os.killpg(child.popen.pid, sig)
-        child.popen.wait(timeout=120)
+        if sig == signal.SIGTERM:
+            self.sup.stop(child, timeout_s=120)  # as systemd stops it (KillMode=mixed)
+        else:
+            os.killpg(child.popen.pid, sig)
+            child.popen.wait(timeout=120)
+            child.log_file.close()
         self.sup.children.remove(child)
-        child.log_file.close()
         reclaimed = self.wait_for(
             f"generator-{index}'s credits back in the line",
             lambda: self.credits_held_by(index) == 0,

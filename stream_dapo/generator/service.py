@@ -411,6 +411,66 @@ class NcclAnnouncementSource(ZmqWeightSource):
 # --------------------------------------------------------------------------------------------------
 
 
+class Heartbeat:
+    """Keeps the generator's credit lease on a thread of its own, so that a main loop that is busy
+    (a long weight load, a slow engine step) does not lose its credits.
+
+    Every ``every_s`` it sends ``heartbeat{generator_id, filtered_total}`` on its own connection to
+    the buffer and reads the ``lease`` replies: ``expired`` is set when one says the buffer had taken
+    the credits back, and ``last_answer`` is when the buffer last replied (readiness). It stops
+    renewing while ``progressing()`` is false (the main loop made no progress for its liveness
+    bound), so a hung generator loses its credits like a dead one.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Endpoint],
+        generator_id: str,
+        every_s: float,
+        filtered_total: Callable[[], int],
+        progressing: Callable[[], bool],
+    ) -> None:
+        self._connect = connect
+        self.generator_id = generator_id
+        self.every_s = every_s
+        self._filtered_total = filtered_total
+        self._progressing = progressing
+        self.expired = threading.Event()
+        self.last_answer = time.monotonic()
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        endpoint = self._connect()  # a socket belongs to the thread that uses it
+        try:
+            while not self._stop.is_set():
+                if self._progressing():
+                    try:
+                        endpoint.send(*m.heartbeat(self.generator_id, self._filtered_total()))
+                        self.sent += 1
+                    except TransportTimeout:  # the queue to a hung buffer is full: try again later
+                        pass
+                deadline = time.monotonic() + self.every_s
+                while not self._stop.is_set() and (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
+                    got = endpoint.recv(min(left_ms, 200))
+                    if got is not None and got[1].type == m.LEASE:
+                        self.last_answer = time.monotonic()
+                        if got[1].body["expired"]:
+                            self.expired.set()
+        finally:
+            endpoint.close()
+
+
 class GeneratorService:
     """One generator: vLLM engine, verifier pool, buffer and weight connections, metrics.
 
@@ -452,8 +512,7 @@ class GeneratorService:
         self._accuracy: deque[float] = deque(maxlen=ACCURACY_WINDOW)
         self._rejected_seen: Counter[str] = Counter()
         self._rate = (time.monotonic(), 0)
-        self._next_heartbeat = 0.0
-        self._last_heard = time.monotonic()
+        self._heartbeat: Heartbeat | None = None
         self._filtered_sent = 0
         self._tokens_counted = 0
         self._closed = False
@@ -490,7 +549,7 @@ class GeneratorService:
             }
         )
         self.health.ready = True
-        self._last_heard = time.monotonic()  # the hello was answered
+        self._start_heartbeat()
         log.info(
             "%s ready: policy version %d, buffer %s",
             self.generator_id,
@@ -675,7 +734,7 @@ class GeneratorService:
             self.health.beat()
             self._apply_new_weights()
             self._read_buffer(timeout_ms=self._idle_wait_ms())
-            self._heartbeat()
+            self._check_lease()
             self._ask_for_credits()
             self._start_groups()
             finished = self._engine.step()
@@ -747,10 +806,7 @@ class GeneratorService:
                 self.credits.forget_request()
 
     def _on_buffer_message(self, msg: Any) -> None:
-        self._last_heard = time.monotonic()
-        if msg.type == m.LEASE:
-            self._on_lease(msg.body)
-        elif msg.type == m.CREDIT:
+        if msg.type == m.CREDIT:
             self.credits.granted(msg.body["granted"], time.monotonic())
             if msg.body["granted"]:
                 self._credit_version = max(self._credit_version, msg.body["learner_version"])
@@ -762,8 +818,39 @@ class GeneratorService:
             self.metrics.messages_rejected.labels(reason="unexpected_type").inc()
             log.warning("unexpected %r message from the buffer; ignored", msg.type)
 
-    def _on_lease(self, body: dict[str, Any]) -> None:
-        if body["expired"]:
+    def _start_heartbeat(self) -> None:
+        t = self.cfg.transport
+        curve = self._curve()
+
+        def connect() -> Endpoint:
+            return open_endpoint(
+                self._ctx,
+                zmq.DEALER,
+                connect=self.buffer_address,
+                max_bytes=t.max_message_bytes,
+                peer="buffer",
+                hwm=t.hwm,
+                curve=curve,
+                send_timeout_ms=0,
+            )
+
+        health = self.health
+        self._heartbeat = Heartbeat(
+            connect,
+            self.generator_id,
+            self.cfg.generator.heartbeat_s,
+            filtered_total=lambda: self.credits.filtered_total,
+            progressing=lambda: time.monotonic() - health.last_progress < health.stall_after_s,
+        ).start()
+
+    def _check_lease(self) -> None:
+        """Drop held credits when the buffer took them back, and be unready while the buffer leaves
+        heartbeats unanswered (it hangs or is gone; ZeroMQ reconnects by itself)."""
+        beat = self._heartbeat
+        if beat is None:
+            return
+        if beat.expired.is_set():
+            beat.expired.clear()
             dropped = self.credits.lease_expired()
             log.warning(
                 "the buffer had not heard from %s for buffer.generator_lease_s and took its credits back: "
@@ -771,25 +858,17 @@ class GeneratorService:
                 self.generator_id,
                 dropped,
             )
-
-    def _heartbeat(self) -> None:
-        """Every generator.heartbeat_s: renew the credit lease, and mark the service unready while
-        the buffer leaves heartbeats unanswered (hung or gone; ZeroMQ reconnects by itself)."""
-        now = time.monotonic()
-        silent_s = now - self._last_heard
+        silent_s = time.monotonic() - beat.last_answer
         responding = silent_s <= max(self.cfg.transport.timeout_s, 3 * self.cfg.generator.heartbeat_s)
         if responding != self.health.detail.get("buffer_responding", True):
             if responding:
-                log.info("the buffer answers again")
+                log.info("the buffer answers heartbeats again")
             else:
-                log.warning("the buffer has not answered for %.0f s; not ready until it does", silent_s)
+                log.warning(
+                    "the buffer has not answered a heartbeat for %.0f s; not ready until it does", silent_s
+                )
             self.health.detail["buffer_responding"] = responding
         self.health.ready = responding and not self._disconnected
-        if now < self._next_heartbeat:
-            return
-        self._next_heartbeat = now + self.cfg.generator.heartbeat_s
-        self._send(*m.heartbeat(self.generator_id, self.credits.filtered_total))
-        self._filtered_sent = self.credits.filtered_total
 
     def _on_ack(self, body: dict[str, Any]) -> None:
         result = self.unacked.ack(body["accepted"], body["duplicates"], body["rejected"])
@@ -939,6 +1018,8 @@ class GeneratorService:
         self._closed = True
         if self.watcher is not None:
             self.watcher.stop()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         if self._weights_source is not None:
             self._weights_source.close()
         self._verify_pool.shutdown(wait=False, cancel_futures=True)

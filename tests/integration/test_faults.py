@@ -34,7 +34,7 @@ def test_kill_each_service_and_recover(tmp_path: Path, warm_model: Path) -> None
 
 def test_generators_join_and_leave_during_a_run(tmp_path: Path, warm_model: Path) -> None:
     """1 -> 3 -> 1 generators (one leaves by SIGTERM, one by kill -9), then one replaced by a new index."""
-    report = ElasticDrill(warm_model, tmp_path / "run", total_steps=60).run()
+    report = ElasticDrill(warm_model, tmp_path / "run").run()
 
     assert [e["event"] for e in report.events] == [
         "scale 1 -> 3",
@@ -46,6 +46,8 @@ def test_generators_join_and_leave_during_a_run(tmp_path: Path, warm_model: Path
     # once, or at the lease's expiry), and the run went on without it.
     assert report.events[1]["exit_code"] == 0  # a drained generator exits cleanly
     d = report.drill
-    assert d.learner_exit_code == 0 and d.trained_versions == list(range(1, 61))
+    # Stopped by SIGTERM after the drill: it drained (exit 0), every step in order from 1.
+    assert d.learner_exit_code == 0 and d.trained_versions == list(range(1, len(d.trained_versions) + 1))
+    assert len(d.trained_versions) > report.events[-1]["at_step"] >= 2
     assert d.groups_trained_twice == 0 and d.groups_lost == 0 and d.groups_trained_unacknowledged == 0
     assert d.max_staleness_trained <= d.max_staleness_allowed

@@ -500,3 +500,51 @@ def test_a_message_the_generator_does_not_expect_is_counted_as_rejected() -> Non
         assert svc.credits.held == 2
     finally:
         svc.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Heartbeat
+# --------------------------------------------------------------------------------------------------
+
+
+def test_heartbeats_carry_the_running_total_and_an_expired_lease_is_reported() -> None:
+    import threading
+
+    import zmq
+
+    from stream_dapo.generator.service import Heartbeat
+    from stream_dapo.transport import messages as m
+    from stream_dapo.transport.sockets import open_endpoint
+
+    ctx: zmq.Context[Any] = zmq.Context()
+    buffer = open_endpoint(ctx, zmq.ROUTER, bind="tcp://127.0.0.1:*", max_bytes=1 << 20, peer="generator")
+    progressing = threading.Event()
+    progressing.set()
+    totals = iter(range(100))
+    beat = Heartbeat(
+        lambda: open_endpoint(ctx, zmq.DEALER, connect=buffer.address, max_bytes=1 << 20, peer="buffer"),
+        "gen-7",
+        every_s=0.01,
+        filtered_total=lambda: next(totals),
+        progressing=progressing.is_set,
+    ).start()
+    try:
+        got = [buffer.recv(5000) for _ in range(3)]
+        assert all(g is not None for g in got)
+        bodies = [g[1].body for g in got]  # type: ignore[index]
+        assert [b["generator_id"] for b in bodies] == ["gen-7"] * 3
+        assert [b["filtered_total"] for b in bodies] == [0, 1, 2]
+        answered_before = beat.last_answer
+        buffer.send(*m.lease(0, True, 3), to=got[-1][0])  # type: ignore[index]
+        assert beat.expired.wait(5)
+        assert beat.last_answer > answered_before
+        # A main loop that stopped making progress stops renewing: its credits will expire too.
+        progressing.clear()
+        sent = beat.sent
+        while buffer.recv(300) is not None:  # give it the chance to send more
+            pass
+        assert beat.sent <= sent + 1  # at most the one beat that had passed the check already
+    finally:
+        beat.stop()
+        buffer.close()
+        ctx.term()
