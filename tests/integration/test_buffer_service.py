@@ -491,3 +491,26 @@ def test_the_periodic_status_line_names_every_key(tmp_path: Path, caplog: pytest
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("status: ")]
     assert all(f"{key} " in line for key in buffer_service.STATUS_KEYS)
     assert "live_generators 0" in line
+
+
+def test_a_flood_of_misrouted_messages_is_answered_and_counted_but_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: every misrouted message logged its own warning, so one confused peer flooded
+    the log. Each still gets its `error` reply and is counted."""
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    with caplog.at_level("WARNING", logger="stream_dapo.buffer"), service_in_thread(cfg) as svc:
+        peers = Peers(cfg)
+        try:
+            for _ in range(50):
+                peers.gen.send(*m.batch_request(0, 1, 0))  # the learner's request, on the wrong socket
+                reply = peers.gen.recv(WAIT_MS)
+                assert reply is not None and reply[1].type == m.ERROR
+                assert reply[1].body["reason"] == "unexpected_type"
+        finally:
+            peers.close()
+        _, text = scrape(svc.metrics_port)
+    assert 'stream_dapo_buffer_messages_rejected_total{reason="unexpected_type"} 50.0' in text
+    refusals = [r for r in caplog.records if "refused a message" in r.getMessage()]
+    # One warning per 10 s: 50 round trips on loopback take far less than the 50 s that five need.
+    assert 1 <= len(refusals) <= 5, [r.getMessage() for r in refusals]

@@ -16,6 +16,7 @@ from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import encode
 from stream_dapo.transport.messages import Group, Sample
 from stream_dapo.transport.sockets import (
+    OVERSIZE_SLACK_BYTES,
     BindError,
     CurveKeys,
     Endpoint,
@@ -113,6 +114,19 @@ def test_oversized_and_multi_frame_messages_are_counted_by_reason(ctx: zmq.Conte
         assert got is not None and got[1].body["policy_version"] == 2
         assert srv.rejected == {"oversized": 1, "malformed": 1}
         assert cli.recv(0) is None  # reply_errors=False: nothing was sent back
+
+
+def test_a_frame_far_beyond_the_limit_is_never_read_whole_the_connection_drops(ctx: zmq.Context[Any]) -> None:
+    """ZMQ_MAXMSGSIZE: up to twice the limit a message is read and refused as `oversized`; a larger
+    frame makes libzmq drop the connection instead of buffering it (the peer reconnects)."""
+    with server(ctx, max_bytes=1000, reply_errors=False) as srv, client(ctx, srv.address) as cli:
+        assert srv.socket.maxmsgsize == 2 * 1000 + OVERSIZE_SLACK_BYTES
+        cli.send(*m.chunk(1, 0, b"x" * 1500))  # over the limit, under the socket's bound
+        cli.socket.send(b"\0" * (4 << 20))  # 4 MiB: far beyond both
+        cli.send(*m.hello("gen-0", 3))  # after the reconnect
+        got = srv.recv(WAIT_MS)
+        assert got is not None and got[1].body["policy_version"] == 3
+        assert srv.rejected == {"oversized": 1}  # the 4 MiB frame never reached the decoder
 
 
 def test_rejections_are_logged_once_per_interval(
