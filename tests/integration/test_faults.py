@@ -33,4 +33,3 @@ def test_kill_each_service_and_recover(tmp_path: Path, warm_model: Path) -> None
     assert report.groups_lost == 0, "an acknowledged group was neither trained, held, nor dropped as stale"
     assert report.groups_trained_unacknowledged == 0
     assert report.max_staleness_trained <= report.max_staleness_allowed
-
