@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import zmq
 from prometheus_client import CollectorRegistry
@@ -261,25 +261,19 @@ class WeightUpdate:
 Poll = Callable[[int], "WeightUpdate | None"]
 
 
-class WeightWatcher:
-    """Polls for weights other than ``have`` every ``poll_s`` on a daemon thread.
+class _Background:
+    """A daemon thread running ``_run`` until ``stop()``; subclasses set ``name`` and ``_run``."""
 
-    ``take()`` returns the newest version found since the last call (older undelivered ones are
-    superseded). Poll errors (learner restarting, a checksum mismatch) are logged and retried at the
-    next poll; they never stop the generator.
-    """
+    name = "background"
 
-    def __init__(self, poll: Poll, poll_s: float, have: int) -> None:
-        self._poll = poll
-        self._poll_s = poll_s
-        self._have = have
-        self._lock = threading.Lock()
-        self._ready: WeightUpdate | None = None
+    def __init__(self) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="weight-watcher", daemon=True)
-        self.errors = 0
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
-    def start(self) -> WeightWatcher:
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -287,6 +281,26 @@ class WeightWatcher:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+
+
+class WeightWatcher(_Background):
+    """Polls for weights other than ``have`` every ``poll_s`` on a daemon thread.
+
+    ``take()`` returns the newest version found since the last call (older undelivered ones are
+    superseded). Poll errors (learner restarting, a checksum mismatch) are logged and retried at the
+    next poll; they never stop the generator.
+    """
+
+    name = "weight-watcher"
+
+    def __init__(self, poll: Poll, poll_s: float, have: int) -> None:
+        self._poll = poll
+        self._poll_s = poll_s
+        self._have = have
+        self._lock = threading.Lock()
+        self._ready: WeightUpdate | None = None
+        self.errors = 0
+        super().__init__()
 
     def take(self) -> WeightUpdate | None:
         with self._lock:
@@ -411,7 +425,7 @@ class NcclAnnouncementSource(ZmqWeightSource):
 # --------------------------------------------------------------------------------------------------
 
 
-class Heartbeat:
+class Heartbeat(_Background):
     """Keeps the generator's credit lease on a thread of its own, so that a main loop that is busy
     (a long weight load, a slow engine step) does not lose its credits.
 
@@ -421,6 +435,8 @@ class Heartbeat:
     renewing while ``progressing()`` is false (the main loop made no progress for its liveness
     bound), so a hung generator loses its credits like a dead one.
     """
+
+    name = "heartbeat"
 
     def __init__(
         self,
@@ -438,17 +454,7 @@ class Heartbeat:
         self.expired = threading.Event()
         self.last_answer = time.monotonic()
         self.sent = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
-
-    def start(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        super().__init__()
 
     def _run(self) -> None:
         endpoint = self._connect()  # a socket belongs to the thread that uses it
