@@ -608,16 +608,7 @@ def _truncate_jsonl(path: Path, max_version: int) -> None:
         for line in path.read_text().splitlines()
         if line.strip() and int(json.loads(line)["version"]) <= max_version
     ]
-    _write_text_atomic(path, "".join(line + "\n" for line in kept))
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
 
 
 # --------------------------------------------------------------------------------------------------
