@@ -105,11 +105,13 @@ def elastic(args: argparse.Namespace) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="stream-dapo-elastic-")) / "run"
     report = ElasticDrill(warm_model(args.model), out).run()
     print(f"\nlease {LEASE_S:.0f} s (buffer.generator_lease_s), heartbeat every 1 s")
-    print(f"{'event':<42} {'at step':>8} {'to delivering s':>16} {'to reclaimed s':>15}")
+    print(f"{'event':<42} {'at step':>8} {'to delivering s':>16} {'credits held':>13} {'to reclaimed s':>15}")
     for e in report.events:
-        print(
-            f"{e['event']:<42} {e['at_step']:>8} {e.get('to_delivering_s', '-'):>16} {e.get('to_reclaimed_s', '-'):>15}"
-        )
+        cells = [
+            e[k] if e[k] is not None else "-"
+            for k in ("to_delivering_s", "credits_at_departure", "to_reclaimed_s")
+        ]
+        print(f"{e['event']:<42} {e['at_step']:>8} {cells[0]:>16} {cells[1]:>13} {cells[2]:>15}")
     print_report(report.drill)
     d = report.drill
     data = report.to_json()

@@ -501,6 +501,11 @@ EXTERNAL = (
     ),
     ("TRL peer comparison", "peer_trl.json", "python bench/peer_trl.py --out docs/results/peer_trl.json"),
     ("Fault drill", "drill.json", "python bench/drill.py --json docs/results/drill.json"),
+    (
+        "Elastic generator fleet drill",
+        "drill_elastic.json",
+        "python bench/drill.py --elastic --json docs/results/drill_elastic.json",
+    ),
     ("Protocol fuzzer", "fuzz.json", "python bench/fuzz.py --json docs/results/fuzz.json"),
     (
         "Verifier hostile inputs under the pool",

@@ -367,13 +367,15 @@ class ElasticDrill(FaultDrill):
             "event": f"scale 1 -> {1 + len(indices)}",
             "at_step": step,
             "to_delivering_s": round(done - t0, 2),
+            "to_reclaimed_s": None,
+            "credits_at_departure": None,
         }
 
     def leave(self, index: int, sig: int) -> dict[str, Any]:
         """Generator `index` leaves; its credits must return to the line (at once after a drain,
         within the lease after kill -9) while the run goes on."""
         step = self.learner_step()
-        expired = self.expired()
+        credits = self.credits_held_by(index)
         child = self.children.pop(f"generator-{index}")
         t0 = time.monotonic()
         if sig == signal.SIGTERM:
@@ -395,14 +397,16 @@ class ElasticDrill(FaultDrill):
         return {
             "event": f"generator-{index} leaves by {how}",
             "at_step": step,
+            "to_delivering_s": None,
             "to_reclaimed_s": round(reclaimed - t0, 2),
-            "lease_expired": self.expired() > expired,
+            "credits_at_departure": credits,
             "exit_code": child.popen.returncode,
         }
 
     def replace(self, old: int, new: int) -> dict[str, Any]:
         step = self.learner_step()
         expired = self.expired()
+        credits = self.credits_held_by(old)
         t0 = self.kill9(f"generator-{old}")
         self.start(f"generator-{new}")
         reclaimed = self.wait_for(
@@ -414,8 +418,9 @@ class ElasticDrill(FaultDrill):
         return {
             "event": f"generator-{old} replaced by generator-{new}",
             "at_step": step,
-            "to_reclaimed_s": round(reclaimed - t0, 2),
             "to_delivering_s": round(done - t0, 2),
+            "to_reclaimed_s": round(reclaimed - t0, 2),
+            "credits_at_departure": credits,
         }
 
     # ------------------------------------------------------------------------------ probes

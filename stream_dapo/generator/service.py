@@ -287,8 +287,11 @@ class WeightWatcher(_Background):
     """Polls for weights other than ``have`` every ``poll_s`` on a daemon thread.
 
     ``take()`` returns the newest version found since the last call (older undelivered ones are
-    superseded). Poll errors (learner restarting, a checksum mismatch) are logged and retried at the
-    next poll; they never stop the generator.
+    superseded). Until the taker calls ``loaded()`` the watcher fetches nothing: a fetch prunes old
+    files from the cache, and with a learner that publishes faster than a load takes it pruned the
+    very file being loaded (the engine then stopped, paused, on a missing file). Poll errors (learner
+    restarting, a checksum mismatch) are logged and retried at the next poll; they never stop the
+    generator.
     """
 
     name = "weight-watcher"
@@ -299,21 +302,32 @@ class WeightWatcher(_Background):
         self._have = have
         self._lock = threading.Lock()
         self._ready: WeightUpdate | None = None
+        self._loading = False
         self.errors = 0
         super().__init__()
 
     def take(self) -> WeightUpdate | None:
+        """The newest fetched update, if any; no fetch happens until ``loaded()``."""
         with self._lock:
             ready, self._ready = self._ready, None
+            if ready is not None:
+                self._loading = True
             return ready
+
+    def loaded(self) -> None:
+        """The update from ``take()`` is in the engine (or was given up on): fetch again."""
+        with self._lock:
+            self._loading = False
 
     def reset(self, have: int) -> None:
         """Forget what was fetched and not loaded (e.g. its file was pruned): poll relative to ``have``."""
         with self._lock:
-            self._have, self._ready = have, None
+            self._have, self._ready, self._loading = have, None, False
 
     def poll_once(self) -> WeightUpdate | None:
         with self._lock:
+            if self._loading:
+                return None
             have = self._have
         update = self._poll(have)
         if update is not None:
@@ -686,6 +700,7 @@ class GeneratorService:
         update = self._first_weights(method)
         if update is not None:
             self._load_weights(update)
+            self.watcher.loaded()
         elif method == "shared_dir":
             log.warning(
                 "nothing published in %s yet: starting from the initial model (version 0)",
@@ -764,6 +779,8 @@ class GeneratorService:
         except (FileNotFoundError, ValueError) as exc:  # refused before pausing: keep sampling
             log.warning("cannot load weights version %d (%s); polling again", update.version, exc)
             self.watcher.reset(self._engine.version)
+        finally:
+            self.watcher.loaded()
 
     def _load_weights(self, update: WeightUpdate) -> None:
         engine = self._engine

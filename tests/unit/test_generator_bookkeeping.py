@@ -477,9 +477,15 @@ def test_weight_watcher_hands_over_the_newest_version_and_polls_relative_to_it()
     watcher.poll_once()
     assert watcher.take() == WeightUpdate(4, Path("/w/v4"), 10), "v3 was superseded"
     assert watcher.take() is None
-    assert watcher.poll_once() is None
+    server["version"] = 5
+    # Regression: while v4 loads nothing is fetched, so no fetch can prune v4's file under the load.
+    assert watcher.poll_once() is None and seen == [0, 3]
+    watcher.loaded()
+    assert watcher.poll_once() == WeightUpdate(5, Path("/w/v5"), 10)
     assert seen == [0, 3, 4]
-    watcher.reset(3)  # v4's file vanished before it was loaded
+    server["version"] = 4
+    watcher.take()
+    watcher.reset(3)  # its file vanished before it was loaded: polling goes on relative to v3
     assert watcher.poll_once() == WeightUpdate(4, Path("/w/v4"), 10)
 
 
