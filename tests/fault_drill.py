@@ -262,6 +262,7 @@ class FaultDrill:
 
 LEASE_S = 10.0
 HEARTBEAT_S = 1.0
+JOIN_WAIT_S = 900.0
 
 
 @dataclass
@@ -359,9 +360,12 @@ class ElasticDrill(FaultDrill):
         step, t0 = self.learner_step(), time.monotonic()
         for i in indices:
             self.start(f"generator-{i}")
-        self.wait_for(f"{1 + len(indices)} live generators", lambda: self.live() == 1 + len(indices))
+        # Several vLLM start-ups at once on a busy machine take minutes: wait longer than WAIT_S.
+        self.wait_for(
+            f"{1 + len(indices)} live generators", lambda: self.live() == 1 + len(indices), JOIN_WAIT_S
+        )
         done = self.wait_for(
-            "every newcomer to deliver a group", lambda: all(self.acked(i) > 0 for i in indices)
+            "every newcomer to deliver a group", lambda: all(self.acked(i) > 0 for i in indices), JOIN_WAIT_S
         )
         return {
             "event": f"scale 1 -> {1 + len(indices)}",
