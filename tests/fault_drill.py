@@ -140,7 +140,8 @@ class FaultDrill:
 
     def kill_learner(self) -> Recovery:
         """Killed after a checkpoint: it resumes at the checkpoint's version and trains on."""
-        self.wait_for("a checkpoint at version >= 4", lambda: self.learner_step() >= 4)
+        # The event itself, not the step gauge: the gauge moves before the step's checkpoint is written.
+        self.wait_for("a checkpoint at version >= 4", lambda: self.latest_checkpoint() >= 4)
         step = self.learner_step()
         killed = self.kill9("learner")
         latest = (self.out / "checkpoints" / "latest").read_text().strip()
@@ -248,6 +249,13 @@ class FaultDrill:
 
     def logs(self) -> str:
         return "\n".join(f"--- {c.name}\n{tail(c.log_path, 25)}" for c in self.sup.children)
+
+    def latest_checkpoint(self) -> int:
+        """The version `checkpoints/latest` names (0 before the first checkpoint)."""
+        try:
+            return int((self.out / "checkpoints" / "latest").read_text().strip().rsplit("_", 1)[1])
+        except (OSError, ValueError, IndexError):
+            return 0
 
     def learner_step(self) -> int:
         return int(metric_sum(scrape(self.learner_url), "stream_dapo_learner_step"))
