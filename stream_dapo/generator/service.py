@@ -71,6 +71,7 @@ from stream_dapo.transport.sockets import (
     CurveKeys,
     Endpoint,
     PeerUnavailable,
+    RateLimitedWarnings,
     TransportError,
     TransportTimeout,
     open_endpoint,
@@ -533,6 +534,7 @@ class GeneratorService:
         self._rejected_seen: Counter[str] = Counter()
         self._rate = (time.monotonic(), 0)
         self._heartbeat: Heartbeat | None = None
+        self._warnings = RateLimitedWarnings(log)
         self._filtered_sent = 0
         self._tokens_counted = 0
         self._closed = False
@@ -604,17 +606,22 @@ class GeneratorService:
 
         return load_client_keys(self.cfg.transport.curve_dir)
 
-    def _connect_buffer(self) -> None:
+    def _buffer_endpoint(self, curve: CurveKeys | None, send_timeout_ms: int = 5000) -> Endpoint:
         t = self.cfg.transport
-        self.buffer = open_endpoint(
+        return open_endpoint(
             self._ctx,
             zmq.DEALER,
             connect=self.buffer_address,
             max_bytes=t.max_message_bytes,
             peer="buffer",
             hwm=t.hwm,
-            curve=self._curve(),
+            curve=curve,
+            send_timeout_ms=send_timeout_ms,
         )
+
+    def _connect_buffer(self) -> None:
+        t = self.cfg.transport
+        self.buffer = self._buffer_endpoint(self._curve())
         try:
             reply = request(
                 self.buffer,
@@ -839,27 +846,13 @@ class GeneratorService:
             log.warning("the buffer answered error %s: %s", msg.body["reason"], msg.body["detail"])
         else:
             self.metrics.messages_rejected.labels(reason="unexpected_type").inc()
-            log.warning("unexpected %r message from the buffer; ignored", msg.type)
+            self._warnings.warn("unexpected_type", "unexpected %r message from the buffer; ignored", msg.type)
 
     def _start_heartbeat(self) -> None:
-        t = self.cfg.transport
         curve = self._curve()
-
-        def connect() -> Endpoint:
-            return open_endpoint(
-                self._ctx,
-                zmq.DEALER,
-                connect=self.buffer_address,
-                max_bytes=t.max_message_bytes,
-                peer="buffer",
-                hwm=t.hwm,
-                curve=curve,
-                send_timeout_ms=0,
-            )
-
         health = self.health
         self._heartbeat = Heartbeat(
-            connect,
+            lambda: self._buffer_endpoint(curve, send_timeout_ms=0),
             self.generator_id,
             self.cfg.generator.heartbeat_s,
             filtered_total=lambda: self.credits.filtered_total,
