@@ -98,6 +98,11 @@ class GeneratorMetrics:
         self.groups_rejected = Counter(
             p + "groups_rejected", "Groups the buffer refused, by its reason.", ["reason"], registry=registry
         )
+        self.stale_credit_replies = Counter(
+            p + "stale_credit_replies",
+            "Credit replies ignored: a second answer to a repeated request, or one no request waits for.",
+            registry=registry,
+        )
         self.groups_aborted = Counter(
             p + "groups_aborted", "Groups aborted unfinished (drain on shutdown).", registry=registry
         )
@@ -179,7 +184,7 @@ class BufferMetrics:
         )
         self.retried_requests = Counter(
             p + "retried_requests",
-            "Learner requests that repeated an answered request id (answered as before, not applied again).",
+            "Requests (lease, commit, credit) that repeated an answered request id (answered as before, not applied again).",
             registry=registry,
         )
 

@@ -295,6 +295,9 @@ class ReplayBuffer:
         self._leased: OrderedDict[str, _Entry] = OrderedDict()
         self._seen: set[str] = set()
         self._credits: dict[str, int] = {}
+        self._last_grant: dict[str, tuple[int, int]] = {}
+        """Per generator, (request id, credits granted) of its last credit request that was granted
+        any: a repeat of that request (the reply was lost) gets the same grant, not a second one."""
         self._counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         self._rejected_messages: dict[str, int] = {}
         self._rejected_groups: dict[str, int] = {}
@@ -421,17 +424,28 @@ class ReplayBuffer:
             filtered_total=filtered_total,
         )
 
-    def grant_credits(self, generator_id: str, want: int) -> int:
-        """Grant up to `want` credits, as many as the admission line has room for."""
+    def grant_credits(self, generator_id: str, want: int, request_id: int | None = None) -> int:
+        """Grant up to `want` credits, as many as the admission line has room for.
+
+        A `request_id` equal to that of the generator's last granted request is a repeat of it (its
+        reply was lost: the buffer restarted after journaling the grant, or the link dropped): it
+        gets the same number again and nothing more is counted against the line. Without this, a
+        grant journaled but never delivered would count against the line forever while the
+        generator holds nothing, and admission would stall.
+        """
         self._heard_from(generator_id)
         if not isinstance(want, int) or want < 0:
             raise BufferInputError(
                 f"want must be an int >= 0 (credits the generator could use now), got {want!r}"
             )
+        last = self._last_grant.get(generator_id)
+        if request_id is not None and last is not None and last[0] == request_id:
+            self._count_retry()
+            return last[1]
         granted = min(want, self.room)
         if granted:
             out = self._credits.get(generator_id, 0) + granted
-            self._log_credit(generator_id, out, granted=granted, uncredited=0, released=0)
+            self._log_credit(generator_id, out, granted=granted, uncredited=0, released=0, rid=request_id)
         return granted
 
     def add_groups(
@@ -493,6 +507,7 @@ class ReplayBuffer:
         uncredited: int,
         released: int,
         filtered_total: int | None = None,
+        rid: int | None = None,
     ) -> None:
         record: Record = {
             "k": "credit",
@@ -504,8 +519,10 @@ class ReplayBuffer:
         }
         if filtered_total is not None:
             record["ft"] = filtered_total
+        if rid is not None:
+            record["rid"] = rid
         self._log(record)
-        self._apply_credit(gen, out, granted, uncredited, released, filtered_total)
+        self._apply_credit(gen, out, granted, uncredited, released, filtered_total, rid)
 
     # ---------------------------------------------------------------------------------- learner
 
@@ -645,6 +662,7 @@ class ReplayBuffer:
     def _apply_expire(self, gen: str) -> None:
         self._counters["generators_expired"] += 1
         self._last_seen.pop(gen, None)
+        self._last_grant.pop(gen, None)  # its credits went back: a repeat of its request is granted anew
 
     def _apply_retry(self) -> None:
         self._counters["retried_requests"] += 1
@@ -678,8 +696,22 @@ class ReplayBuffer:
         table[reason] = table.get(reason, 0) + n
 
     def _apply_credit(
-        self, gen: str, out: int, granted: int, uncredited: int, released: int, ft: int | None = None
+        self,
+        gen: str,
+        out: int,
+        granted: int,
+        uncredited: int,
+        released: int,
+        ft: int | None = None,
+        rid: int | None = None,
     ) -> None:
+        if granted:
+            if rid is None:
+                self._last_grant.pop(gen, None)
+            else:
+                self._last_grant[gen] = (rid, granted)
+        elif released:  # hello or expiry: the generator holds none of these any more
+            self._last_grant.pop(gen, None)
         if out:
             self._credits[gen] = out
         else:
@@ -760,6 +792,7 @@ class ReplayBuffer:
             "smax": self._max_staleness_served,
             "last_lease": None if self._last_lease is None else [self._last_lease[0], self._last_lease[1]],
             "last_commit_rid": self._last_commit_rid,
+            "last_grants": [[gen, rid, n] for gen, (rid, n) in self._last_grant.items()],
         }
         ids = sorted(self._seen)
         for start in range(0, len(ids), SEEN_IDS_PER_RECORD):
@@ -792,6 +825,7 @@ class ReplayBuffer:
         self._last_lease = None if lease is None else (int(lease[0]), [str(g) for g in lease[1]])
         rid = r.get("last_commit_rid")
         self._last_commit_rid = None if rid is None else int(rid)
+        self._last_grant = {str(gen): (int(rid), int(n)) for gen, rid, n in r.get("last_grants", [])}
 
     def _apply_snapshot_group(self, r: Record) -> None:
         group = Group.from_wire(r["g"])
@@ -910,7 +944,13 @@ _REPLAY: dict[str, Callable[[ReplayBuffer, Record], None]] = {
     "reject_groups": lambda b, r: b._apply_rejected(b._rejected_groups, r["reason"], int(r["n"])),
     "reject_message": lambda b, r: b._apply_rejected(b._rejected_messages, r["reason"], int(r["n"])),
     "credit": lambda b, r: b._apply_credit(
-        r["gen"], int(r["out"]), int(r["granted"]), int(r["uncredited"]), int(r["released"]), r.get("ft")
+        r["gen"],
+        int(r["out"]),
+        int(r["granted"]),
+        int(r["uncredited"]),
+        int(r["released"]),
+        r.get("ft"),
+        None if r.get("rid") is None else int(r["rid"]),
     ),
     "expire": lambda b, r: b._apply_expire(r["gen"]),
     "lease": lambda b, r: b._apply_lease(

@@ -331,7 +331,7 @@ class BufferService:
         return m.credit(0, version)
 
     def _on_credit_request(self, body: Body, rid: int | None) -> Outgoing:
-        granted = self.buffer.grant_credits(body["generator_id"], body["want"])
+        granted = self.buffer.grant_credits(body["generator_id"], body["want"], request_id=rid)
         return m.credit(granted, self.buffer.learner_version)
 
     def _on_groups(self, body: Body, rid: int | None) -> Outgoing:

@@ -74,6 +74,7 @@ from stream_dapo.transport.sockets import (
     RateLimitedWarnings,
     TransportError,
     TransportTimeout,
+    new_request_id,
     open_endpoint,
     request,
 )
@@ -117,51 +118,74 @@ class StartupError(RuntimeError):
 # --------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class CreditRequest:
+    """One ``credit_request``: its request id is the same on every attempt, so the buffer answers a
+    repeat (the reply was lost) with the grant it already made instead of granting again."""
+
+    request_id: int
+    want: int
+
+
 @dataclass
 class CreditLedger:
     """Credits held, the credit request in flight, and redemptions the buffer has not heard of.
 
     Example: with ``max_in_flight=4``, 1 group in flight and nothing held, ``request(1, now)`` asks
-    for 3; a ``credit{granted=2}`` reply makes ``held == 2``; two ``take()`` calls start two groups.
-    A request unanswered for ``timeout_s`` is taken as lost and may be repeated (if both replies come,
-    both grants are real and both are kept).
+    for 3; a ``credit{granted=2}`` reply to that request makes ``held == 2``; two ``take()`` calls
+    start two groups. At most one request is in flight. One unanswered for ``timeout_s``, or when
+    the link to the buffer was re-established, is sent again with the same request id and want;
+    only the first reply naming the request in flight counts (a second reply to a repeat carries
+    the same grant and is ignored).
     """
 
     max_in_flight: int
     timeout_s: float
     retry_s: float = CREDIT_RETRY_S
+    new_id: Callable[[], int] = new_request_id
     held: int = 0
     filtered_total: int = 0
     """Credits spent since the hello on groups the buffer will never receive (dropped by dynamic
     sampling, aborted, or unused at shutdown): a running total, sent with every ``groups`` message
     and heartbeat, so a lost or repeated report costs nothing (the buffer redeems the increase)."""
+    pending: CreditRequest | None = None
     requested_at: float | None = None
     next_request_at: float = 0.0
 
     def want(self, in_flight: int) -> int:
         return max(0, self.max_in_flight - in_flight - self.held)
 
-    def request(self, in_flight: int, now: float) -> int:
-        """How many credits to ask for now (0: do not send a request)."""
-        if self.requested_at is not None and now - self.requested_at < self.timeout_s:
-            return 0
-        if now < self.next_request_at:
-            return 0
-        want = self.want(in_flight)
-        if want:
+    def request(self, in_flight: int, now: float) -> CreditRequest | None:
+        """The credit request to send now (a new one, or the one in flight again), or None."""
+        if self.pending is not None:
+            if self.requested_at is not None and now - self.requested_at < self.timeout_s:
+                return None
             self.requested_at = now
-        return want
+            return self.pending
+        if now < self.next_request_at:
+            return None
+        want = self.want(in_flight)
+        if not want:
+            return None
+        self.pending, self.requested_at = CreditRequest(self.new_id(), want), now
+        return self.pending
 
-    def granted(self, n: int, now: float) -> None:
+    def granted(self, n: int, now: float, request_id: int | None) -> bool:
+        """Apply a ``credit`` reply. False (and nothing changes) unless it answers the request in
+        flight: a late second reply to a repeated request, or a reply to a hello."""
         if n < 0:
             raise ValueError(f"granted must be >= 0, got {n}")
+        if self.pending is None or request_id != self.pending.request_id:
+            return False
         self.held += n
-        self.requested_at = None
+        self.pending, self.requested_at = None, None
         if n == 0:
             self.next_request_at = now + self.retry_s
+        return True
 
     def forget_request(self) -> None:
-        """The request in flight was lost (reconnect): allow a new one at once."""
+        """The link to the buffer was re-established (its reply may be lost): send the request in
+        flight again at once, or a new one if there is none."""
         self.requested_at = None
         self.next_request_at = 0.0
 
@@ -837,8 +861,9 @@ class GeneratorService:
 
     def _on_buffer_message(self, msg: Any) -> None:
         if msg.type == m.CREDIT:
-            self.credits.granted(msg.body["granted"], time.monotonic())
-            if msg.body["granted"]:
+            if not self.credits.granted(msg.body["granted"], time.monotonic(), msg.request_id):
+                self.metrics.stale_credit_replies.inc()
+            elif msg.body["granted"]:
                 self._credit_version = max(self._credit_version, msg.body["learner_version"])
         elif msg.type == m.ACK:
             self._on_ack(msg.body)
@@ -896,9 +921,9 @@ class GeneratorService:
     def _ask_for_credits(self) -> None:
         if len(self.unacked) > UNACKED_FACTOR * self.cfg.generator.max_groups_in_flight:
             return
-        want = self.credits.request(self._engine.num_in_flight, time.monotonic())
-        if want:
-            self._send(*m.credit_request(self.generator_id, want))
+        req = self.credits.request(self._engine.num_in_flight, time.monotonic())
+        if req is not None:
+            self._send(*m.credit_request(self.generator_id, req.want), request_id=req.request_id)
 
     def _start_groups(self) -> None:
         assert self.prompts is not None
@@ -963,10 +988,10 @@ class GeneratorService:
             self._send_groups([group])
             self.metrics.groups_sent.inc()
 
-    def _send(self, msg_type: str, body: dict[str, Any]) -> None:
+    def _send(self, msg_type: str, body: dict[str, Any], request_id: int | None = None) -> None:
         assert self.buffer is not None
         try:
-            self.buffer.send(msg_type, body)
+            self.buffer.send(msg_type, body, request_id=request_id)
         except TransportTimeout as exc:  # the queue to the buffer is full: unacked groups are resent later
             log.warning("%s", exc)
 

@@ -104,8 +104,10 @@ class Peers:
             peer="buffer",
         )
 
-    def ask(self, endpoint: Endpoint, outgoing: m.Outgoing, retries: int = 0) -> m.Message:  # type: ignore[name-defined]
-        return request(endpoint, *outgoing, timeout_ms=WAIT_MS, retries=retries)
+    def ask(
+        self, endpoint: Endpoint, outgoing: m.Outgoing, retries: int = 0, request_id: int | None = None
+    ) -> m.Message:  # type: ignore[name-defined]
+        return request(endpoint, *outgoing, timeout_ms=WAIT_MS, retries=retries, request_id=request_id)
 
     def close(self) -> None:
         self.gen.close()
@@ -443,6 +445,48 @@ def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
     assert stats["leased"] == 6 and stats["waiting"] == 0
     text = log_path.read_text()
     assert "received SIGTERM: draining" in text and "state persisted" in text
+
+
+def test_a_credit_grant_journaled_before_a_crash_is_granted_again_to_its_repeated_request(
+    tmp_path: Path,
+) -> None:
+    """Regression (a fault drill stalled on it): the buffer journaled a grant of 6 and was killed
+    before its reply arrived. The generator repeats the request with its id after the reconnect and
+    must get those 6 back; a fresh grant of 0 would leave the 6 counted against the line forever."""
+    items = overrides(tmp_path)
+    cfg = load_config(overrides=items, environ={})
+    args = [arg for item in items for arg in ("--set", item)]
+    log_path = tmp_path / "buffer.log"
+    proc = start_buffer(args, log_path)
+    try:
+        wait_ready(proc, cfg.metrics.buffer_port, log_path)
+        peers = Peers(cfg)
+        try:
+            assert peers.ask(peers.gen, m.credit_request("gen-0", 6), request_id=900).body["granted"] == 6
+        finally:
+            peers.close()
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+
+        proc = start_buffer(args, log_path)
+        wait_ready(proc, cfg.metrics.buffer_port, log_path)
+        peers = Peers(cfg)
+        try:
+            repeat = peers.ask(peers.gen, m.credit_request("gen-0", 6), request_id=900)
+            assert repeat.request_id == 900 and repeat.body["granted"] == 6
+            assert peers.ask(peers.gen, m.credit_request("gen-0", 6), request_id=901).body["granted"] == 0
+            status, text = scrape(cfg.metrics.buffer_port)
+            assert status == 200
+            assert metric(text, "stream_dapo_buffer_credits_outstanding") == 6, "granted once, not twice"
+            assert metric(text, "stream_dapo_buffer_retried_requests_total") == 1
+        finally:
+            peers.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_curve_admits_only_clients_whose_keys_are_listed(tmp_path: Path) -> None:

@@ -17,7 +17,13 @@ import numpy as np
 import pytest
 
 from stream_dapo.generator.engine import GroupAssembler, RolloutEngine, WeightUpdateError, versions_from_spans
-from stream_dapo.generator.service import CreditLedger, UnackedGroups, WeightUpdate, WeightWatcher
+from stream_dapo.generator.service import (
+    CreditLedger,
+    CreditRequest,
+    UnackedGroups,
+    WeightUpdate,
+    WeightWatcher,
+)
 from stream_dapo.transport.messages import Group, Sample
 
 # --------------------------------------------------------------------------------------------------
@@ -352,29 +358,56 @@ def test_recompute_mode_sends_no_salt() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+def ledger_with_ids(**kw: float) -> CreditLedger:
+    ids = iter(range(100, 200))
+    return CreditLedger(new_id=lambda: next(ids), **kw)  # type: ignore[arg-type]
+
+
+def want(req: CreditRequest | None) -> int:
+    return 0 if req is None else req.want
+
+
 def test_credit_requests_ask_for_free_slots_once_at_a_time() -> None:
-    ledger = CreditLedger(max_in_flight=4, timeout_s=10.0, retry_s=1.0)
-    assert ledger.request(in_flight=1, now=0.0) == 3
-    assert ledger.request(in_flight=1, now=1.0) == 0, "one request in flight at a time"
-    ledger.granted(2, now=2.0)
+    ledger = ledger_with_ids(max_in_flight=4, timeout_s=10.0, retry_s=1.0)
+    first = ledger.request(in_flight=1, now=0.0)
+    assert first == CreditRequest(100, 3)
+    assert ledger.request(in_flight=1, now=1.0) is None, "one request in flight at a time"
+    assert ledger.granted(2, now=2.0, request_id=100)
     assert ledger.held == 2
-    assert ledger.request(in_flight=1, now=2.0) == 1  # 4 - 1 in flight - 2 held
-    ledger.granted(0, now=3.0)
-    assert ledger.request(in_flight=1, now=3.5) == 0, "the buffer's line is full: back off"
-    assert ledger.request(in_flight=1, now=4.0) == 1
+    assert ledger.request(in_flight=1, now=2.0) == CreditRequest(101, 1)  # 4 - 1 in flight - 2 held
+    assert ledger.granted(0, now=3.0, request_id=101)
+    assert ledger.request(in_flight=1, now=3.5) is None, "the buffer's line is full: back off"
+    assert want(ledger.request(in_flight=1, now=4.0)) == 1
     assert ledger.take() and ledger.take() and not ledger.take()
     assert ledger.held == 0
 
 
-def test_an_unanswered_credit_request_is_repeated_after_the_timeout() -> None:
-    ledger = CreditLedger(max_in_flight=2, timeout_s=5.0)
-    assert ledger.request(in_flight=0, now=0.0) == 2
-    assert ledger.request(in_flight=0, now=4.9) == 0
-    assert ledger.request(in_flight=0, now=5.0) == 2
-    # both replies arrive: both grants are real
-    ledger.granted(2, now=6.0)
-    ledger.granted(2, now=6.1)
-    assert ledger.held == 4 and ledger.request(in_flight=0, now=7.0) == 0
+def test_an_unanswered_credit_request_is_repeated_with_its_id_and_counted_once() -> None:
+    ledger = ledger_with_ids(max_in_flight=2, timeout_s=5.0)
+    assert ledger.request(in_flight=0, now=0.0) == CreditRequest(100, 2)
+    assert ledger.request(in_flight=0, now=4.9) is None
+    assert ledger.request(in_flight=0, now=5.0) == CreditRequest(100, 2), "same id: the buffer grants once"
+    # both replies arrive (the buffer answers the repeat with the same grant): only the first counts
+    assert ledger.granted(2, now=6.0, request_id=100)
+    assert not ledger.granted(2, now=6.1, request_id=100)
+    assert ledger.held == 2 and ledger.request(in_flight=0, now=7.0) is None
+
+
+def test_a_credit_reply_to_no_pending_request_changes_nothing() -> None:
+    ledger = ledger_with_ids(max_in_flight=2, timeout_s=5.0)
+    assert not ledger.granted(0, now=0.0, request_id=None), "the hello's reply"
+    assert ledger.request(in_flight=0, now=0.0) == CreditRequest(100, 2)
+    assert not ledger.granted(2, now=0.1, request_id=99)
+    assert not ledger.granted(2, now=0.1, request_id=None)
+    assert ledger.held == 0 and ledger.pending == CreditRequest(100, 2)
+
+
+def test_a_reconnect_resends_the_pending_credit_request_at_once() -> None:
+    ledger = ledger_with_ids(max_in_flight=3, timeout_s=10.0)
+    assert ledger.request(in_flight=0, now=0.0) == CreditRequest(100, 3)
+    ledger.forget_request()
+    assert ledger.request(in_flight=1, now=1.0) == CreditRequest(100, 3), "not a second request"
+    assert ledger.granted(3, now=1.1, request_id=100) and ledger.held == 3
 
 
 def test_filtered_groups_add_to_a_running_total() -> None:
@@ -386,15 +419,18 @@ def test_filtered_groups_add_to_a_running_total() -> None:
     assert ledger.filtered_total == 4
 
 
-def test_an_expired_lease_drops_held_credits_and_allows_a_request_at_once() -> None:
-    ledger = CreditLedger(max_in_flight=4, timeout_s=5.0)
-    assert ledger.request(in_flight=0, now=0.0) == 4
-    ledger.granted(3, now=0.1)
+def test_an_expired_lease_drops_held_credits_and_resends_the_pending_request_at_once() -> None:
+    ledger = ledger_with_ids(max_in_flight=4, timeout_s=5.0)
+    assert ledger.request(in_flight=0, now=0.0) == CreditRequest(100, 4)
+    assert ledger.granted(3, now=0.1, request_id=100)
     assert ledger.take() and ledger.held == 2
-    assert ledger.request(in_flight=1, now=0.2) == 1
+    assert ledger.request(in_flight=1, now=0.2) == CreditRequest(101, 1)
     assert ledger.lease_expired() == 2
     assert ledger.held == 0 and not ledger.take()
-    assert ledger.request(in_flight=1, now=0.3) == 3  # the request in flight is forgotten too
+    # the request in flight goes again at once; the buffer grants it anew (expiry forgot its grants)
+    assert ledger.request(in_flight=1, now=0.3) == CreditRequest(101, 1)
+    assert ledger.granted(1, now=0.4, request_id=101) and ledger.held == 1
+    assert ledger.request(in_flight=1, now=0.5) == CreditRequest(102, 2)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -443,10 +479,10 @@ def test_a_reconnect_makes_every_unacked_group_due_and_allows_a_credit_request()
     pending.expire()
     assert [g.group_id for g in pending.due(now=2.0)] == ["a", "b"]
     assert pending.due(now=3.0) == []
-    ledger = CreditLedger(max_in_flight=2, timeout_s=10.0)
-    assert ledger.request(in_flight=0, now=0.0) == 2
+    ledger = ledger_with_ids(max_in_flight=2, timeout_s=10.0)
+    assert ledger.request(in_flight=0, now=0.0) == CreditRequest(100, 2)
     ledger.forget_request()
-    assert ledger.request(in_flight=0, now=1.0) == 2
+    assert ledger.request(in_flight=0, now=1.0) == CreditRequest(100, 2)
 
 
 def test_sending_a_group_twice_keeps_its_first_send_time() -> None:
@@ -498,12 +534,16 @@ def test_a_message_the_generator_does_not_expect_is_counted_as_rejected() -> Non
     svc = GeneratorService(load_config(environ={}))
     try:
         svc._on_buffer_message(Message(m.EMPTY, {"reason": "ready"}))  # the learner's reply, not ours
-        svc._on_buffer_message(Message(m.CREDIT, {"granted": 2, "learner_version": 0}))
+        req = svc.credits.request(in_flight=0, now=0.0)
+        assert req is not None
+        svc._on_buffer_message(Message(m.CREDIT, {"granted": 2, "learner_version": 0}, req.request_id))
+        svc._on_buffer_message(Message(m.CREDIT, {"granted": 2, "learner_version": 0}, req.request_id))
         rejected = svc.registry.get_sample_value(
             "stream_dapo_generator_messages_rejected_total", {"reason": "unexpected_type"}
         )
         assert rejected == 1.0
-        assert svc.credits.held == 2
+        assert svc.credits.held == 2, "the second reply to the same request is not a second grant"
+        assert svc.registry.get_sample_value("stream_dapo_generator_stale_credit_replies_total") == 1.0
     finally:
         svc.close()
 

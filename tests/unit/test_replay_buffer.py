@@ -547,6 +547,35 @@ def test_request_ids_of_the_last_lease_and_commit_survive_a_restart() -> None:
         assert restored.leased_ids() == ["a", "b"]
 
 
+def test_a_repeated_credit_request_gets_the_same_grant_also_after_a_restart() -> None:
+    """The buffer journaled a grant of 4 and died before its reply: the generator repeats the
+    request (same id) and must get those 4, not 0 with 4 counted against the line forever."""
+    log = MemoryLog()
+    live = ReplayBuffer(policy(line_capacity=6), log)
+    assert live.grant_credits("gen-0", 4, request_id=11) == 4
+    for records in (log.records, list(live.snapshot_records())):
+        restored = ReplayBuffer.restore(live.policy, records)
+        assert restored.grant_credits("gen-0", 4, request_id=11) == 4
+        assert restored.credits_of("gen-0") == 4 and restored.room == 2, "granted once"
+        assert restored.stats()["retried_requests"] == 1
+        # a new request is a new grant, and another generator's id space is its own
+        assert restored.grant_credits("gen-0", 4, request_id=12) == 2
+        assert restored.grant_credits("gen-1", 4, request_id=12) == 0
+        assert restored.credits_of("gen-0") == 6
+
+
+def test_a_credit_request_repeated_after_hello_or_expiry_is_granted_anew() -> None:
+    clock = FakeClock()
+    buf = ReplayBuffer(policy(line_capacity=6), clock=clock)
+    assert buf.grant_credits("gen-0", 3, request_id=1) == 3
+    buf.generator_hello("gen-0")  # restarted: holds none of them
+    assert buf.grant_credits("gen-0", 3, request_id=1) == 3 and buf.credits_of("gen-0") == 3
+    clock.now += buf.policy.generator_lease_s + 1
+    assert buf.expire_generators() == [("gen-0", 3)]
+    assert buf.grant_credits("gen-0", 3, request_id=1) == 3 and buf.credits_of("gen-0") == 3
+    assert buf.stats()["retried_requests"] == 0
+
+
 def test_oldest_waiting_age_uses_the_injected_clock() -> None:
     clock = FakeClock()
     buf = ReplayBuffer(policy(), clock=clock)
