@@ -25,9 +25,12 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if TYPE_CHECKING:  # imported where used: stream_dapo.core's package imports torch
+    from stream_dapo.core.admission import AdmissionRule
 
 ENV_PREFIX = "STREAM_DAPO__"
 
@@ -388,16 +391,7 @@ class Config(_Section):
                 f"learner.mini_batch_samples ({mb}) must divide the rollout batch "
                 f"(learner.rollout_batch_prompts * algo.group_size = {rollout})"
             )
-        if self.admission_capacity < self.learner.rollout_batch_prompts:
-            s, lag = rollout // mb, self.learner.sync_every - 1
-            need = 2 * s - 1 + lag
-            raise ValueError(
-                f"algo.max_staleness ({self.algo.max_staleness}) leaves room for only "
-                f"{self.admission_capacity} groups in line, fewer than one rollout batch "
-                f"(learner.rollout_batch_prompts = {self.learner.rollout_batch_prompts}): the run would "
-                f"stall. With {s} optimizer steps per rollout batch and learner.sync_every = "
-                f"{self.learner.sync_every}, set algo.max_staleness >= {need}"
-            )
+        self.admission.check_fills_rollout()  # AdmissionError is a ValueError: it names the fix
         if self.learner.micro_batch_tokens < self.model.max_prompt_len + self.algo.max_response_len:
             raise ValueError(
                 f"learner.micro_batch_tokens ({self.learner.micro_batch_tokens}) cannot hold one "
@@ -420,27 +414,33 @@ class Config(_Section):
         return self
 
     @property
+    def admission(self) -> AdmissionRule:
+        """The admission / staleness rule of this recipe (`stream_dapo.core.admission` holds it)."""
+        from stream_dapo.core.admission import AdmissionRule
+
+        return AdmissionRule(
+            group_size=self.algo.group_size,
+            mini_batch_samples=self.learner.mini_batch_samples,
+            rollout_batch_prompts=self.learner.rollout_batch_prompts,
+            max_staleness=self.algo.max_staleness,
+            sync_every=self.learner.sync_every,
+            lockstep=self.run.mode == "sync",
+        )
+
+    @property
     def groups_per_version(self) -> int:
-        """B_v: groups consumed by one optimizer step."""
-        return self.learner.mini_batch_samples // self.algo.group_size
+        """B_v: groups consumed by one optimizer step (`AdmissionRule.groups_per_version`)."""
+        return self.admission.groups_per_version
 
     @property
     def admission_capacity(self) -> int:
-        """Most groups allowed in line (waiting in the buffer + credited to generators).
-
-        A group at position k of the line is trained at most S + floor(k / B_v) versions after the
-        learner version at which it started (S = steps per rollout batch: the learner may have just
-        taken a batch), and a generator starts a credited group only on weights at most
-        sync_every - 1 versions older than the credit (it waits for newer weights otherwise). Keeping k < (max_staleness - S - (sync_every - 1) + 1) * B_v therefore keeps every
-        token's staleness <= max_staleness: admission paces generators instead of discarding work.
-        """
-        slack = self.algo.max_staleness - self.steps_per_rollout - (self.learner.sync_every - 1) + 1
-        return max(0, slack * self.groups_per_version)
+        """Most groups allowed in line, waiting in the buffer + credited (`AdmissionRule.capacity`)."""
+        return self.admission.capacity
 
     @property
     def steps_per_rollout(self) -> int:
-        """Optimizer steps (versions) per rollout batch."""
-        return self.learner.rollout_batch_prompts * self.algo.group_size // self.learner.mini_batch_samples
+        """S: optimizer steps (versions) per rollout batch (`AdmissionRule.steps_per_rollout`)."""
+        return self.admission.steps_per_rollout
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 A steady-state fluid model of the asynchronous pipeline: averages only, no queueing variance, so
 size with some margin. Notation: G group size, B_v = mini_batch_samples / G groups per optimizer
 step, R = rollout_batch_prompts groups per rollout batch, S = R G / mini_batch_samples steps per
-rollout batch, C the admission capacity (`Config.admission_capacity`), k the kept fraction of
+rollout batch, C the admission capacity (`stream_dapo.core.admission`), k the kept fraction of
 dynamic sampling, L_r the mean response length, L_p the prompt length, N generator replicas, M =
 generator.max_groups_in_flight, e = learner.sync_every, w seconds per weight publication.
 
@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from stream_dapo.config import Config
+from stream_dapo.core.admission import AdmissionRule
 
 __all__ = [
     "DEFAULT_KEEP_FRACTION",
@@ -115,8 +116,6 @@ class Recipe:
     sync_every: int
     num_generators: int
     max_groups_in_flight: int
-    admission_capacity: int
-    """C: `Config.admission_capacity` (the formula lives there, once)."""
     dynamic_sampling: bool = True
     total_steps: int = 0
 
@@ -132,20 +131,35 @@ class Recipe:
             sync_every=cfg.learner.sync_every,
             num_generators=cfg.generator.num_generators,
             max_groups_in_flight=cfg.generator.max_groups_in_flight,
-            admission_capacity=cfg.admission_capacity,
             dynamic_sampling=cfg.algo.dynamic_sampling,
             total_steps=cfg.learner.total_steps,
         )
 
     @property
+    def admission(self) -> AdmissionRule:
+        """The admission rule these numbers give (`stream_dapo.core.admission`, the one home of C)."""
+        return AdmissionRule(
+            group_size=self.group_size,
+            mini_batch_samples=self.mini_batch_samples,
+            rollout_batch_prompts=self.rollout_batch_prompts,
+            max_staleness=self.max_staleness,
+            sync_every=self.sync_every,
+        )
+
+    @property
     def groups_per_step(self) -> int:
         """B_v."""
-        return self.mini_batch_samples // self.group_size
+        return self.admission.groups_per_version
 
     @property
     def steps_per_rollout(self) -> int:
         """S."""
-        return self.rollout_batch_prompts * self.group_size // self.mini_batch_samples
+        return self.admission.steps_per_rollout
+
+    @property
+    def admission_capacity(self) -> int:
+        """C: `AdmissionRule.capacity`."""
+        return self.admission.capacity
 
 
 @dataclass(frozen=True)
@@ -258,11 +272,9 @@ def line_step_seconds(recipe: Recipe, keep_fraction: float, learner_s: float, gr
 
 
 def max_staleness_for_capacity(recipe: Recipe, capacity: float) -> int:
-    """The smallest algo.max_staleness whose admission capacity (`Config.admission_capacity`:
-    (max_staleness - S - (e - 1) + 1) B_v) holds `capacity` groups."""
-    return (
-        math.ceil(capacity / recipe.groups_per_step - 1e-9) + recipe.steps_per_rollout + recipe.sync_every - 2
-    )
+    """The smallest algo.max_staleness whose admission capacity holds `capacity` groups
+    (`AdmissionRule.min_max_staleness`, the inverse of its formula)."""
+    return recipe.admission.min_max_staleness(capacity)
 
 
 @dataclass(frozen=True)
@@ -740,7 +752,9 @@ def format_plan(p: Plan, sources: dict[str, str]) -> str:
 def plan_to_json(p: Plan, sources: dict[str, str]) -> dict[str, Any]:
     data = asdict(p)
     data["recipe"].update(
-        groups_per_step=p.recipe.groups_per_step, steps_per_rollout=p.recipe.steps_per_rollout
+        groups_per_step=p.recipe.groups_per_step,
+        steps_per_rollout=p.recipe.steps_per_rollout,
+        admission_capacity=p.recipe.admission_capacity,
     )
     data["staleness"]["total"] = p.staleness.total
     data["sources"] = sources

@@ -12,11 +12,6 @@ from stream_dapo.buffer.replay import (
     Persistence,
     ReplayBuffer,
     ServeResult,
-    admission_capacity,
-    check_admission,
-    groups_per_version,
-    min_capacity_groups,
-    min_max_staleness,
 )
 
 __all__ = [
@@ -31,9 +26,4 @@ __all__ = [
     "Persistence",
     "ReplayBuffer",
     "ServeResult",
-    "admission_capacity",
-    "check_admission",
-    "groups_per_version",
-    "min_capacity_groups",
-    "min_max_staleness",
 ]

@@ -11,7 +11,6 @@ drift apart.
 from __future__ import annotations
 
 import enum
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stream_dapo.config import Config, ConfigError
+from stream_dapo.core.admission import AdmissionError
 from stream_dapo.transport.messages import MAX_FILTERED_TOTAL, Group
 
 __all__ = [
@@ -31,11 +31,6 @@ __all__ = [
     "Persistence",
     "ReplayBuffer",
     "ServeResult",
-    "admission_capacity",
-    "check_admission",
-    "groups_per_version",
-    "min_capacity_groups",
-    "min_max_staleness",
     "wire_bytes",
 ]
 
@@ -62,66 +57,8 @@ class GroupState(enum.Enum):
 
 
 # --------------------------------------------------------------------------------------------------
-# Admission capacity
+# Admission policy (the rule itself lives in stream_dapo.core.admission)
 # --------------------------------------------------------------------------------------------------
-
-
-def groups_per_version(cfg: Config) -> int:
-    """B_v: groups consumed by one optimizer step (one policy version)."""
-    return cfg.groups_per_version
-
-
-def admission_capacity(cfg: Config) -> int:
-    """Most groups allowed in the admission line (waiting groups + outstanding credits).
-
-    capacity = (max_staleness - S - (sync_every - 1) + 1) * B_v, with S optimizer steps per
-    rollout batch and B_v groups per step; `Config.admission_capacity` holds the formula and its
-    argument (defined once, there, so the config check and the buffer cannot disagree).
-    """
-    return cfg.admission_capacity
-
-
-def min_max_staleness(cfg: Config) -> int:
-    """The smallest algo.max_staleness whose admission capacity holds one rollout batch."""
-    per_version = groups_per_version(cfg)
-    rollout = cfg.learner.rollout_batch_prompts
-    return math.ceil(rollout / per_version) + cfg.steps_per_rollout + cfg.learner.sync_every - 2
-
-
-def min_capacity_groups(cfg: Config) -> int:
-    """The smallest buffer.capacity_groups that cannot deadlock the learner.
-
-    Leased groups stay in the buffer until the learner commits them at a checkpoint (every
-    checkpoint_every versions). The learner asks for a rollout batch every S versions, and then up
-    to (checkpoint_every - gcd(S, checkpoint_every)) * B_v groups can still be leased; the batch
-    itself needs rollout_batch_prompts more.
-    """
-    steps, every = cfg.steps_per_rollout, cfg.learner.checkpoint_every
-    return cfg.learner.rollout_batch_prompts + (every - math.gcd(steps, every)) * groups_per_version(cfg)
-
-
-def check_admission(cfg: Config) -> int:
-    """Fail at start-up, naming the fix, if admission would deadlock; return the capacity."""
-    capacity = admission_capacity(cfg)
-    rollout = cfg.learner.rollout_batch_prompts
-    if capacity < rollout:
-        raise ConfigError(
-            f"admission capacity {capacity} groups = (algo.max_staleness {cfg.algo.max_staleness} - "
-            f"{cfg.steps_per_rollout} steps per rollout - (learner.sync_every {cfg.learner.sync_every} - 1) + 1) "
-            f"* {groups_per_version(cfg)} groups per step is below learner.rollout_batch_prompts ({rollout}): "
-            "the learner could never fill a rollout batch and the run would deadlock. Set "
-            f"algo.max_staleness >= {min_max_staleness(cfg)} (or lower learner.sync_every or "
-            "learner.rollout_batch_prompts)"
-        )
-    need = min_capacity_groups(cfg)
-    if cfg.buffer.capacity_groups < need:
-        raise ConfigError(
-            f"buffer.capacity_groups ({cfg.buffer.capacity_groups}) is too small: up to "
-            f"{need - rollout} groups stay leased until a learner checkpoint commits them "
-            f"(learner.checkpoint_every {cfg.learner.checkpoint_every}) and a rollout batch needs {rollout} more, "
-            f"so the run would deadlock. Set buffer.capacity_groups >= {need}, or lower learner.checkpoint_every"
-        )
-    return capacity
 
 
 @dataclass(frozen=True)
@@ -129,7 +66,7 @@ class AdmissionPolicy:
     """The numbers the buffer decides with, taken from the config once."""
 
     line_capacity: int
-    """admission_capacity(cfg): waiting groups + outstanding credits never exceed it."""
+    """`AdmissionRule.capacity`: waiting groups + outstanding credits never exceed it."""
     capacity_groups: int
     """buffer.capacity_groups: hard cap on waiting + leased; credits never exceed it either."""
     groups_per_version: int
@@ -154,15 +91,21 @@ class AdmissionPolicy:
 
     @classmethod
     def from_config(cls, cfg: Config) -> AdmissionPolicy:
-        """Check the config (raises ConfigError naming the fix) and take its numbers."""
+        """Run every deadlock check of the admission rule (raises ConfigError naming the fix, even
+        for a config built without validation) and take the config's numbers."""
+        rule = cfg.admission
+        try:
+            line_capacity = rule.check(cfg.buffer.capacity_groups, cfg.learner.checkpoint_every)
+        except AdmissionError as exc:
+            raise ConfigError(str(exc)) from None
         return cls(
-            line_capacity=check_admission(cfg),
+            line_capacity=line_capacity,
             capacity_groups=cfg.buffer.capacity_groups,
-            groups_per_version=groups_per_version(cfg),
+            groups_per_version=rule.groups_per_version,
             max_staleness=cfg.algo.max_staleness,
             max_reuse=cfg.buffer.max_reuse,
             group_size=cfg.algo.group_size,
-            lockstep=cfg.run.mode == "sync",
+            lockstep=rule.lockstep,
             rollout_groups=cfg.learner.rollout_batch_prompts,
             generator_lease_s=cfg.buffer.generator_lease_s,
         )

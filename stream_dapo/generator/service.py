@@ -540,13 +540,9 @@ class GeneratorService:
         t = cfg.transport
         self.buffer_address = t.buffer_address("samples")
         self.weights_address = t.weights_address()
-        # Credits carry the learner version at which the buffer granted them. A credited group
-        # starts only on weights at most `_max_lag` versions older: sync_every - 1 in async mode
-        # (the lag Config.admission_capacity allows for; without this gate a generator still
-        # fetching the newest weights starts groups that the buffer's staleness gate later drops),
-        # 0 in lock-step mode (run.mode = "sync": a rollout batch is sampled from the policy it is for).
-        self._lockstep = cfg.run.mode == "sync"
-        self._max_lag = 0 if self._lockstep else cfg.learner.sync_every - 1
+        # Credits carry the learner version at which the buffer granted them; a credited group
+        # starts only when the admission rule's lag gate allows it (`AdmissionRule.may_start`).
+        self.admission = cfg.admission
         self._credit_version = 0
         self.credits = CreditLedger(cfg.generator.max_groups_in_flight, timeout_s=t.timeout_s)
         self.unacked = UnackedGroups(resend_after_s=t.timeout_s)
@@ -928,7 +924,7 @@ class GeneratorService:
     def _start_groups(self) -> None:
         assert self.prompts is not None
         engine = self._engine
-        if engine.version < self._credit_version - self._max_lag:
+        if not self.admission.may_start(engine.version, self._credit_version):
             return  # these credits are for a newer policy: wait for its weights (in-flight groups go on)
         started = False
         while engine.num_in_flight < self.cfg.generator.max_groups_in_flight and self.credits.take():

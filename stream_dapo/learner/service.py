@@ -101,7 +101,7 @@ class LearnerService:
         self.ckpt_root = self.out / "checkpoints"
         self.trained_log = self.out / "learner" / "trained_groups.jsonl"
         self.metrics_log = self.out / "learner" / "metrics.jsonl"
-        self.groups_per_step = cfg.learner.mini_batch_samples // cfg.algo.group_size
+        self.groups_per_step = cfg.groups_per_version
         self._model = model
         self._stop = threading.Event()
         self._ctx: zmq.Context[Any] | None = None

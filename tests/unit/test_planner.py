@@ -44,7 +44,6 @@ RECIPE = Recipe(
     sync_every=1,
     num_generators=4,
     max_groups_in_flight=2,
-    admission_capacity=12,
 )
 RATES = Rates(gen_tps=400, learn_tps=500, mean_response_len=100, prompt_len=25, keep_fraction=0.5)
 
@@ -104,7 +103,7 @@ def test_admission_line_bound_recipe_matches_hand_computation() -> None:
 def test_adding_generators_names_the_staleness_bound_their_line_needs() -> None:
     # D = 11 s; a busy learner (t = 2) needs 44/2 + 4 = 26 groups in line: max_staleness 16, not 15
     p = plan(
-        replace(RECIPE, max_groups_in_flight=11, num_generators=1, max_staleness=15, admission_capacity=24),
+        replace(RECIPE, max_groups_in_flight=11, num_generators=1, max_staleness=15),
         RATES,
     )
     assert p.bottleneck == "generators" and p.step_s == pytest.approx(4.0)

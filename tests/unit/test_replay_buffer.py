@@ -16,10 +16,6 @@ from stream_dapo.buffer.replay import (
     GroupState,
     MemoryLog,
     ReplayBuffer,
-    admission_capacity,
-    check_admission,
-    min_capacity_groups,
-    min_max_staleness,
     wire_bytes,
 )
 from stream_dapo.config import AlgoConfig, Config, ConfigError, load_config
@@ -73,8 +69,7 @@ def test_default_config_admits_three_versions_of_groups() -> None:
     # S = 16*8/64 = 2 steps per rollout, B_v = 64/8 = 8 groups per step, max_staleness 4, sync_every 1:
     # (4 - 2 - 0 + 1) * 8 = 24 groups may wait or be promised.
     cfg = Config()
-    assert admission_capacity(cfg) == 24
-    assert check_admission(cfg) == 24
+    assert cfg.admission.capacity == cfg.admission_capacity == 24
     assert AdmissionPolicy.from_config(cfg).line_capacity == 24
 
 
@@ -86,12 +81,10 @@ def test_capacity_below_a_rollout_batch_fails_at_start_up_naming_max_staleness()
     cfg = Config.model_construct(
         algo=AlgoConfig.model_construct(**{**AlgoConfig().model_dump(), "max_staleness": 2})
     )
-    assert admission_capacity(cfg) == 8
-    with pytest.raises(ConfigError, match=r"[Ss]et algo\.max_staleness >= 3") as info:
-        check_admission(cfg)
-    assert "learner.rollout_batch_prompts (16)" in str(info.value)
-    with pytest.raises(ConfigError):
+    assert cfg.admission.capacity == 8
+    with pytest.raises(ConfigError, match=r"set algo\.max_staleness >= 3") as info:
         AdmissionPolicy.from_config(cfg)
+    assert "learner.rollout_batch_prompts (16)" in str(info.value)
 
 
 def test_slower_weight_sync_needs_more_staleness() -> None:
@@ -99,8 +92,8 @@ def test_slower_weight_sync_needs_more_staleness() -> None:
     cfg = Config.model_construct(
         **{**dict(base), "learner": base.learner.model_copy(update={"sync_every": 3})}
     )
-    assert admission_capacity(cfg) == 16  # (5 - 2 - 2 + 1) * 8
-    assert min_max_staleness(cfg) == 5
+    assert cfg.admission.capacity == 16  # (5 - 2 - 2 + 1) * 8
+    assert cfg.admission.min_max_staleness() == 5
     with pytest.raises(ConfigError, match=r"algo\.max_staleness >= 5"):
         cfg_with("learner.sync_every=3")
 
@@ -109,10 +102,10 @@ def test_too_small_capacity_groups_fails_naming_the_minimum() -> None:
     # Rollouts every S = 2 versions, commits every 20: up to (20 - 2) * 8 = 144 groups are still
     # leased when the learner asks for its next 16.
     cfg = cfg_with("buffer.capacity_groups=100")
-    assert min_capacity_groups(cfg) == 160
+    assert cfg.admission.min_capacity_groups(cfg.learner.checkpoint_every) == 160
     with pytest.raises(ConfigError, match=r"Set buffer\.capacity_groups >= 160"):
-        check_admission(cfg)
-    assert check_admission(cfg_with("buffer.capacity_groups=160")) == 24
+        AdmissionPolicy.from_config(cfg)
+    assert AdmissionPolicy.from_config(cfg_with("buffer.capacity_groups=160")).line_capacity == 24
 
 
 @settings(max_examples=200, deadline=None)
@@ -138,8 +131,8 @@ def test_min_max_staleness_is_the_smallest_value_that_works(
             }
         )
 
-    lowest = min_max_staleness(cfg(100))
-    assert admission_capacity(cfg(lowest)) >= per_version * steps
+    lowest = cfg(100).admission.min_max_staleness()
+    assert cfg(lowest).admission.capacity >= per_version * steps
     # One less deadlocks: the config refuses it, with the same minimum.
     with pytest.raises(ValidationError, match=rf"set algo\.max_staleness >= {lowest}\b"):
         cfg(lowest - 1)
@@ -623,7 +616,7 @@ def test_credited_groups_finished_in_order_are_never_too_stale(
         f"learner.sync_every={sync_every}",
         "buffer.capacity_groups=1000",
     ]
-    lowest = min_max_staleness(cfg_with(*overrides, "algo.max_staleness=50"))
+    lowest = cfg_with(*overrides, "algo.max_staleness=50").admission.min_max_staleness()
     cfg = cfg_with(*overrides, f"algo.max_staleness={lowest + slack}")
     buf = ReplayBuffer(AdmissionPolicy.from_config(cfg))
     rng = random.Random(seed)
