@@ -5,10 +5,18 @@ DAPO's reference scorer also uses, with a few places made stricter so that they 
 value of an answer:
 
 - unit words are removed only as whole words (Minerva removes substrings, which turns "units" inside
-  other words into damage), together with a ``^2``/``^3`` that belongs to the unit;
+  other words into damage), together with a ``^2``/``^3`` that belongs to the unit; one- and
+  two-letter units (``m``, ``kg``) only inside a text command right after a number;
 - commas are removed from a number only when they group its digits by threes ("1,000" but not "1,00"
   or the tuple "1,2");
-- ``\\frac12`` and ``\\sqrt2`` get their braces back so that both spellings compare equal.
+- ``\\frac12`` and ``\\sqrt2`` get their braces back so that both spellings compare equal;
+- a mixed number written with a space (``2 1/2``) becomes ``2\\frac{1}{2}`` before spaces are
+  removed, so that it does not turn into 21/2;
+- a percent sign is kept, as one trailing ``%``, for ``equivalence`` to read both ways (``25\\%`` is
+  25 and 0.25);
+- ``x = 5`` keeps what follows the last ``=`` (or ``\\approx``, ``\\in``) only when the answer is not
+  a comma-separated list: in ``x=1, y=2`` each item keeps its label for ``structure`` to read;
+- "1 and 2", "1 or 2" become the list "1,2".
 
 Normalisation only rewrites notation; whether two answers are equal is decided in ``equivalence``.
 Every regex here is linear in its input (no nested quantifiers over the same characters), and the
@@ -21,8 +29,9 @@ import functools
 import re
 
 from stream_dapo.verifier.extract import last_boxed_content
+from stream_dapo.verifier.structure import split_top_level
 
-__all__ = ["UNIT_WORDS", "normalize_answer"]
+__all__ = ["TEXT_UNITS", "UNIT_WORDS", "normalize_answer"]
 
 # Units and counting nouns that answers append to a number ("12 cm", "5 dollars", "30 degrees").
 # Single letters are left out on purpose: they are variables far more often than units.
@@ -39,13 +48,22 @@ UNIT_WORDS: tuple[str, ...] = (
     "units", "unit", "square", "sq", "cubic",
     "grams", "gram", "kg", "pounds", "pound", "lbs", "lb", "ounces", "ounce", "oz",
     "liters", "litres", "liter", "litre", "ml", "gallons", "gallon",
-    "points", "point", "ways", "people", "students", "integers", "digits", "edges", "percent",
+    "points", "point", "ways", "people", "students", "integers", "digits", "edges",
+)  # fmt: skip
+# Short units removed only inside a text command right after a number ("5\text{ m}", "3\,\mathrm{kg}").
+TEXT_UNITS: tuple[str, ...] = (
+    "m", "s", "g", "h", "L", "mL", "kg", "km", "cm", "mm", "min", "J", "N", "W", "V", "Hz",
 )  # fmt: skip
 
 _UNIT_RE = re.compile(
     r"(?<![A-Za-z\\])(?:"
     + "|".join(sorted(UNIT_WORDS, key=len, reverse=True))
     + r")(?:\^\{?[23]\}?)?(?![A-Za-z])"
+)
+_TEXT_UNIT_RE = re.compile(
+    r"(?<=[\d}])\s*(?:\\[,;: ]\s*)?\\(?:text|textrm|mathrm|mbox)\s*\{\s*(?:"
+    + "|".join(sorted(TEXT_UNITS, key=len, reverse=True))
+    + r")\s*\}(?:\^\{?[23]\}?)?"
 )
 # Commands whose argument is kept as plain text.
 _TEXT_CMD_RE = re.compile(
@@ -54,12 +72,19 @@ _TEXT_CMD_RE = re.compile(
 )
 _TEXT_UNWRAP_PASSES = 4  # nesting depth of text-like commands we unwrap; deeper ones stay (and fail to parse)
 _DEGREE_RE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°")
+_PERCENT_RE = re.compile(r"\\%|%|(?<![A-Za-z\\])percent(?![A-Za-z])")
 _SIZING_RE = re.compile(r"\\(?:left|right|[Bb]igg?[lr]?)(?![A-Za-z])")
 _SPACING_RE = re.compile(r"\\[!,;:> ]|\\q?quad(?![A-Za-z])|\\displaystyle(?![A-Za-z])|~")
 _MATH_DELIM_RE = re.compile(r"\\[()\[\]]")
 _FRAC_VARIANT_RE = re.compile(r"\\[dtc]frac(?![A-Za-z])")
+_BINOM_VARIANT_RE = re.compile(r"\\[dt]binom(?![A-Za-z])")
 _DOLLAR_PAIR_RE = re.compile(r"\$([^$]*)\$")
 _THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_MIXED_SPACE_RE = re.compile(r"(?<![\d.])(\d+)\s+(\d+)\s*/\s*(\d+)(?![\d.])")
+_AND_OR_RE = re.compile(r"\s+(?:and|or)\s+")
+# What separates a name from its value: "x = 5", "x \approx 1.41", "x \in [0, 1]".
+_RELATION_RE = re.compile(r"=|\\approx(?![A-Za-z])|\\in(?![A-Za-z])")
+_SYNONYMS = (("\\lbrace", "\\{"), ("\\rbrace", "\\}"), ("\\varnothing", "\\emptyset"), ("\\colon", ":"))
 # `\frac12`, `\frac1{2}`, `\frac{1}2`, `\sqrt2`, `\sqrt[3]2`: a one-character argument without braces.
 _FRAC_TWO_BARE_RE = re.compile(r"\\frac([^{}\\])([^{}\\])")
 _FRAC_FIRST_BARE_RE = re.compile(r"\\frac([^{}\\])(?=\{)")
@@ -69,7 +94,17 @@ _WHITESPACE_RE = re.compile(r"\s+")
 
 # Unicode spellings of symbols that models mix with LaTeX.
 _UNICODE = str.maketrans(
-    {"\u2212": "-", "\u2013": "-", "\u00d7": r"\times ", "\u00b7": r"\cdot ", "\u03c0": r"\pi "}
+    {
+        "\u2212": "-",
+        "\u2013": "-",
+        "\u00d7": r"\times ",
+        "\u00b7": r"\cdot ",
+        "\u03c0": r"\pi ",
+        "\u221e": r"\infty ",
+        "\u221a": r"\sqrt",
+        "\u2248": r"\approx ",
+        "\u2205": r"\emptyset ",
+    }
 )
 
 
@@ -112,13 +147,21 @@ def normalize_answer(answer: str) -> str:
         s = pair.group(1)
     s = s.replace("$", "")
     s = _MATH_DELIM_RE.sub("", s)
+    s = _TEXT_UNIT_RE.sub("", s)
     s = _unwrap_text_commands(s)
-    # "x = 5" -> "5": the value after the last '=' is the answer.
-    s = s.rsplit("=", 1)[-1]
+    for word, replacement in _SYNONYMS:
+        s = s.replace(word, replacement)
+    s = _AND_OR_RE.sub(",", s)
+    if len(split_top_level(s, ",")) == 1:
+        # "x = 5" -> "5": the value after the last relation is the answer (a list keeps its labels).
+        s = _RELATION_RE.split(s)[-1]
     s = _DEGREE_RE.sub("", s)
-    s = s.replace("\\%", "").replace("%", "")
+    percent = _PERCENT_RE.search(s) is not None
+    s = _PERCENT_RE.sub("", s)
     s = _remove_units(s)
+    s = _MIXED_SPACE_RE.sub(r"\1\\frac{\2}{\3}", s)
     s = _FRAC_VARIANT_RE.sub(r"\\frac", s)
+    s = _BINOM_VARIANT_RE.sub(r"\\binom", s)
     s = _SIZING_RE.sub("", s)
     s = _SPACING_RE.sub("", s)
     s = _WHITESPACE_RE.sub("", s)
@@ -126,4 +169,5 @@ def normalize_answer(answer: str) -> str:
     if _THOUSANDS_RE.fullmatch(s):
         s = s.replace(",", "")
     s = _canonical_frac_sqrt(s)
-    return s.rstrip(".").rstrip("\\").rstrip(".")
+    s = s.rstrip(".").rstrip("\\").rstrip(".")
+    return s + "%" if percent and s else s

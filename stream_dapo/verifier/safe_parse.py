@@ -5,10 +5,10 @@ tokenises the text against an allow-list and builds sympy objects (Integer, Rati
 Add, Mul, Pow) itself with a recursive-descent parser. Anything outside the allow-list is a
 ``SafeParseError``. The allow-list:
 
-- numbers (``12``, ``0.5``, ``.5``; decimals become exact rationals), single ASCII letters as variables,
-  ``\\pi``;
+- numbers (``12``, ``0.5``, ``.5``, ``1.5e3``; decimals become exact rationals), single ASCII letters
+  as variables, ``\\pi``;
 - ``+ - * / ^`` (``**`` is read as ``^``), ``\\cdot``, ``\\times``, ``\\div``, parentheses and braces;
-- ``\\frac{a}{b}``, ``\\sqrt{x}``, ``\\sqrt[n]{x}``;
+- ``\\frac{a}{b}``, ``\\sqrt{x}``, ``\\sqrt[n]{x}``, ``\\binom{n}{k}`` and ``n!`` of non-negative integers;
 - implicit multiplication: ``2\\sqrt{3}``, ``3x``, ``2(x+1)``, ``xy``.
 
 Grammar (lowest precedence first; ``^`` is right-associative and binds tighter than unary minus, so
@@ -17,10 +17,11 @@ Grammar (lowest precedence first; ``^`` is right-associative and binds tighter t
     expr     := term (('+' | '-') term)*
     term     := unary (('*' | '/' | '\\cdot' | '\\times' | '\\div') unary | power)*  # power: implicit *
     unary    := ('+' | '-') unary | power
-    power    := atom ('^' exponent)?
+    power    := postfix ('^' exponent)?
+    postfix  := atom '!'?
     exponent := ('+' | '-') exponent | power
     atom     := NUMBER | LETTER | '\\pi' | '(' expr ')' | '{' expr '}'
-              | '\\frac' arg arg | '\\sqrt' ('[' expr ']')? arg
+              | '\\frac' arg arg | '\\binom' arg arg | '\\sqrt' ('[' expr ']')? arg
     arg      := '{' expr '}' | NUMBER | LETTER | '\\pi'
 
 An exponent without braces takes one atom, so ``2^10`` is 2^10 (the plain-text reading models mean)
@@ -31,18 +32,23 @@ Guards against sympy blow-ups (each raises ``SafeParseError``): at most ``max_to
 exponents whose numerator and denominator are at most ``MAX_EXPONENT``; exact powers whose result
 would exceed ``MAX_RESULT_BITS`` bits are refused before they are computed; a power inside a symbolic
 exponent (a power tower such as ``x^{y^z}``) is refused; division by zero and infinite results are
-refused.
+refused; ``n!`` needs an integer ``0 <= n <= MAX_FACTORIAL`` and ``\\binom{n}{k}`` integers with
+``0 <= n <= MAX_BINOM_N`` (both are computed exactly, so the bounds keep them under a few thousand
+bits); a scientific literal's exponent is at most ``MAX_EXPONENT`` in size.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
 import sympy
 
 __all__ = [
+    "MAX_BINOM_N",
     "MAX_EXPONENT",
+    "MAX_FACTORIAL",
     "MAX_NUMBER_CHARS",
     "MAX_RESULT_BITS",
     "SafeParseError",
@@ -54,18 +60,21 @@ MAX_EXPONENT = 1000
 MAX_NUMBER_CHARS = 1000
 MAX_RESULT_BITS = 20_000
 MAX_ROOT_INDEX = 1000
+MAX_FACTORIAL = 1000  # 1000! has 8,530 bits, under MAX_RESULT_BITS
+MAX_BINOM_N = 10_000  # binom(n, k) < 2^n
 
 _TOKEN_RE = re.compile(
-    r"(?P<num>\d+(?:\.\d*)?|\.\d+)"
-    r"|(?P<cmd>\\(?:frac|sqrt|pi|cdot|times|div))"
+    r"(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
+    r"|(?P<cmd>\\(?:frac|binom|sqrt|pi|cdot|times|div))"
     r"|(?P<var>[A-Za-z])"
-    r"|(?P<op>\*\*|[-+*/^()\[\]{}])"
+    r"|(?P<op>\*\*|[-+*/^()\[\]{}!])"
 )
 _MUL_OPS = frozenset({"*", "\\cdot", "\\times"})
 _DIV_OPS = frozenset({"/", "\\div"})
 # Tokens that can start an atom; one of them right after a complete factor means implicit multiplication.
 _ATOM_START_KINDS = frozenset({"num", "var"})
-_ATOM_START_TEXT = frozenset({"\\frac", "\\sqrt", "\\pi", "(", "{"})
+_ATOM_START_TEXT = frozenset({"\\frac", "\\binom", "\\sqrt", "\\pi", "(", "{"})
+_SCIENTIFIC_RE = re.compile(r"([^eE]*)[eE]([+-]?\d+)")
 
 
 class SafeParseError(ValueError):
@@ -105,7 +114,11 @@ def tokenize(text: str, *, max_tokens: int = 200) -> list[tuple[str, str]]:
 
 
 def _number(literal: str) -> sympy.Expr:
-    # The literal matched the digits-and-one-dot regex above, so Fraction parses it exactly.
+    # The literal matched the number regex above, so Fraction parses it exactly; the exponent of a
+    # scientific literal is checked first so that "1e999999" is never computed.
+    if m := _SCIENTIFIC_RE.fullmatch(literal):
+        if abs(int(m[2])) > MAX_EXPONENT:
+            raise SafeParseError(f"exponent of {literal[:20]!r} is outside [-{MAX_EXPONENT}, {MAX_EXPONENT}]")
     value = Fraction(literal)
     return sympy.Rational(value.numerator, value.denominator)
 
@@ -229,7 +242,7 @@ class _Parser:
         return self._power()
 
     def _power(self) -> sympy.Expr:
-        base = self._atom()
+        base = self._postfix()
         if self._peek_text() != "^":
             return base
         self._take()
@@ -237,6 +250,15 @@ class _Parser:
         exponent = self._exponent()
         self._depth -= 1
         return checked_pow(base, exponent)
+
+    def _postfix(self) -> sympy.Expr:
+        value = self._atom()
+        if self._peek_text() != "!":
+            return value
+        self._take()
+        if self._peek_text() == "!":
+            raise SafeParseError("a double factorial (n!!) is not supported")
+        return _factorial(value)
 
     def _exponent(self) -> sympy.Expr:
         text = self._peek_text()
@@ -284,6 +306,8 @@ class _Parser:
             if denominator == 0:
                 raise SafeParseError("division by zero")
             return _check_finite(numerator / denominator)
+        if text == "\\binom":
+            return _binomial(self._arg(), self._arg())
         if text == "\\sqrt":
             index: sympy.Expr = sympy.Integer(2)
             if self._peek_text() == "[":
@@ -292,6 +316,23 @@ class _Parser:
                 raise SafeParseError(f"a root index must be an integer in [2, {MAX_ROOT_INDEX}], got {index}")
             return checked_pow(self._arg(), sympy.Rational(1, int(index)))
         raise SafeParseError(f"unexpected {text!r}")
+
+
+def _small_integer(value: sympy.Expr, what: str, limit: int) -> int:
+    if not (value.is_Integer and 0 <= int(value) <= limit):
+        raise SafeParseError(f"{what} must be an integer in [0, {limit}], got {str(value)[:20]}")
+    return int(value)
+
+
+def _factorial(value: sympy.Expr) -> sympy.Expr:
+    return sympy.Integer(math.factorial(_small_integer(value, "a factorial's argument", MAX_FACTORIAL)))
+
+
+def _binomial(n: sympy.Expr, k: sympy.Expr) -> sympy.Expr:
+    top = _small_integer(n, "the top of a binomial", MAX_BINOM_N)
+    if not k.is_Integer:
+        raise SafeParseError(f"the bottom of a binomial must be an integer, got {str(k)[:20]}")
+    return sympy.Integer(math.comb(top, int(k)) if int(k) >= 0 else 0)
 
 
 def parse_math(text: str, *, max_tokens: int = 200, max_depth: int = 50) -> sympy.Expr:

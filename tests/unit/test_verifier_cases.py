@@ -11,7 +11,7 @@ import pytest
 
 from stream_dapo.verifier import REASONS, VerifyResult, verify
 from stream_dapo.verifier.cli import add_arguments, run
-from stream_dapo.verifier.equivalence import compare_answers, parse_number
+from stream_dapo.verifier.equivalence import Number, compare_answers, parse_number
 from stream_dapo.verifier.extract import compile_answer_pattern, extract_answer, last_boxed_content
 from stream_dapo.verifier.normalize import normalize_answer
 
@@ -73,7 +73,8 @@ CASES: list[tuple[str, str, bool]] = [
     (PROSE + "Answer: \\sqrt[3]{27}", "2", False),
     (PROSE + "Answer: \\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}", True),
     (PROSE + "Answer: 3\\sqrt{12}", "6\\sqrt{3}", True),
-    (PROSE + "Answer: 0.866025", "\\frac{\\sqrt{3}}{2}", False),
+    (PROSE + "Answer: 0.866025", "\\frac{\\sqrt{3}}{2}", True),  # 6 significant digits, within 1e-6
+    (PROSE + "Answer: 0.866", "\\frac{\\sqrt{3}}{2}", False),  # 3 significant digits
     (PROSE + "Answer: 2\\pi", "\\pi\\cdot 2", True),
     (PROSE + "Answer: \\pi r^2", "r^2\\pi", True),
     (PROSE + "Answer: 4\\pi", "2\\pi", False),
@@ -149,8 +150,70 @@ CASES: list[tuple[str, str, bool]] = [
     (PROSE + "Answer: (1,2)", "(2,1)", False),
     (PROSE + "Answer: [0, 1)", "(0,1)", False),
     (PROSE + "Answer: \\text{(A)}", "A", True),
-    (PROSE + "Answer: 1e3", "1000", False),
+    (PROSE + "Answer: 1e3", "1000", True),
     (PROSE + "Answer: \\infty", "1", False),
+    # --- sets (unordered), tuples and intervals (ordered), several answers -------------------------
+    ("\\boxed{\\{2,1\\}}", "\\{1,2\\}", True),
+    ("\\boxed{\\{1,2,3\\}}", "\\{1,2\\}", False),
+    ("\\boxed{\\left\\{ \\frac{1}{2}, -3 \\right\\}}", "\\{-3, 0.5\\}", True),
+    ("\\boxed{\\{1,1,2\\}}", "\\{1,2,2\\}", False),
+    (PROSE + "Answer: 3, -1", "-1, 3", True),
+    (PROSE + "Answer: 3, -1", "-1, 2", False),
+    (PROSE + "Answer: \\{5\\}", "5", True),
+    (PROSE + "Answer: x = 1 or x = 2", "1, 2", True),
+    (PROSE + "Answer: x=1, y=2", "x=1, y=2", True),
+    (PROSE + "Answer: x=2, y=1", "x=1, y=2", False),
+    (PROSE + "Answer: y=2, x=1", "x=1, y=2", True),
+    (PROSE + "Answer: (2,1)", "\\{1,2\\}", False),
+    (PROSE + "Answer: 1, 2", "(1,2)", True),
+    (PROSE + "Answer: 2, 1", "(1,2)", False),
+    (PROSE + "Answer: [0, 1)", "[0,1)", True),
+    (PROSE + "Answer: [0, 1]", "[0,1)", False),
+    (PROSE + "Answer: (-\\infty, 3] \\cup (5, \\infty)", "(5,\\infty)\\cup(-\\infty,3]", True),
+    (PROSE + "Answer: (-\\infty, 3) \\cup (5, \\infty)", "(-\\infty,3]\\cup(5,\\infty)", False),
+    (PROSE + "Answer: (\\frac{1}{2}, \\sqrt{8})", "(0.5, 2\\sqrt{2})", True),
+    (PROSE + "Answer: 1+\\sqrt{2}, 1-\\sqrt{2}", "1 \\pm \\sqrt{2}", True),
+    (PROSE + "Answer: \\pm 3", "3, -3", True),
+    (PROSE + "Answer: \\emptyset", "\\varnothing", True),
+    # --- factorials, binomials, ratios -------------------------------------------------------------
+    (PROSE + "Answer: 3628800", "10!", True),
+    (PROSE + "Answer: 10!", "3628800", True),
+    (PROSE + "Answer: 10", "\\binom{5}{2}", True),
+    (PROSE + "Answer: \\dbinom{6}{3}", "20", True),
+    (PROSE + "Answer: 11", "\\binom{5}{2}", False),
+    (PROSE + "Answer: 5!", "100", False),
+    (PROSE + "Answer: 3:4", "\\frac{3}{4}", True),
+    (PROSE + "Answer: 6:8", "3:4", True),
+    (PROSE + "Answer: 4:3", "3:4", False),
+    (PROSE + "Answer: 1:2:3", "1:2:3", True),
+    (PROSE + "Answer: 3:2:1", "1:2:3", False),
+    # --- approximations of irrational golds at the precision given --------------------------------
+    (PROSE + "Answer: 1.41421356", "\\sqrt{2}", True),
+    (PROSE + "Answer: 1.414", "\\sqrt{2}", False),
+    (PROSE + "Answer: 3.14159265", "\\pi", True),
+    (PROSE + "Answer: 2.7320508", "1+\\sqrt{3}", True),
+    (PROSE + "Answer: 2.7320608", "1+\\sqrt{3}", False),
+    # --- percentages both ways, scientific notation, mixed numbers, wrappers, units --------------
+    (PROSE + "Answer: 25\\%", "0.25", True),
+    (PROSE + "Answer: 0.25", "25\\%", True),
+    (PROSE + "Answer: 25", "25\\%", True),
+    (PROSE + "Answer: 0.25", "25", False),
+    (PROSE + "Answer: 12.5 percent", "\\frac{1}{8}", True),
+    (PROSE + "Answer: 1.5 \\times 10^{3}", "1500", True),
+    (PROSE + "Answer: 1.5e3", "1500", True),
+    (PROSE + "Answer: 6.02 \\times 10^{23}", "602000000000000000000000", True),
+    (PROSE + "Answer: 6.03 \\times 10^{23}", "602000000000000000000000", False),
+    (PROSE + "Answer: 2 1/2", "\\frac{5}{2}", True),
+    (PROSE + "Answer: 2 1/2", "21/2", False),
+    (PROSE + "Answer: -3\\tfrac{1}{4}", "-3.25", True),
+    (PROSE + "Answer: \\mathrm{B}", "B", True),
+    (PROSE + "Answer: \\textbf{(C)}", "C", True),
+    (PROSE + "Answer: \\text{monday}", "\\text{Monday}", True),
+    (PROSE + "Answer: 5\\text{ m}", "5", True),
+    (PROSE + "Answer: 3 \\, \\mathrm{kg}", "3", True),
+    (PROSE + "Answer: 60^\\circ", "60^{\\circ}", True),
+    (PROSE + "Answer: 60^\\circ", "30", False),
+    (PROSE + "Answer: x \\approx 1.7320508", "\\sqrt{3}", True),
 ]
 
 
@@ -183,7 +246,8 @@ def test_case_table_is_large_and_balanced() -> None:
         ("Answer: 41", "42", "mismatch", "41"),
         ("nothing here", "42", "no_answer", None),
         ("Answer: $ $", "42", "no_answer", "$ $"),
-        ("Answer: 3!", "6", "parse_error", "3!"),
+        ("Answer: 3!", "6", "symbolic", "3!"),
+        ("Answer: 3!!", "720", "parse_error", "3!!"),
         ("Answer: \\log 2", "1", "parse_error", "\\log 2"),
     ],
 )
@@ -263,7 +327,14 @@ def test_bad_arguments_are_clear_errors() -> None:
         ("\\boxed{\\text{yes}}", "yes"),
         ("units", "units"),
         ("\\textbf{\\text{7}}", "7"),
-        ("12\\%", "12"),
+        ("12\\%", "12%"),
+        ("25 percent", "25%"),
+        ("2 1/2", "2\\frac{1}{2}"),
+        ("x=1, y=2", "x=1,y=2"),
+        ("1 and 2", "1,2"),
+        ("5\\text{ m}", "5"),
+        ("\\dbinom{5}{2}", "\\binom{5}{2}"),
+        ("(x, y) = (1, 2)", "(1,2)"),
     ],
 )
 def test_normalize_answer(raw: str, normalised: str) -> None:
@@ -273,27 +344,50 @@ def test_normalize_answer(raw: str, normalised: str) -> None:
 @pytest.mark.parametrize(
     ("text", "value"),
     [
-        ("42", (Fraction(42), True)),
-        ("-7", (Fraction(-7), True)),
-        ("0.25", (Fraction(1, 4), False)),
-        ("-.5", (Fraction(-1, 2), False)),
-        ("3/6", (Fraction(1, 2), True)),
-        ("\\frac{-3}{4}", (Fraction(-3, 4), True)),
-        ("-\\frac{-3}{4}", (Fraction(3, 4), True)),
-        ("1\\frac{1}{4}", (Fraction(5, 4), True)),
+        ("42", Number(Fraction(42))),
+        ("-7", Number(Fraction(-7))),
+        ("12.", Number(Fraction(12))),
+        ("0.25", Number(Fraction(1, 4), Fraction(1, 100), 2)),
+        ("-.5", Number(Fraction(-1, 2), Fraction(1, 10), 1)),
+        ("1.4142", Number(Fraction(14142, 10_000), Fraction(1, 10_000), 5)),
+        ("0.00120", Number(Fraction(12, 10_000), Fraction(1, 100_000), 3)),
+        ("3/6", Number(Fraction(1, 2))),
+        ("\\frac{-3}{4}", Number(Fraction(-3, 4))),
+        ("-\\frac{-3}{4}", Number(Fraction(3, 4))),
+        ("1\\frac{1}{4}", Number(Fraction(5, 4))),
+        ("1.5e3", Number(Fraction(1500), Fraction(100), 2)),
+        ("-2E-2", Number(Fraction(-1, 50))),
+        ("6.02\\times10^{23}", Number(Fraction(602 * 10**21), Fraction(10**21), 3)),
+        ("3\\cdot10^5", Number(Fraction(300_000))),
+        ("1e1001", None),
         ("1/0", None),
         ("x", None),
         ("1" * 1001, None),
     ],
 )
-def test_parse_number(text: str, value: tuple[Fraction, bool] | None) -> None:
+def test_parse_number(text: str, value: Number | None) -> None:
     assert parse_number(text) == value
 
 
-def test_decimal_tolerance_is_relative_and_integers_are_exact() -> None:
-    assert compare_answers("1000000.5", "1000000") == "numeric"  # 5e-7 relative
-    assert compare_answers("1000001", "1000000") == "mismatch"  # exact integers never use the tolerance
-    assert compare_answers("0.0000015", "0.000001") == "mismatch"  # 50% off, tiny in absolute terms
+def test_decimals_are_correct_to_the_digits_they_show_and_exact_values_are_exact() -> None:
+    assert compare_answers("1000000.5", "1000000") == "mismatch"  # one unit in the last digit is 0.1
+    assert compare_answers("999999.99", "1000000") == "numeric"  # 8 digits, 0.01 off: one unit
+    assert compare_answers("1000001", "1000000") == "mismatch"  # exact integers never use a tolerance
+    assert compare_answers("0.0000015", "0.000001") == "mismatch"  # 2 significant digits
+    assert compare_answers("0.333333", "1/3") == "numeric"  # 6 digits, 3.3e-7 off
+    assert compare_answers("0.33333", "1/3") == "mismatch"  # 5 digits: too few
+    assert compare_answers("0.666666", "2/3") == "numeric"  # truncated: 6.7e-7 off, within 1e-6
+    assert compare_answers("0.666664", "2/3") == "mismatch"  # 2.7e-6 off
+    assert compare_answers("0.3333333", "0.333333") == "numeric"  # the gold approximates the answer
+    assert compare_answers("3.1416", "3.14") == "mismatch"  # neither has six digits
+    assert compare_answers("1.41421356", "\\sqrt{2}") == "numeric"
+    assert compare_answers("1.41421", "\\sqrt{2}") == "numeric"  # 3.6e-6 off, within 1e-5
+    assert compare_answers("1.41423", "\\sqrt{2}") == "mismatch"  # 1.6e-5 off, more than 1e-5
+    assert compare_answers("1.414", "\\sqrt{2}") == "mismatch"
+    assert compare_answers("\\sqrt{2}", "1.4142136") == "numeric"  # either side may be the decimal
+    assert compare_answers("3.14159265", "\\pi") == "numeric"
+    assert compare_answers("0.785398", "\\frac{\\pi}{4}") == "numeric"  # pi/4 = 0.78539816...
+    assert compare_answers("1.5x", "\\frac{3}{2}x") == "symbolic"  # decimals inside expressions are exact
 
 
 def test_last_boxed_content_edge_cases() -> None:
