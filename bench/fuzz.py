@@ -992,6 +992,7 @@ class CreditsTarget(Target):
         wait_until("the generator", info_path.is_file, self.proc)
         self.info = json.loads(info_path.read_text())
         self.requests: Counter[str] = Counter()
+        self.credit_request_id: int | None = None
 
     def _await_hello(self) -> bytes:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -1040,9 +1041,13 @@ class CreditsTarget(Target):
             timeout = 0
             frames = self.router.recv_multipart()
             try:
-                self.requests[decode(frames[-1], max_bytes=MAX_MESSAGE_BYTES).type] += 1
+                msg = decode(frames[-1], max_bytes=MAX_MESSAGE_BYTES)
             except CodecError:
                 self.requests["undecodable"] += 1
+                continue
+            self.requests[msg.type] += 1
+            if msg.type == m.CREDIT_REQUEST:
+                self.credit_request_id = msg.request_id  # a repeat keeps its id
 
     def _gauges(self) -> dict[str, float]:
         s = scrape(self.metrics_url)
@@ -1067,11 +1072,20 @@ class CreditsTarget(Target):
         if body.get("seconds_since_progress", 1e9) > STALL_S:
             raise Crash(f"the generator's loop stalled: {body}")
 
+    def _await_credit_request(self) -> int | None:
+        """The id of the generator's credit request in flight (it repeats one every
+        transport.timeout_s until answered); a credit reply counts only when it names it."""
+        self.credit_request_id = None
+        deadline = time.monotonic() + STALL_S
+        while self.credit_request_id is None and time.monotonic() < deadline:
+            self.pump(Result("credits", ""), 0.1)
+        return self.credit_request_id
+
     def check_after(self) -> dict[str, Any]:
-        """A valid credit and an ack for its pending group still land."""
+        """A valid credit (the reply to its credit request) and an ack for its pending group still land."""
         before = self._gauges()
         granted = 3
-        self.send([encode(*m.credit(granted, 0))])
+        self.send([encode(*m.credit(granted, 0), request_id=self._await_credit_request())])
         self.send([encode(*m.ack([self.info["pending"]]))])
         deadline = time.monotonic() + STALL_S
         after = before
