@@ -1,4 +1,11 @@
-"""Full disks: recognise one in whatever a writer raised, and say so in words an operator acts on.
+"""Files on disk: atomic replacement, and full disks recognised in whatever a writer raised.
+
+Every file a service replaces goes through `atomic_file` (temporary file next to it, fsync, rename,
+optionally fsync of the directory), so a crash leaves either the old content or the new one, and
+a failed write leaves no temporary file behind. `write_text_atomic` / `write_bytes_atomic` are
+the one-call forms.
+
+Full disks: say so in words an operator acts on.
 
 A full filesystem shows up differently per writer: Python's own files raise ``OSError`` with
 ``errno.ENOSPC`` (or ``EDQUOT`` over a quota), safetensors' Rust writer says "No space left on
@@ -20,14 +27,20 @@ import errno
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = [
     "LOW_FREE_BYTES",
     "DiskFullError",
+    "atomic_file",
     "free_bytes",
+    "fsync_dir",
     "is_disk_full",
     "no_space_left",
+    "temp_path",
+    "write_bytes_atomic",
     "write_text_atomic",
 ]
 
@@ -94,16 +107,48 @@ def is_disk_full(exc: BaseException, path: str | Path) -> bool:
     return False
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` atomically (temporary file, fsync, rename); on failure the
-    temporary file is removed and `path` keeps its old content."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def temp_path(path: Path) -> Path:
+    """Where `atomic_file` writes before the rename: a hidden name next to `path`, unique per process
+    (a crash leaves ``.<name>.tmp-<pid>``, which writers that own a directory may sweep)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside directory `path` durable (raises OSError when the directory cannot be
+    opened or synced)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_file(path: Path, *, tmp: Path | None = None, sync_dir: bool = False) -> Iterator[BinaryIO]:
+    """Write `path` atomically: yields a binary file open on a temporary path (`tmp`, default
+    `temp_path(path)`); when the block ends normally it is flushed, fsynced and renamed over `path`
+    (then the directory is fsynced if `sync_dir`). If the block or any step raises, the temporary
+    file is removed and `path` keeps its old content; raise inside the block to abandon a write."""
+    tmp = temp_path(path) if tmp is None else tmp
+    try:
+        with open(tmp, "wb") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        if sync_dir:
+            fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone after a successful rename
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, sync_dir: bool = False) -> None:
+    """Replace `path` with `data` atomically (see `atomic_file`)."""
+    with atomic_file(path, sync_dir=sync_dir) as f:
+        f.write(data)
+
+
+def write_text_atomic(path: Path, text: str, *, sync_dir: bool = False) -> None:
+    """Replace `path` with `text` (UTF-8) atomically (see `atomic_file`); on failure the temporary
+    file is removed and `path` keeps its old content."""
+    write_bytes_atomic(path, text.encode(), sync_dir=sync_dir)

@@ -11,7 +11,6 @@ from them and names cannot drift between services.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from stream_dapo.config import ConfigError
+from stream_dapo.disk import write_text_atomic
 
 LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -394,16 +396,30 @@ def write_final_metrics(registry: CollectorRegistry, path: Path) -> None:
     these files instead, so its totals do not depend on when the last scrape landed.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(registry_samples(registry), sort_keys=True))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(registry_samples(registry), sort_keys=True))
 
 
 def start_metrics(
-    host: str, port: int, stall_after_s: float = 300.0
+    host: str,
+    port: int,
+    stall_after_s: float = 300.0,
+    *,
+    setting: str | None = None,
+    registry: CollectorRegistry | None = None,
+    health: Health | None = None,
 ) -> tuple[CollectorRegistry, Health, MetricsServer]:
-    """One registry, one health record and a started server for this process."""
-    registry = CollectorRegistry()
-    health = Health(stall_after_s=stall_after_s)
-    server = MetricsServer(registry, health, host, port).start()
+    """One registry, one health record (new ones unless given) and a started server for this process.
+
+    With `setting` (the config key of the port, e.g. "metrics.buffer_port"), a port that cannot be
+    bound raises ConfigError naming that key, as every service reports it at start-up."""
+    registry = CollectorRegistry() if registry is None else registry
+    health = Health(stall_after_s=stall_after_s) if health is None else health
+    try:
+        server = MetricsServer(registry, health, host, port).start()
+    except OSError as exc:
+        if setting is None:
+            raise
+        raise ConfigError(
+            f"cannot serve metrics on {host}:{port}: {exc.strerror}; set {setting} to a free port (0 picks one)"
+        ) from exc
     return registry, health, server

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from stream_dapo.disk import NO_SPACE_ERRNOS, DiskFullError, no_space_left
+from stream_dapo.disk import NO_SPACE_ERRNOS, DiskFullError, atomic_file, no_space_left
 from stream_dapo.transport.codec import CodecError, pack_value, unpack_value
 
 __all__ = ["JOURNAL_MAGIC", "SNAPSHOT_MAGIC", "Journal", "JournalDiskFullError", "JournalError", "LoadReport"]
@@ -126,14 +126,6 @@ def _read_frames(f: IO[bytes], start: int, size: int) -> Iterator[tuple[int, Rec
             raise _BadFrame(offset, "payload is not a record")
         offset += _FRAME.size + length
         yield seq, record, offset
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Journal:
@@ -331,20 +323,15 @@ class Journal:
         covered = self._seq
         n = 0
         try:
-            with open(self._tmp_path, "wb") as f:
+            with atomic_file(self.snapshot_path, tmp=self._tmp_path, sync_dir=True) as f:
                 f.write(SNAPSHOT_MAGIC)
                 f.write(_encode_frame(covered, {"k": _META, "seq": covered, "created": time.time()}))
                 for record in records:
                     f.write(_encode_frame(covered, record))
                     n += 1
                 f.write(_encode_frame(covered, {"k": _END, "n": n}))
-                f.flush()
-                os.fsync(f.fileno())
                 size = f.tell()
-            os.replace(self._tmp_path, self.snapshot_path)
-            _fsync_dir(self.snapshot_path.parent)
         except OSError as exc:
-            self._tmp_path.unlink(missing_ok=True)
             if exc.errno in NO_SPACE_ERRNOS:
                 raise JournalDiskFullError(
                     f"{no_space_left(self.snapshot_path.parent)} writing snapshot {self.snapshot_path}; the "

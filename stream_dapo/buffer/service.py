@@ -37,13 +37,13 @@ import zmq
 
 from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
-from stream_dapo.config import Config, ConfigError, config_to_toml
-from stream_dapo.disk import DiskFullError
+from stream_dapo.config import Config
 from stream_dapo.exit_codes import ExitCode
 from stream_dapo.metrics import BufferMetrics, start_metrics
-from stream_dapo.signals import on_stop_signal
+from stream_dapo.service_runner import run_service
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
+from stream_dapo.transport.curve import curve_server, start_authenticator
 from stream_dapo.transport.messages import Body, Outgoing, SchemaError
 from stream_dapo.transport.sockets import (
     CurveKeys,
@@ -104,6 +104,7 @@ class BufferService:
         self._ctx: zmq.Context[Any] | None = None
         self._endpoints: list[Endpoint] = []
         self._auth: Any = None
+        self._stop = threading.Event()
         self.metrics_server: Any = None
         try:
             self.buffer = self._restore(policy, clock)
@@ -195,36 +196,21 @@ class BufferService:
         self.samples, self.batches = self._endpoints
 
     def _curve_keys(self) -> CurveKeys | None:
-        """CurveZMQ: the server certificate `server.key_secret` in transport.curve_dir, and only
-        clients whose public certificates are in `curve_dir/clients/` may connect."""
-        if not self.cfg.transport.curve_dir:
+        """CurveZMQ: the server keys of transport.curve_dir; only clients whose public keys are in
+        `curve_dir/clients/` may connect (`transport/curve.py`)."""
+        server = curve_server(self.cfg.transport.curve_dir)
+        if server is None:
             return None
-        import zmq.auth
-        from zmq.auth.thread import ThreadAuthenticator
-
-        keys = Path(self.cfg.transport.curve_dir)
-        cert, clients = keys / "server.key_secret", keys / "clients"
-        if not cert.is_file() or not clients.is_dir():
-            raise ConfigError(
-                f"transport.curve_dir={keys} needs {cert} and the client certificates in {clients}/; "
-                "create them with `stream-dapo keys generate`, or unset transport.curve_dir"
-            )
-        public, secret = zmq.auth.load_certificate(cert)
-        assert self._ctx is not None and secret is not None
-        self._auth = ThreadAuthenticator(self._ctx)
-        self._auth.start()
-        self._auth.configure_curve(domain="*", location=str(clients))
-        return CurveKeys(public=public, secret=secret)
+        keys, allowed = server
+        assert self._ctx is not None
+        self._auth = start_authenticator(self._ctx, allowed)
+        return keys
 
     def _start_metrics(self) -> None:
         mc = self.cfg.metrics
-        try:
-            self.registry, self.health, self.metrics_server = start_metrics(mc.host, mc.buffer_port)
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot serve metrics on {mc.host}:{mc.buffer_port}: {exc.strerror}; set metrics.buffer_port to a "
-                "free port (0 picks one)"
-            ) from exc
+        self.registry, self.health, self.metrics_server = start_metrics(
+            mc.host, mc.buffer_port, setting="metrics.buffer_port"
+        )
         self.metrics = BufferMetrics(self.registry)
         self.metrics.max_staleness.set(self.cfg.algo.max_staleness)
 
@@ -234,11 +220,17 @@ class BufferService:
 
     # ---------------------------------------------------------------------------------- loop
 
-    def serve_forever(self, stop_event: threading.Event, poll_ms: int = 100) -> None:
-        """Serve until `stop_event` is set, then drain: snapshot, close sockets, stop metrics."""
+    def request_stop(self) -> None:
+        """Make `serve_forever` return after the current step (a signal handler calls it)."""
+        self._stop.set()
+
+    def serve_forever(self, stop_event: threading.Event | None = None, poll_ms: int = 100) -> None:
+        """Serve until `stop_event` (default: `request_stop()`) is set, then drain: snapshot, close
+        sockets, stop metrics."""
+        stop = self._stop if stop_event is None else stop_event
         persist = True
         try:
-            while not stop_event.is_set():
+            while not stop.is_set():
                 self.step(poll_ms)
         except JournalError:
             persist = False  # the disk refused a write: a snapshot would fail the same way
@@ -525,21 +517,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """A journal that cannot be read is a file to fix (2); one that cannot be written stops the
+    buffer (1), so nothing unrecorded is acknowledged (a full disk is 1 either way)."""
     cfg: Config = args.cfg
-    log.info("resolved configuration:\n%s", config_to_toml(cfg))
-    try:
-        service = BufferService(cfg)
-    except DiskFullError as exc:  # restarting helps once space is freed: exit 1, not 2
-        log.error("cannot start the buffer: %s", exc)
-        return ExitCode.FAILURE
-    except (ConfigError, JournalError, TransportError) as exc:
-        log.error("cannot start the buffer: %s", exc)
-        return ExitCode.CONFIG
-    stop = threading.Event()
-    on_stop_signal(stop.set)
-    try:
-        service.serve_forever(stop)
-    except JournalError as exc:
-        log.error("persistence failed, stopping so nothing unrecorded is acknowledged: %s", exc)
-        return ExitCode.FAILURE
-    return ExitCode.OK
+    return run_service(
+        "buffer",
+        cfg,
+        lambda: BufferService(cfg),
+        BufferService.serve_forever,
+        startup_errors={JournalError: ExitCode.CONFIG},
+        serve_errors={JournalError: ExitCode.FAILURE},
+    )

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from stream_dapo.data.dataset import PromptStream, StreamState
+from stream_dapo.disk import write_text_atomic
 
 log = logging.getLogger("stream_dapo.generator")
 
@@ -107,12 +107,9 @@ class PromptCursor:
             return
         self._saved_at = now
         doc = {"layout": asdict(self.layout), "epoch": state.epoch, "position": state.position}
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(doc))
-            os.replace(tmp, self.path)
+            write_text_atomic(self.path, json.dumps(doc))
             self._saved = state
         except OSError as exc:
             log.warning("cannot save the prompt position to %s: %s", self.path, exc)
-            tmp.unlink(missing_ok=True)

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Self
 import zmq
 from prometheus_client import CollectorRegistry
 
-from stream_dapo.config import Config, ConfigError, config_to_toml
+from stream_dapo.config import Config
 from stream_dapo.exit_codes import ExitCode
 from stream_dapo.generator.engine import WeightUpdateError
 from stream_dapo.generator.prompts import PromptCursor, ShardLayout
@@ -61,10 +61,12 @@ from stream_dapo.metrics import (
     Health,
     MetricsServer,
     final_metrics_path,
+    start_metrics,
     write_final_metrics,
 )
-from stream_dapo.signals import on_stop_signal
+from stream_dapo.service_runner import run_service
 from stream_dapo.transport import messages as m
+from stream_dapo.transport.curve import curve_client
 from stream_dapo.transport.messages import Group
 from stream_dapo.transport.sockets import (
     WEIGHTS_MAX_BYTES,
@@ -610,21 +612,17 @@ class GeneratorService:
     def _start_metrics(self) -> None:
         mc = self.cfg.metrics
         port = mc.generator_port + self.index if mc.generator_port else 0
-        try:
-            self.metrics_server = MetricsServer(self.registry, self.health, mc.host, port).start()
-            log.info("metrics on http://%s:%d/metrics and /healthz", mc.host, self.metrics_server.port)
-        except OSError as exc:
-            raise StartupError(
-                f"cannot serve metrics on {mc.host}:{port}: {exc.strerror}; set metrics.generator_port so that "
-                f"generator_port + index is free (0 picks free ports)"
-            ) from exc
+        *_, self.metrics_server = start_metrics(
+            mc.host,
+            port,
+            setting="metrics.generator_port (generator I serves on generator_port + I)",
+            registry=self.registry,
+            health=self.health,
+        )
+        log.info("metrics on http://%s:%d/metrics and /healthz", mc.host, self.metrics_server.port)
 
     def _curve(self) -> CurveKeys | None:
-        if not self.cfg.transport.curve_dir:
-            return None
-        from stream_dapo.transport.curve import load_client_keys
-
-        return load_client_keys(self.cfg.transport.curve_dir)
+        return curve_client(self.cfg.transport.curve_dir)
 
     def _buffer_endpoint(self, curve: CurveKeys | None, send_timeout_ms: int = 5000) -> Endpoint:
         t = self.cfg.transport
@@ -1098,27 +1096,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Start-up problems are 2 (a missing buffer 69); a weight update that fails is 1."""
     cfg: Config = args.cfg
-    log.info("resolved configuration:\n%s", config_to_toml(cfg))
-    try:
-        service = GeneratorService(cfg, getattr(args, "index", 0))
-    except StartupError as exc:
-        log.error("cannot start the generator: %s", exc)
-        return ExitCode.CONFIG
 
-    on_stop_signal(service.request_stop)
-    try:
+    def start_and_serve(service: GeneratorService) -> None:
         service.start()
         service.serve()
-        return ExitCode.OK
-    except PeerUnavailable as exc:
-        log.error("generator stopped: %s", exc)
-        return ExitCode.PEER_UNAVAILABLE
-    except (StartupError, ConfigError, FileNotFoundError, TransportError) as exc:
-        log.error("generator stopped: %s", exc)
-        return ExitCode.CONFIG
-    except WeightUpdateError as exc:
-        log.error("generator stopped: %s", exc)
-        return ExitCode.FAILURE
-    finally:
-        service.close()
+
+    return run_service(
+        "generator",
+        cfg,
+        lambda: GeneratorService(cfg, getattr(args, "index", 0)),
+        start_and_serve,
+        startup_errors={StartupError: ExitCode.CONFIG},
+        serve_errors={StartupError: ExitCode.CONFIG, WeightUpdateError: ExitCode.FAILURE},
+    )

@@ -41,9 +41,8 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from prometheus_client import CollectorRegistry
 
-from stream_dapo.config import Config, ConfigError, config_to_toml
-from stream_dapo.disk import DiskFullError, is_disk_full, no_space_left, write_text_atomic
-from stream_dapo.exit_codes import ExitCode
+from stream_dapo.config import Config, ConfigError
+from stream_dapo.disk import is_disk_full, write_text_atomic
 from stream_dapo.learner.checkpoints import (
     LATEST,
     checkpoint_name,
@@ -52,9 +51,10 @@ from stream_dapo.learner.checkpoints import (
     prune_checkpoints,
 )
 from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, start_metrics
-from stream_dapo.signals import on_stop_signal
+from stream_dapo.service_runner import run_service
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
+from stream_dapo.transport.curve import curve_client, curve_server
 from stream_dapo.transport.sockets import (
     Endpoint,
     PeerUnavailable,
@@ -222,13 +222,9 @@ class LearnerService:
     def _start_metrics(self) -> None:
         mc = self.cfg.metrics
         if self.rank == 0:
-            try:
-                registry, self.health, self._metrics_server = start_metrics(mc.host, mc.learner_port)
-            except OSError as exc:
-                raise ConfigError(
-                    f"cannot serve metrics on {mc.host}:{mc.learner_port}: {exc.strerror}; set "
-                    "metrics.learner_port to a free port (0 picks one)"
-                ) from exc
+            registry, self.health, self._metrics_server = start_metrics(
+                mc.host, mc.learner_port, setting="metrics.learner_port"
+            )
         else:
             registry = CollectorRegistry()  # other ranks keep the objects but serve nothing
         self.metrics = LearnerMetrics(registry)
@@ -239,7 +235,7 @@ class LearnerService:
         t, w = self.cfg.transport, self.cfg.weights
         self._ctx = zmq.Context()
         if w.method in ("zmq", "nccl"):
-            curve, allowed = self._curve_server()
+            curve, allowed = curve_server(t.curve_dir) or (None, None)
             self._server = WeightServer(
                 f"tcp://{t.host}:{t.weights_port}",
                 chunk_bytes=w.chunk_bytes,
@@ -260,7 +256,7 @@ class LearnerService:
             self._nccl = NcclWeightSender(
                 nccl_group_spec(self.cfg), timeout_s=max(300.0, t.timeout_s)
             ).connect()
-        client = self._curve_client()
+        client = curve_client(t.curve_dir)
         self._buffer = open_endpoint(
             self._ctx,
             zmq.DEALER,
@@ -270,21 +266,6 @@ class LearnerService:
             hwm=t.hwm,
             curve=client,
         )
-
-    def _curve_server(self) -> tuple[Any, Path | None]:
-        if not self.cfg.transport.curve_dir:
-            return None, None
-        from stream_dapo.transport.curve import load_server_keys
-
-        keys_dir = Path(self.cfg.transport.curve_dir)
-        return load_server_keys(keys_dir), keys_dir / "clients"
-
-    def _curve_client(self) -> Any:
-        if not self.cfg.transport.curve_dir:
-            return None
-        from stream_dapo.transport.curve import load_client_keys
-
-        return load_client_keys(self.cfg.transport.curve_dir)
 
     def _resume(self) -> dict[str, Any]:
         """Load ``checkpoints/latest`` if present; cut the logs back to its version."""
@@ -633,33 +614,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg: Config = args.cfg
-    if int(os.environ.get("RANK", "0")) == 0:
-        log.info("resolved configuration:\n%s", config_to_toml(cfg))
-    try:
-        service = LearnerService(cfg, max_steps=getattr(args, "max_steps", None))
-    except ConfigError as exc:
-        log.error("cannot start the learner: %s", exc)
-        return ExitCode.CONFIG
-
-    on_stop_signal(service.request_stop, "finishing the current step, then checkpointing")
-    try:
-        return service.run()
-    except PeerUnavailable as exc:
-        log.error("learner stopped: %s", exc)
-        return ExitCode.PEER_UNAVAILABLE
-    except (ConfigError, TransportError, FileNotFoundError) as exc:
-        log.error("learner stopped: %s", exc)
-        return ExitCode.CONFIG
-    except DiskFullError as exc:
-        log.error("learner stopped: %s", exc)
-        return ExitCode.FAILURE
-    except Exception as exc:  # a full disk anywhere else (logs, final export): say so, exit 1 (restart)
-        if not is_disk_full(exc, cfg.run.out_dir):
-            raise
-        log.error(
-            "learner stopped: %s (%s); free space there and restart the learner: it resumes from "
-            "checkpoints/latest",
-            no_space_left(cfg.run.out_dir),
-            exc,
-        )
-        return ExitCode.FAILURE
+    return run_service(
+        "learner",
+        cfg,
+        lambda: LearnerService(cfg, max_steps=getattr(args, "max_steps", None)),
+        LearnerService.run,
+        stop_message="finishing the current step, then checkpointing",
+        log_config=int(os.environ.get("RANK", "0")) == 0,
+        disk_full_hint=": it resumes from checkpoints/latest",
+    )

@@ -186,3 +186,18 @@ def _load(path: Path) -> tuple[bytes, bytes | None]:
     if not public:
         raise CurveKeyError(f"{path} holds no public key; {_FIX}")
     return public, secret
+
+
+def curve_client(curve_dir: str | os.PathLike[str] | None, name: str = DEFAULT_CLIENT) -> CurveKeys | None:
+    """A client's keys for transport.curve_dir (None when Curve is off): generators and the
+    learner's buffer connection."""
+    return load_client_keys(curve_dir, name) if curve_dir else None
+
+
+def curve_server(curve_dir: str | os.PathLike[str] | None) -> tuple[CurveKeys, Path] | None:
+    """The server keys of transport.curve_dir and its client allow-list directory (None when
+    Curve is off): the buffer and the learner's weight server. Start `start_authenticator` on the
+    allow-list before any server socket of the context accepts a client."""
+    if not curve_dir:
+        return None
+    return load_server_keys(curve_dir), Path(curve_dir) / CLIENTS_DIR

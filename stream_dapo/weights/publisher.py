@@ -23,6 +23,7 @@ publishers the config asks for:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -39,6 +40,7 @@ import torch
 import zmq
 from torch import Tensor
 
+from stream_dapo.disk import fsync_dir, write_bytes_atomic
 from stream_dapo.transport import messages
 from stream_dapo.transport.sockets import (
     WEIGHTS_MAX_BYTES,
@@ -372,28 +374,6 @@ class WeightServer:
 # --------------------------------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class SharedDirPublisher:
     """Publishes versions as files in a directory that generators can read (NFS, a shared volume)."""
 
@@ -409,15 +389,16 @@ class SharedDirPublisher:
     def publish(self, payload: WeightsPayload) -> Path:
         """Write the file, then LATEST (each via temp + rename), then prune. Returns the file's path."""
         final = self.directory / weights_file_name(payload.version)
-        _write_atomic(final, payload.data)
+        write_bytes_atomic(final, payload.data)
         latest = {
             "version": payload.version,
             "checksum": payload.checksum,
             "file": final.name,
             "total_bytes": payload.total_bytes,
         }
-        _write_atomic(self.directory / LATEST_FILE, (json.dumps(latest) + "\n").encode())
-        _fsync_dir(self.directory)
+        write_bytes_atomic(self.directory / LATEST_FILE, (json.dumps(latest) + "\n").encode())
+        with contextlib.suppress(OSError):  # best effort: some shared filesystems refuse it
+            fsync_dir(self.directory)
         self._prune(payload.version)
         return final
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import zmq
 
+from stream_dapo.disk import atomic_file
 from stream_dapo.transport import messages
 from stream_dapo.transport.codec import Message
 from stream_dapo.transport.sockets import WEIGHTS_MAX_BYTES, CurveKeys, Endpoint, open_endpoint, request
@@ -135,11 +136,10 @@ def _download(
     version, num_chunks = int(manifest["version"]), int(manifest["num_chunks"])
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / weights_file_name(version)
-    tmp = out_dir / f".{final.name}.tmp-{os.getpid()}"
     digest = hashlib.sha256()
     received = 0
     try:
-        with open(tmp, "wb") as f:
+        with atomic_file(final) as f:  # raising inside abandons the temporary file
             for index in range(num_chunks):
                 reply = request(
                     ep,
@@ -149,23 +149,25 @@ def _download(
                     accept=_chunk_filter(version, index),
                 )
                 if reply.type == messages.NOT_AVAILABLE:
-                    return None
+                    raise _VersionGone
                 data = reply.body["data"]
                 digest.update(data)
                 f.write(data)
                 received += len(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if received != manifest["total_bytes"] or digest.hexdigest() != manifest["checksum"]:
-            raise ChecksumMismatch(
-                f"weights version {version}: received {received} bytes with sha256 {digest.hexdigest()[:16]}..., "
-                f"announced {manifest['total_bytes']} bytes with {manifest['checksum'][:16]}...; discarded. A "
-                "corrupting link or a buggy publisher: the next poll retries"
-            )
-        os.replace(tmp, final)
-        return final
-    finally:
-        tmp.unlink(missing_ok=True)
+            if received != manifest["total_bytes"] or digest.hexdigest() != manifest["checksum"]:
+                raise ChecksumMismatch(
+                    f"weights version {version}: received {received} bytes with sha256 "
+                    f"{digest.hexdigest()[:16]}..., announced {manifest['total_bytes']} bytes with "
+                    f"{manifest['checksum'][:16]}...; discarded. A corrupting link or a buggy publisher: the "
+                    "next poll retries"
+                )
+    except _VersionGone:
+        return None
+    return final
+
+
+class _VersionGone(Exception):
+    """The server no longer has the version being downloaded (a newer one replaced it)."""
 
 
 def _chunk_filter(version: int, index: int) -> Callable[[Message], bool]:

@@ -29,9 +29,10 @@ import zmq.auth
 from stream_dapo.buffer import service as buffer_service
 from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.service import BufferService, persist_path
-from stream_dapo.config import Config, ConfigError, load_config
+from stream_dapo.config import Config, load_config
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import SCHEMA_VERSION, encode, pack_value
+from stream_dapo.transport.curve import CurveKeyError
 from stream_dapo.transport.messages import Group, Sample
 from stream_dapo.transport.sockets import (
     CurveKeys,
@@ -518,7 +519,10 @@ def test_curve_admits_only_clients_whose_keys_are_listed(tmp_path: Path) -> None
 
 def test_missing_curve_keys_fail_at_start_naming_the_fix(tmp_path: Path) -> None:
     cfg = load_config(overrides=[*overrides(tmp_path), f'transport.curve_dir="{tmp_path}"'], environ={})
-    with pytest.raises(ConfigError, match=r"server\.key_secret .*unset transport\.curve_dir"):
+    # The same CurveKeyError (a TransportError: exit 2 at start-up) as the learner's and the generators'.
+    with pytest.raises(
+        CurveKeyError, match=r"server\.key_secret; create them with `stream-dapo keys generate"
+    ):
         BufferService(cfg)
 
 

@@ -334,10 +334,12 @@ class FullDisk:
 def full_disk(monkeypatch: pytest.MonkeyPatch) -> FullDisk:
     if not os.path.exists("/dev/full"):
         pytest.skip("needs /dev/full")
+    from stream_dapo import disk as disk_module
     from stream_dapo.buffer import journal as journal_module
 
     disk = FullDisk()
     monkeypatch.setattr(journal_module, "open", disk.open, raising=False)
+    monkeypatch.setattr(disk_module, "open", disk.open, raising=False)  # the snapshot's atomic_file
     return disk
 
 

@@ -210,6 +210,7 @@ def test_a_buffer_whose_disk_fills_exits_1_and_says_so_without_a_traceback(
 ) -> None:
     import zmq
 
+    from stream_dapo import service_runner
     from stream_dapo.buffer import journal as journal_module
     from stream_dapo.buffer import service as buffer_service
     from stream_dapo.buffer.journal import Journal
@@ -246,11 +247,11 @@ def test_a_buffer_whose_disk_fills_exits_1_and_says_so_without_a_traceback(
             learner.close()
             ctx.term()
 
-    def fill_the_disk_once_up(request_stop) -> None:  # stands in for the signal handlers
+    def fill_the_disk_once_up(request_stop, *_what) -> None:  # stands in for the signal handlers
         disk.fill()
         threading.Thread(target=learner_says_hello, args=(request_stop,), daemon=True).start()
 
-    monkeypatch.setattr(buffer_service, "on_stop_signal", fill_the_disk_once_up)
+    monkeypatch.setattr(service_runner, "on_stop_signal", fill_the_disk_once_up)
     try:
         with caplog.at_level(logging.ERROR, logger="stream_dapo"):
             code = buffer_service.run(argparse.Namespace(cfg=cfg))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from stream_dapo import service_runner
 from stream_dapo.config import ConfigError, load_config
 from stream_dapo.disk import is_disk_full
 from stream_dapo.exit_codes import ExitCode
@@ -100,7 +101,7 @@ def run_learner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **learner: int)
         metrics={"learner_port": 0},
         weights={"chunk_bytes": 4096},
     )
-    monkeypatch.setattr(learner_service, "on_stop_signal", lambda *args: None)  # no handlers in pytest
+    monkeypatch.setattr(service_runner, "on_stop_signal", lambda *args: None)  # no handlers in pytest
     buffer = FakeBuffer(cfg)
     try:
         return learner_service.run(argparse.Namespace(cfg=cfg, max_steps=None)), buffer
