@@ -60,14 +60,20 @@ class ModelConfig(_Section):
 
 
 class SyntheticTaskConfig(_Section):
+    kind: Literal["arith", "chain"] = "arith"
+    """arith: an expression with 1-8 operations and precedence, one short line per operation (the
+    embedded default; ~20-60 tokens). chain: a long +/- chain whose worked solution rewrites the
+    remaining expression after every operation, so length grows with the square of the chain and
+    is long-tailed (the long chain-of-thought recipe, configs/tiny-longcot-cpu.toml)."""
     num_train: int = Field(20000, ge=1)
     """Number of training problems generated."""
     num_eval: int = Field(200, ge=1)
     """Number of held-out evaluation problems (a disjoint seed stream)."""
-    min_ops: int = Field(1, ge=1, le=8)
+    min_ops: int = Field(1, ge=1, le=64)
     """Fewest arithmetic operations per problem."""
-    max_ops: int = Field(3, ge=1, le=8)
-    """Most arithmetic operations per problem."""
+    max_ops: int = Field(3, ge=1, le=64)
+    """Most arithmetic operations per problem (arith: at most 8; chain: drawn log-uniformly
+    between min_ops and max_ops, so long chains are the tail)."""
     max_operand: int = Field(9, ge=2, le=10_000)
     """Operands are drawn from [1, max_operand]."""
     max_result: int = Field(99, ge=1)
@@ -79,6 +85,11 @@ class SyntheticTaskConfig(_Section):
             raise ValueError(
                 f"data.synthetic.min_ops ({self.min_ops}) > max_ops ({self.max_ops}): "
                 "set data.synthetic.max_ops >= min_ops"
+            )
+        if self.kind == "arith" and self.max_ops > 8:
+            raise ValueError(
+                f"data.synthetic.max_ops = {self.max_ops} is more than the arith task's 8; lower it, or "
+                'set data.synthetic.kind = "chain" for long problems'
             )
         return self
 
@@ -329,6 +340,18 @@ class WarmupConfig(_Section):
     1.0 saves the trained distribution unchanged."""
     seed: int = 0
     """Seed of the tiny model's initialisation and of the warm-up's batch order."""
+    context_len: int = Field(512, ge=128, le=32768)
+    """Positions of the tiny model built for the warm-up (max_position_embeddings): at least
+    model.max_prompt_len + algo.max_response_len."""
+    num_layers: int = Field(4, ge=1, le=32)
+    """Decoder layers of the tiny model built for the warm-up."""
+    max_solution_tokens: int = Field(0, ge=0)
+    """Train the warm-up only on worked solutions of at most this many tokens (0: all). The long
+    chain-of-thought recipe warms up on the shorter chains: the format and the step are the same,
+    each step costs a fraction, and RL then meets the long tail the warm model has not mastered."""
+    batch_by_length: bool = False
+    """Warm-up batches of similar lengths (sorted within chunks of 50 batches, batch order
+    shuffled): with long-tailed lengths, about half the padded tokens of random batches."""
     eval_prompts: int = Field(128, ge=1)
     """Eval-split prompts on which the warm-up reports pass@1 (greedy and temperature 1.0)."""
     threads: int = Field(2, ge=1)

@@ -27,7 +27,15 @@ from typing import IO, Any
 
 from stream_dapo.config import Config, config_to_toml
 from stream_dapo.exit_codes import ExitCode
-from stream_dapo.metrics import FINAL_METRICS_DIR, sample_key
+from stream_dapo.metrics import (
+    FINAL_METRICS_DIR,
+    BufferMetrics,
+    GeneratorMetrics,
+    LearnerMetrics,
+    catalogue,
+    sample_key,
+    sample_name,
+)
 
 log = logging.getLogger("stream_dapo.launcher")
 
@@ -189,15 +197,16 @@ class Endpoints:
 
 def generator_totals(snap: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     gens = [v for k, v in snap.items() if k.startswith("generator")]
-    p = "stream_dapo_generator_"
+    gm = catalogue(GeneratorMetrics)
+    groups = sample_name(gm.groups)
     return {
-        "samples": sum(metric_sum(g, p + "samples_total") for g in gens),
-        "tokens": sum(metric_sum(g, p + "tokens_total") for g in gens),
-        "groups_kept": sum(metric_sum(g, p + "groups_total", outcome="mixed") for g in gens),
-        "groups_all_correct": sum(metric_sum(g, p + "groups_total", outcome="all_correct") for g in gens),
-        "groups_all_wrong": sum(metric_sum(g, p + "groups_total", outcome="all_wrong") for g in gens),
-        "weight_updates": sum(metric_sum(g, p + "weight_sync_seconds_count") for g in gens),
-        "policy_version_min": min((metric_sum(g, p + "policy_version") for g in gens), default=0.0),
+        "samples": sum(metric_sum(g, sample_name(gm.samples)) for g in gens),
+        "tokens": sum(metric_sum(g, sample_name(gm.tokens)) for g in gens),
+        "groups_kept": sum(metric_sum(g, groups, outcome="mixed") for g in gens),
+        "groups_all_correct": sum(metric_sum(g, groups, outcome="all_correct") for g in gens),
+        "groups_all_wrong": sum(metric_sum(g, groups, outcome="all_wrong") for g in gens),
+        "weight_updates": sum(metric_sum(g, sample_name(gm.weight_sync_seconds, "_count")) for g in gens),
+        "policy_version_min": min((metric_sum(g, sample_name(gm.policy_version)) for g in gens), default=0.0),
     }
 
 
@@ -219,20 +228,21 @@ class LiveView:
         snap = self.last
         gen = generator_totals(snap)
         lrn, buf = snap.get("learner", {}), snap.get("buffer", {})
+        lm, bm = catalogue(LearnerMetrics), catalogue(BufferMetrics)
         elapsed = time.monotonic() - self.t0
-        step = metric_sum(lrn, "stream_dapo_learner_step")
+        step = metric_sum(lrn, sample_name(lm.step))
         finished = gen["groups_kept"] + gen["groups_all_correct"] + gen["groups_all_wrong"]
         row = {
             "t": round(elapsed, 1),
             "step": int(step),
             "version_generators": int(gen["policy_version_min"]),
             "samples_per_s": round(gen["samples"] / elapsed, 2) if elapsed > 0 else 0.0,
-            "reward": round(metric_sum(lrn, "stream_dapo_learner_reward_mean"), 3),
-            "accuracy": round(metric_sum(lrn, "stream_dapo_learner_accuracy_ratio"), 3),
-            "staleness_p95": histogram_quantile(lrn, "stream_dapo_learner_staleness_versions", 0.95),
+            "reward": round(metric_sum(lrn, sample_name(lm.reward)), 3),
+            "accuracy": round(metric_sum(lrn, sample_name(lm.accuracy)), 3),
+            "staleness_p95": histogram_quantile(lrn, sample_name(lm.staleness), 0.95),
             "filtered_frac": round(1 - gen["groups_kept"] / finished, 3) if finished else 0.0,
-            "buffer_waiting": int(metric_sum(buf, "stream_dapo_buffer_depth_groups", state="waiting")),
-            "dropped_stale": int(metric_sum(buf, "stream_dapo_buffer_dropped_stale_groups_total")),
+            "buffer_waiting": int(metric_sum(buf, sample_name(bm.depth), state="waiting")),
+            "dropped_stale": int(metric_sum(buf, sample_name(bm.dropped_stale))),
         }
         total = self.cfg.learner.total_steps
         eta = (elapsed / step * (total - step)) if step > 0 else None
@@ -277,15 +287,15 @@ def prepare_model(cfg: Config) -> None:
     A run never retrains the policy it was pointed at: when the cached tiny model was built with
     other warm-up settings, say so and leave the rebuild to `stream-dapo warmup`.
     """
-    from stream_dapo.model.tiny import TinyModelSpec, read_marker
-    from stream_dapo.model.warmup import ensure_warm_model, warmup_key
+    from stream_dapo.model.tiny import read_marker
+    from stream_dapo.model.warmup import ensure_warm_model, tiny_spec, warmup_key
 
     path = Path(cfg.model.path)
     if not (path / "config.json").is_file():
         ensure_warm_model(cfg)
         return
     marker = read_marker(path)
-    if marker is not None and marker.get("key") != warmup_key(cfg, TinyModelSpec()):
+    if marker is not None and marker.get("key") != warmup_key(cfg, tiny_spec(cfg)):
         log.warning(
             "%s was warmed up with other settings than this config's; using it as it is "
             "(run `stream-dapo warmup` to rebuild it)",
@@ -544,13 +554,13 @@ def build_summary(
     return {
         "learner_steps": stats["final_version"],
         "final_version": stats["final_version"],
-        "groups_accepted": int(metric_sum(buf, "stream_dapo_buffer_groups_accepted_total")),
+        "groups_accepted": int(metric_sum(buf, sample_name(catalogue(BufferMetrics).groups_accepted))),
         "groups_filtered": int(gen["groups_all_correct"] + gen["groups_all_wrong"]),
         "groups_filtered_all_correct": int(gen["groups_all_correct"]),
         "groups_filtered_all_wrong": int(gen["groups_all_wrong"]),
         "groups_trained": stats["groups_trained"],
         "groups_trained_twice": stats["groups_trained_twice"],
-        "groups_dropped_stale": int(metric_sum(buf, "stream_dapo_buffer_dropped_stale_groups_total")),
+        "groups_dropped_stale": int(metric_sum(buf, sample_name(catalogue(BufferMetrics).dropped_stale))),
         "max_staleness_trained": stats["max_staleness_trained"],
         "samples_generated": int(gen["samples"]),
         "generator_weight_updates": int(gen["weight_updates"]),

@@ -1,4 +1,7 @@
-"""A seeded, verifiable arithmetic task in the DAPO-Math-17k schema: the embedded default's data.
+"""Seeded, verifiable arithmetic tasks in the DAPO-Math-17k schema: the embedded recipes' data.
+
+``data.synthetic.kind = "arith"`` (the embedded default, below) or ``"chain"``, the long
+chain-of-thought task of ``stream_dapo.data.longcot``; both are split, cached and written here.
 
 Each problem is an integer expression with 1-8 operations (``+``, ``-``, ``*``, usual precedence),
 for example::
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_dapo.config import DataConfig, SyntheticTaskConfig
+from stream_dapo.data.longcot import ChainProblem, sample_chain
 
 __all__ = [
     "DATA_SOURCE",
@@ -142,8 +146,10 @@ def solve(operands: tuple[int, ...], ops: tuple[str, ...]) -> tuple[Step, ...]:
     return tuple(steps)
 
 
-def sample_problem(rng: random.Random, task: SyntheticTaskConfig) -> ArithmeticProblem | None:
-    """Draw one problem; None when it breaks the value limits (the caller draws again)."""
+def sample_problem(rng: random.Random, task: SyntheticTaskConfig) -> ArithmeticProblem | ChainProblem | None:
+    """Draw one problem of ``task.kind``; None when it breaks the value limits (the caller draws again)."""
+    if task.kind == "chain":
+        return sample_chain(rng, task.min_ops, task.max_ops, task.max_operand)
     num_ops = rng.randint(task.min_ops, task.max_ops)
     operands = tuple(rng.randint(1, task.max_operand) for _ in range(num_ops + 1))
     ops = tuple(rng.choice(OPERATORS) for _ in range(num_ops))
@@ -155,15 +161,16 @@ def sample_problem(rng: random.Random, task: SyntheticTaskConfig) -> ArithmeticP
 
 def generate_split(
     task: SyntheticTaskConfig, *, seed: int, split: str, count: int, exclude: set[str] | None = None
-) -> list[ArithmeticProblem]:
+) -> list[ArithmeticProblem | ChainProblem]:
     """``count`` problems with distinct question texts, none of them in ``exclude``.
 
     Deterministic for (task, seed, split, exclude). Raises when the task's knobs do not allow that
     many distinct problems.
     """
-    rng = random.Random(f"stream-dapo/synthetic/v{_FORMAT_VERSION}/{split}/{seed}")
+    kind = "" if task.kind == "arith" else f"{task.kind}/"
+    rng = random.Random(f"stream-dapo/synthetic/v{_FORMAT_VERSION}/{kind}{split}/{seed}")
     seen = set(exclude or ())
-    problems: list[ArithmeticProblem] = []
+    problems: list[ArithmeticProblem | ChainProblem] = []
     # Generous, but finite: a task space smaller than `count` must end in an error, not a hang.
     budget = 200 * count + 10_000
     for _ in range(budget):
@@ -189,7 +196,7 @@ def build_prompt(question: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"{INSTRUCTION}\n\n{question}"}]
 
 
-def problem_to_row(problem: ArithmeticProblem, *, split: str, index: int) -> dict[str, Any]:
+def problem_to_row(problem: ArithmeticProblem | ChainProblem, *, split: str, index: int) -> dict[str, Any]:
     """One row in the DAPO-Math-17k schema, with the worked solution in ``extra_info``."""
     return {
         "data_source": DATA_SOURCE,
@@ -207,7 +214,10 @@ def problem_to_row(problem: ArithmeticProblem, *, split: str, index: int) -> dic
 
 def synthetic_task_key(cfg: DataConfig) -> str:
     """Hash of everything that determines the generated files (task knobs, seed, format)."""
-    payload = {"task": cfg.synthetic.model_dump(mode="json"), "seed": cfg.seed, "format": _FORMAT_VERSION}
+    # "kind" joined the task knobs after the arith caches were written: leaving it out for arith keeps
+    # their keys (and the warm models built on them) valid.
+    task = cfg.synthetic.model_dump(mode="json", exclude={"kind"} if cfg.synthetic.kind == "arith" else None)
+    payload = {"task": task, "seed": cfg.seed, "format": _FORMAT_VERSION}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -151,8 +151,11 @@ def _tokenizer_corpus() -> list[str]:
     return lines
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Train the byte-level BPE tokenizer (digits split) and wrap it with the chat template."""
+def build_tokenizer(max_length: int | None = None) -> PreTrainedTokenizerFast:
+    """Train the byte-level BPE tokenizer (digits split) and wrap it with the chat template.
+
+    ``max_length``: the model's positions (``model_max_length``); the vocabulary never depends on it.
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -181,7 +184,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
         additional_special_tokens=[IM_START],
-        model_max_length=TinyModelSpec().max_position_embeddings,
+        model_max_length=max_length or TinyModelSpec().max_position_embeddings,
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
@@ -283,7 +286,7 @@ def init_model(out: Path, *, seed: int = 0, spec: TinyModelSpec | None = None) -
         return out
     check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(spec.max_position_embeddings)
     model = build_tiny_model(tokenizer, spec, seed)
     # Build next to the target and rename: a crash never leaves a half-written model at `out`.
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

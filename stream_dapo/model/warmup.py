@@ -34,7 +34,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +68,7 @@ __all__ = [
     "measure_pass_at_1",
     "run",
     "synthetic_data_dir",
+    "tiny_spec",
     "warmup",
     "warmup_key",
 ]
@@ -80,6 +81,10 @@ _WARMUP_VERSION = 1
 DEFAULT_MODEL_PATH = Path(ModelConfig.model_fields["path"].default)
 """The embedded default's cache of the warm tiny model (relative: to the working directory, or to the
 repository checkout that holds configs/tiny-cpu.toml)."""
+LONGCOT_MODEL_PATH = Path("runs/tiny-longcot-model/warm")
+"""The long chain-of-thought recipe's cache (configs/tiny-longcot-cpu.toml)."""
+BUILT_MODEL_PATHS = (DEFAULT_MODEL_PATH, LONGCOT_MODEL_PATH)
+"""The caches a run builds on first use; a model.path anywhere else must already hold a model."""
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -122,6 +127,11 @@ def warmup_key(cfg: Config, spec: TinyModelSpec) -> str:
         "fold_temperature": w.fold_temperature,
         "seed": w.seed,
     }
+    # Added later: left out at their defaults so that older caches stay valid.
+    if w.max_solution_tokens:
+        payload["max_solution_tokens"] = w.max_solution_tokens
+    if w.batch_by_length:
+        payload["batch_by_length"] = True
     return fingerprint(payload)
 
 
@@ -233,6 +243,39 @@ class ThreadPicker:
         self._count += 1
 
 
+LENGTH_CHUNK_BATCHES = 50
+"""With by-length batching, examples are sorted by length within chunks of this many batches."""
+
+
+def _batches(
+    lengths: Sequence[int], batch_size: int, gen: torch.Generator, *, by_length: bool
+) -> Iterator[list[int]]:
+    """Index batches forever, epoch by epoch, each epoch a fresh seeded permutation (a remainder
+    smaller than a batch is dropped).
+
+    ``by_length``: each chunk of ``LENGTH_CHUNK_BATCHES`` batches of the permutation is sorted by
+    length before it is cut, and the epoch's batches are then shuffled, so a batch pads to a length
+    near its own examples' instead of the longest of a random draw. With long-tailed lengths this
+    halves the padded tokens; batch composition is still random within a length band.
+    """
+    import torch
+
+    while True:
+        order = torch.randperm(len(lengths), generator=gen).tolist()
+        usable = len(order) - len(order) % batch_size
+        if not by_length:
+            for start in range(0, usable, batch_size):
+                yield order[start : start + batch_size]
+            continue
+        chunk = batch_size * LENGTH_CHUNK_BATCHES
+        batches: list[list[int]] = []
+        for start in range(0, usable, chunk):
+            part = sorted(order[start : min(start + chunk, usable)], key=lambda i: lengths[i])
+            batches += [part[j : j + batch_size] for j in range(0, len(part), batch_size)]
+        for b in torch.randperm(len(batches), generator=gen).tolist():
+            yield batches[b]
+
+
 def train_supervised(
     model: PreTrainedModel,
     examples: Sequence[tuple[list[int], int]],
@@ -244,12 +287,13 @@ def train_supervised(
     pad_id: int,
     threads: int = 1,
     log_every: int = 200,
+    by_length: bool = False,
 ) -> float:
     """AdamW on the response tokens; batches are drawn epoch-wise from a seeded permutation.
 
     The loss is the token-mean cross-entropy of the response tokens (the prompt is context, not a
-    target). ``threads`` is the most torch threads used (see ``ThreadPicker``). Returns the mean
-    loss over the last 10% of steps.
+    target). ``threads`` is the most torch threads used (see ``ThreadPicker``). ``by_length``:
+    batches of similar lengths (see ``_batches``). Returns the mean loss over the last 10% of steps.
     """
     import torch
 
@@ -257,17 +301,12 @@ def train_supervised(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     picker = ThreadPicker(threads)
     model.train()
-    order = torch.randperm(len(examples), generator=gen).tolist()
-    cursor = 0
+    batches = _batches([len(ids) for ids, _ in examples], batch_size, gen, by_length=by_length)
     tail_losses: list[float] = []
     t0 = time.perf_counter()
     for step in range(steps):
         picker.before_step()
-        if cursor + batch_size > len(order):
-            order = torch.randperm(len(examples), generator=gen).tolist()
-            cursor = 0
-        batch = [examples[i] for i in order[cursor : cursor + batch_size]]
-        cursor += batch_size
+        batch = [examples[i] for i in next(batches)]
         input_ids, mask, labels = _collate(batch, pad_id)
         for group in optimizer.param_groups:
             group["lr"] = lr * _lr_factor(step, steps)
@@ -408,7 +447,8 @@ def _check_synthetic(data: DataConfig) -> None:
 def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None = None) -> WarmupResult:
     """Build (or find in cache) the warm tiny model for ``cfg``; return where it is and how it scores."""
     _check_synthetic(cfg.data)
-    spec = spec or TinyModelSpec()
+    spec = spec or tiny_spec(cfg)
+    check_context(cfg, spec)
     out = Path(out if out is not None else cfg.model.path)
     key = warmup_key(cfg, spec)
     marker = read_marker(out)
@@ -433,6 +473,13 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
         train_items, _ = load_prompts(train_path, tokenizer, spec.max_position_embeddings)
         eval_items, _ = load_prompts(eval_path, tokenizer, spec.max_position_embeddings)
         examples = build_examples(train_items, tokenizer)
+        if w.max_solution_tokens:
+            examples = [(ids, n) for ids, n in examples if len(ids) - n <= w.max_solution_tokens]
+            if not examples:
+                raise ConfigError(
+                    f"no worked solution has at most warmup.max_solution_tokens = {w.max_solution_tokens} "
+                    "tokens; raise it (0: all)"
+                )
         t_train = time.perf_counter()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(w.seed)
@@ -445,6 +492,7 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
                 seed=w.seed,
                 pad_id=tokenizer.pad_token_id,
                 threads=w.threads,
+                by_length=w.batch_by_length,
             )
         fold_temperature(model, w.fold_temperature)
         train_seconds = time.perf_counter() - t_train
@@ -505,9 +553,26 @@ def _cached_result(out: Path, marker: dict[str, Any]) -> WarmupResult:
 
 
 def is_default_model_path(path: str | Path) -> bool:
-    """Whether ``path`` is the embedded default's cache (``runs/tiny-model/warm``)."""
+    """Whether ``path`` is one of the embedded recipes' caches (``BUILT_MODEL_PATHS``)."""
     resolved = Path(path).resolve()
-    return resolved in {DEFAULT_MODEL_PATH.resolve(), (_REPO / DEFAULT_MODEL_PATH).resolve()}
+    return resolved in {p.resolve() for p in BUILT_MODEL_PATHS} | {
+        (_REPO / p).resolve() for p in BUILT_MODEL_PATHS
+    }
+
+
+def tiny_spec(cfg: Config) -> TinyModelSpec:
+    """The tiny model the warm-up builds for ``cfg`` (its context and depth come from [warmup])."""
+    return TinyModelSpec(max_position_embeddings=cfg.warmup.context_len, num_layers=cfg.warmup.num_layers)
+
+
+def check_context(cfg: Config, spec: TinyModelSpec) -> None:
+    """The tiny model must hold the longest prompt plus the longest response."""
+    need = cfg.model.max_prompt_len + cfg.algo.max_response_len
+    if need > spec.max_position_embeddings:
+        raise ConfigError(
+            f"model.max_prompt_len + algo.max_response_len = {need} tokens do not fit the tiny model's "
+            f"{spec.max_position_embeddings} positions; set warmup.context_len >= {need} (or shorten them)"
+        )
 
 
 def ensure_warm_model(cfg: Config) -> Path:
@@ -527,7 +592,7 @@ def ensure_warm_model(cfg: Config) -> Path:
         raise ConfigError(
             f"model.path = {path} {what}; point model.path at a model directory (config.json, weights, "
             f"tokenizer), or build the tiny warm model there with `stream-dapo warmup --out {path}` "
-            f"(only the embedded default, {DEFAULT_MODEL_PATH}, is built on first use)"
+            f"(only the embedded recipes' caches, {', '.join(map(str, BUILT_MODEL_PATHS))}, are built on first use)"
         )
     if not has_model and cfg.data.train_path is not None:
         raise ConfigError(
