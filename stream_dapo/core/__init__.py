@@ -1,9 +1,14 @@
-"""The DAPO recipe core: pure functions on numpy arrays (rewards, advantages, filter) and torch tensors
-(the loss). Imports only numpy, torch and the standard library."""
+"""The DAPO recipe core: pure functions on numpy arrays (rewards, advantages, filter), torch tensors
+(the loss) and ints (the admission rule). Imports only numpy, torch and the standard library.
 
+The loss, the one torch module, is imported on first use: the config validates with the admission
+rule (`stream_dapo.core.admission`), and `stream-dapo --help` / `config show` stay torch-free."""
+
+from typing import TYPE_CHECKING, Any
+
+from stream_dapo.core.admission import AdmissionError, AdmissionRule
 from stream_dapo.core.advantages import compute_group_advantages
 from stream_dapo.core.filtering import FilterDecision, FilterReason, dynamic_sampling_filter
-from stream_dapo.core.loss import PolicyLossParams, policy_loss, token_entropy, token_logprobs
 from stream_dapo.core.presets import PAPER_AIME, PRESETS, preset_overrides
 from stream_dapo.core.rewards import (
     RewardShaping,
@@ -14,8 +19,24 @@ from stream_dapo.core.rewards import (
     soft_overlong_penalty,
 )
 
+if TYPE_CHECKING:
+    from stream_dapo.core.loss import PolicyLossParams, policy_loss, token_entropy, token_logprobs
+
+_LOSS_NAMES = frozenset({"PolicyLossParams", "policy_loss", "token_entropy", "token_logprobs"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LOSS_NAMES:
+        from stream_dapo.core import loss
+
+        return getattr(loss, name)
+    raise AttributeError(f"module 'stream_dapo.core' has no attribute {name!r}")
+
+
 __all__ = [
     "PAPER_AIME",
+    "AdmissionError",
+    "AdmissionRule",
     "PRESETS",
     "FilterDecision",
     "FilterReason",
