@@ -62,6 +62,7 @@ import zmq  # noqa: E402
 
 from stream_dapo.config import config_to_toml, load_config  # noqa: E402
 from stream_dapo.launcher import metric_sum, scrape, tail  # noqa: E402
+from stream_dapo.metrics import BufferMetrics, GeneratorMetrics, LearnerMetrics, catalogue, sample_name  # noqa: E402
 from stream_dapo.transport import messages as m  # noqa: E402
 from stream_dapo.transport.codec import CodecError, Message, decode, encode, pack_value  # noqa: E402
 from stream_dapo.transport.messages import Group, Sample  # noqa: E402
@@ -741,7 +742,7 @@ class RouterTarget(Target):
 
 
 class BufferTarget(RouterTarget):
-    rejected_metric = "stream_dapo_buffer_messages_rejected_total"
+    rejected_metric = sample_name(catalogue(BufferMetrics).messages_rejected)
 
     def __init__(self, socket_name: str, workdir: Path) -> None:
         self.socket_name = socket_name
@@ -802,7 +803,7 @@ class BufferTarget(RouterTarget):
         return Verdict("valid", groups_rejected=len(sizes))
 
     def group_rejections(self, scraped: dict[str, float]) -> dict[str, int]:
-        return by_reason(scraped, "stream_dapo_buffer_groups_rejected_total")
+        return by_reason(scraped, sample_name(catalogue(BufferMetrics).groups_rejected))
 
     def probe(self) -> None:
         if not self.proc.alive():
@@ -826,7 +827,7 @@ class BufferTarget(RouterTarget):
     def check_after(self) -> dict[str, Any]:
         """Valid groups after the fuzzing: accepted once, acknowledged, served intact, committed."""
         before = scrape(self.metrics_url)
-        accepted_before = int(metric_sum(before, "stream_dapo_buffer_groups_accepted_total"))
+        accepted_before = int(metric_sum(before, sample_name(catalogue(BufferMetrics).groups_accepted)))
         rng = np.random.default_rng(0)
         groups = [make_group(rng=rng) for _ in range(3)]
         ids = [g.group_id for g in groups]
@@ -851,8 +852,10 @@ class BufferTarget(RouterTarget):
             and not resend.body["accepted"],
             "served_intact": served == groups,
             "committed": commit.type == m.EMPTY and commit.body.get("reason") == "committed",
-            "accepted_total": int(metric_sum(after, "stream_dapo_buffer_groups_accepted_total")),
-            "duplicates_total": int(metric_sum(after, "stream_dapo_buffer_groups_duplicate_total")),
+            "accepted_total": int(metric_sum(after, sample_name(catalogue(BufferMetrics).groups_accepted))),
+            "duplicates_total": int(
+                metric_sum(after, sample_name(catalogue(BufferMetrics).groups_duplicate))
+            ),
         }
         out["ok"] = (
             out["accepted_before_check"] == 0
@@ -875,7 +878,7 @@ class BufferTarget(RouterTarget):
 
 
 class WeightsTarget(RouterTarget):
-    rejected_metric = "stream_dapo_learner_messages_rejected_total"
+    rejected_metric = sample_name(catalogue(LearnerMetrics).messages_rejected)
     served = frozenset((m.WEIGHTS_QUERY, m.CHUNK_REQUEST))
 
     def __init__(self, workdir: Path) -> None:
@@ -944,7 +947,7 @@ class WeightsTarget(RouterTarget):
 class CreditsTarget(Target):
     """This script binds the buffer's samples ROUTER; a generator connects and is fuzzed."""
 
-    rejected_metric = "stream_dapo_generator_messages_rejected_total"
+    rejected_metric = sample_name(catalogue(GeneratorMetrics).messages_rejected)
     served = frozenset((m.CREDIT, m.ACK, m.LEASE, m.ERROR))
     binds = False
 
@@ -1050,11 +1053,11 @@ class CreditsTarget(Target):
                 self.credit_request_id = msg.request_id  # a repeat keeps its id
 
     def _gauges(self) -> dict[str, float]:
-        s = scrape(self.metrics_url)
+        s, gm = scrape(self.metrics_url), catalogue(GeneratorMetrics)
         return {
-            "credits_available": metric_sum(s, "stream_dapo_generator_credits_available"),
-            "groups_acked": metric_sum(s, "stream_dapo_generator_groups_acked_total"),
-            "unacked_groups": metric_sum(s, "stream_dapo_generator_unacked_groups"),
+            "credits_available": metric_sum(s, sample_name(gm.credits_available)),
+            "groups_acked": metric_sum(s, sample_name(gm.groups_acked)),
+            "unacked_groups": metric_sum(s, sample_name(gm.unacked_groups)),
         }
 
     def probe(self) -> None:

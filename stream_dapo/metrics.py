@@ -10,6 +10,7 @@ from them and names cannot drift between services.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -379,6 +380,27 @@ def registry_samples(registry: CollectorRegistry) -> dict[str, float]:
     return {
         sample_key(s.name, s.labels): float(s.value) for family in registry.collect() for s in family.samples
     }
+
+
+# --------------------------------------------------------------------------------------------------
+# Names, for readers of scrapes (launcher summary, planner queries, bench)
+# --------------------------------------------------------------------------------------------------
+
+Component = TypeVar("Component")
+
+
+@functools.cache
+def catalogue(component: Callable[[CollectorRegistry], Component]) -> Component:
+    """A component's metric objects on a private registry that nothing serves, so code that reads
+    scrapes takes the names from the definitions above: ``sample_name(catalogue(LearnerMetrics).step)``."""
+    return component(CollectorRegistry())
+
+
+def sample_name(metric: Counter | Gauge | Histogram, suffix: str = "") -> str:
+    """The name a scrape shows for `metric`: a counter's ends in ``_total``; for a histogram pass
+    ``suffix="_sum"``, ``"_count"`` or ``"_bucket"`` (none: its family name)."""
+    (family,) = metric.describe()
+    return family.name + ("_total" if family.type == "counter" else suffix)
 
 
 FINAL_METRICS_DIR = "final-metrics"

@@ -52,6 +52,7 @@ from typing import Any, Literal
 
 from stream_dapo.config import Config
 from stream_dapo.core.admission import AdmissionRule
+from stream_dapo.metrics import GeneratorMetrics, LearnerMetrics, catalogue, sample_name
 
 __all__ = [
     "DEFAULT_KEEP_FRACTION",
@@ -522,19 +523,20 @@ def measure_from_prometheus(
     def rate(metric: str, agg: str = "sum", selector: str = "") -> str:
         return f"{agg}(rate({metric}{selector}[{window}]))"
 
+    gen, lrn = catalogue(GeneratorMetrics), catalogue(LearnerMetrics)
     out: dict[str, float] = {}
     wanted = set(wanted)
     if unknown := wanted - set(MEASURABLE):
         raise PlanError(f"cannot measure {sorted(unknown)} from Prometheus; measurable: {MEASURABLE}")
     if "gen_tps" in wanted:
-        tps = need(rate("stream_dapo_generator_tokens_total", "avg"), "gen_tps", "generator tokens")
+        tps = need(rate(sample_name(gen.tokens), "avg"), "gen_tps", "generator tokens")
         if tps <= 0:
             raise PlanError(f"the generators produced no tokens over the last {window}; pass --gen-tps")
         out["gen_tps"] = tps
     if "learn_tps" in wanted:
-        tokens = need(rate("stream_dapo_learner_tokens_total"), "learn_tps", "learner tokens")
-        waiting = query(base_url, rate("stream_dapo_learner_batch_wait_seconds_sum"), timeout_s) or 0.0
-        syncing = query(base_url, rate("stream_dapo_learner_weight_sync_seconds_sum"), timeout_s) or 0.0
+        tokens = need(rate(sample_name(lrn.tokens)), "learn_tps", "learner tokens")
+        waiting = query(base_url, rate(sample_name(lrn.batch_wait_seconds, "_sum")), timeout_s) or 0.0
+        syncing = query(base_url, rate(sample_name(lrn.weight_sync_seconds, "_sum")), timeout_s) or 0.0
         busy = 1.0 - waiting - syncing
         if tokens <= 0 or busy < 0.05:
             raise PlanError(
@@ -543,17 +545,13 @@ def measure_from_prometheus(
             )
         out["learn_tps"] = tokens / busy
     if "mean_response_len" in wanted:
-        total = need(
-            rate("stream_dapo_generator_response_length_tokens_sum"), "mean_response_len", "response lengths"
-        )
-        count = need(
-            rate("stream_dapo_generator_response_length_tokens_count"), "mean_response_len", "responses"
-        )
+        total = need(rate(sample_name(gen.response_length, "_sum")), "mean_response_len", "response lengths")
+        count = need(rate(sample_name(gen.response_length, "_count")), "mean_response_len", "responses")
         if count <= 0:
             raise PlanError(f"no response finished over the last {window}; pass --mean-response-len")
         out["mean_response_len"] = total / count
     if "keep_fraction" in wanted:
-        metric = "stream_dapo_generator_groups_total"
+        metric = sample_name(gen.groups)
         kept = need(rate(metric, selector='{outcome="mixed"}'), "keep_fraction", "kept (mixed) groups")
         total = need(rate(metric), "keep_fraction", "finished groups")
         if total <= 0 or kept <= 0:
@@ -563,7 +561,7 @@ def measure_from_prometheus(
             )
         out["keep_fraction"] = kept / total
     if "weight_sync_s" in wanted:
-        metric = "stream_dapo_learner_weight_sync_seconds"
+        metric = sample_name(lrn.weight_sync_seconds)
         seconds = need(rate(metric + "_sum"), "weight_sync_s", "weight-sync time")
         count = need(rate(metric + "_count"), "weight_sync_s", "weight publications")
         if count <= 0:

@@ -3,7 +3,7 @@
 
 from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.replay import (
-    AckResult,
+    AddResult,
     AdmissionPolicy,
     BufferInputError,
     CommitResult,
@@ -15,7 +15,7 @@ from stream_dapo.buffer.replay import (
 )
 
 __all__ = [
-    "AckResult",
+    "AddResult",
     "AdmissionPolicy",
     "BufferInputError",
     "CommitResult",

@@ -22,7 +22,7 @@ from stream_dapo.core.admission import AdmissionError
 from stream_dapo.transport.messages import MAX_FILTERED_TOTAL, Group
 
 __all__ = [
-    "AckResult",
+    "AddResult",
     "AdmissionPolicy",
     "BufferInputError",
     "CommitResult",
@@ -134,7 +134,7 @@ class MemoryLog:
 
 
 @dataclass
-class AckResult:
+class AddResult:
     """What to acknowledge for one `groups` message."""
 
     accepted: list[str] = field(default_factory=list)
@@ -393,7 +393,7 @@ class ReplayBuffer:
 
     def add_groups(
         self, generator_id: str, groups: Sequence[Group], filtered_total: int | None = None
-    ) -> AckResult:
+    ) -> AddResult:
         """Accept new groups, recognise resends, and redeem credits.
 
         Every group that is not a duplicate redeems one credit of `generator_id`, and so does each
@@ -404,7 +404,7 @@ class ReplayBuffer:
         self._heard_from(generator_id)
         if filtered_total is not None:
             self._apply_filtered_total(generator_id, filtered_total)
-        result = AckResult()
+        result = AddResult()
         seen_now: set[str] = set()
         reasons: dict[str, int] = {}
         for group in groups:

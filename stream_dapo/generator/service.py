@@ -218,7 +218,9 @@ class _Pending:
 
 
 @dataclass
-class AckResult:
+class AckOutcome:
+    """What one `ack` from the buffer settled among the groups awaiting acknowledgement."""
+
     acked: int = 0
     rejected: list[tuple[str, str]] = field(default_factory=list)
     unknown: int = 0
@@ -258,10 +260,10 @@ class UnackedGroups:
 
     def ack(
         self, accepted: Iterable[str], duplicates: Iterable[str], rejected: Iterable[dict[str, str]]
-    ) -> AckResult:
+    ) -> AckOutcome:
         """Apply an ``ack``: accepted and duplicate ids are done, rejected ones are dropped (the buffer
         will never take them; resending would not help)."""
-        result = AckResult()
+        result = AckOutcome()
         for gid in [*accepted, *duplicates]:
             if self._pending.pop(gid, None) is None:
                 result.unknown += 1

@@ -141,10 +141,6 @@ class MicroBatch:
     placeholder: bool = field(default=False)
 
     @property
-    def num_rows(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
     def padded_tokens(self) -> int:
         """Tokens the forward pass processes, B * T."""
         return int(self.input_ids.numel())

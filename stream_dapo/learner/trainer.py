@@ -52,7 +52,7 @@ from stream_dapo.learner.packing import (
     sequences_from_groups,
 )
 from stream_dapo.transport.messages import Group
-from stream_dapo.weights.publisher import WeightsPayload, gather_full_state_dict, serialize_weights
+from stream_dapo.weights.publisher import gather_full_state_dict
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -700,11 +700,6 @@ class Learner:
             zero_stage=self.zero_stage,
             tie_word_embeddings=self.tie_word_embeddings,
         )
-
-    def weights_payload(self) -> WeightsPayload | None:
-        """The current weights as a publishable payload tagged with `version` (rank 0; collective)."""
-        sd = self.gather_state_dict()
-        return None if sd is None else serialize_weights(sd, self.version)
 
     def export_hf(self, directory: str | os.PathLike[str]) -> None:
         """save_pretrained (safetensors) + tokenizer files into ``directory``, loadable by transformers

@@ -384,11 +384,6 @@ SCHEMAS: dict[str, Struct] = {
 }
 
 
-def validate_body(msg_type: str, body: Any) -> None:
-    """Check `body` against the schema of `msg_type`; raise SchemaError (KeyError if unknown type)."""
-    SCHEMAS[msg_type].check(body, msg_type)
-
-
 # --------------------------------------------------------------------------------------------
 # Typed views of samples and groups.
 # --------------------------------------------------------------------------------------------
