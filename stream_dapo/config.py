@@ -177,6 +177,20 @@ class VerifierConfig(_Section):
     """Responses longer than this are scored -1 without parsing."""
     pattern: str | None = None
     """Optional regex with one capture group that extracts the answer (instead of `Answer:`/boxed)."""
+    backend: Literal["builtin", "math-verify"] = "builtin"
+    """Equivalence checker after extraction. builtin: the safe parser (nothing in model text is
+    executed). math-verify: Hugging Face's Math-Verify (`pip install -e '.[math-verify]'`), in the same
+    worker pool with the same timeout and counters; it evaluates plain-text expressions with sympy's
+    parse_expr, so only the pool's process isolation and timeout guard it."""
+
+    @model_validator(mode="after")
+    def _backend_installed(self) -> VerifierConfig:
+        from stream_dapo.verifier.backends import backend_problem
+
+        problem = backend_problem(self.backend)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 class GeneratorConfig(_Section):

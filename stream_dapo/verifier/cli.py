@@ -4,6 +4,7 @@ Examples::
 
     stream-dapo verify --gold 42 --text 'so the total is 42.\nAnswer: 42'
     echo '... \\boxed{\\frac{1}{2}}' | stream-dapo verify --gold 0.5
+    stream-dapo verify --gold '\\{1,2\\}' --text 'Answer: \\{2,1\\}' --backend math-verify
 
 Prints ``{"correct": ..., "reward": ..., "extracted": ..., "reason": ...}`` on one line.
 """
@@ -15,6 +16,7 @@ import json
 import sys
 from dataclasses import asdict
 
+from stream_dapo.verifier.backends import BACKENDS
 from stream_dapo.verifier.core import verify
 
 __all__ = ["add_arguments", "run"]
@@ -41,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10_000,
         help="responses longer than this score -1 as too_long (default 10000)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="builtin",
+        help="equivalence checker (default builtin; math-verify needs `pip install -e '.[math-verify]'`)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             pattern=args.pattern,
             tail_chars=args.tail_chars,
             max_input_chars=args.max_input_chars,
+            backend=args.backend,
         )
     except ValueError as exc:
         print(f"stream-dapo verify: {exc}", file=sys.stderr)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stream_dapo.verifier.equivalence import compare_answers
+from stream_dapo.verifier.backends import comparator
 from stream_dapo.verifier.extract import compile_answer_pattern, extract_answer
 
 __all__ = ["CORRECT_REASONS", "MAX_ANSWER_CHARS", "REASONS", "VerifyResult", "check_limits", "verify"]
@@ -21,6 +21,7 @@ REASONS: tuple[str, ...] = (
     "exact",
     "numeric",
     "symbolic",
+    "math_verify",
     "mismatch",
     "no_answer",
     "too_long",
@@ -28,7 +29,7 @@ REASONS: tuple[str, ...] = (
     "timeout",
     "worker_crashed",
 )
-CORRECT_REASONS = frozenset({"exact", "numeric", "symbolic"})
+CORRECT_REASONS = frozenset({"exact", "numeric", "symbolic", "math_verify"})
 # A final answer (extracted or gold) longer than this is refused as "too_long": no real math answer
 # is this long, and every later stage's cost grows with it.
 MAX_ANSWER_CHARS = 1_000
@@ -42,7 +43,8 @@ class VerifyResult:
         correct: whether the extracted answer equals the gold answer.
         reward: DAPO's rule-based outcome reward, +1.0 when correct, -1.0 otherwise.
         extracted: the answer text found in the response (before normalisation), None if none was.
-        reason: one of ``REASONS``; "exact", "numeric" and "symbolic" are the correct ones.
+        reason: one of ``REASONS``; "exact", "numeric", "symbolic" (the built-in checker) and
+            "math_verify" (the Math-Verify backend) are the correct ones.
     """
 
     correct: bool
@@ -74,6 +76,7 @@ def verify(
     pattern: str | None = None,
     tail_chars: int = 300,
     max_input_chars: int = 10_000,
+    backend: str = "builtin",
 ) -> VerifyResult:
     """Score ``response`` against the ``gold`` answer.
 
@@ -85,10 +88,12 @@ def verify(
         tail_chars: how many trailing characters the pattern and ``Answer:`` line are searched in.
         max_input_chars: responses or golds longer than this are "too_long" and never parsed.
             Extracted answers are also capped, at ``min(MAX_ANSWER_CHARS, max_input_chars)``.
+        backend: the equivalence checker, "builtin" or "math-verify" (see ``backends``).
 
     Raises:
         TypeError / ValueError: for arguments of the wrong type or an invalid pattern (caller bugs,
-            never model output).
+            never model output); ``ConfigError`` (a ValueError) for an unknown backend or Math-Verify
+            when it is not installed.
     """
     if not isinstance(response, str) or not isinstance(gold, str):
         raise TypeError(
@@ -96,6 +101,7 @@ def verify(
             f"{type(gold).__name__}; decode token ids to text first"
         )
     check_limits(tail_chars, max_input_chars)
+    compare = comparator(backend)
     compiled = compile_answer_pattern(pattern)
     if len(response) > max_input_chars or len(gold) > max_input_chars:
         return VerifyResult.scored("too_long", None)
@@ -105,4 +111,4 @@ def verify(
     answer_cap = min(MAX_ANSWER_CHARS, max_input_chars)
     if len(extracted) > answer_cap or len(gold) > answer_cap:
         return VerifyResult.scored("too_long", None)
-    return VerifyResult.scored(compare_answers(extracted, gold), extracted)
+    return VerifyResult.scored(compare(extracted, gold), extracted)

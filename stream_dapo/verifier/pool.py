@@ -36,11 +36,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from stream_dapo.verifier.backends import check_backend
 from stream_dapo.verifier.core import REASONS, VerifyResult, check_limits, verify
 from stream_dapo.verifier.equivalence import on_first_sympy_import
 from stream_dapo.verifier.extract import compile_answer_pattern
+
+if TYPE_CHECKING:
+    from stream_dapo.config import VerifierConfig
 
 __all__ = ["TEST_CRASH_GOLD", "TEST_HANG_GOLD", "TEST_HOOKS_ENV", "VerifierPool"]
 
@@ -68,17 +72,29 @@ def _run_test_hook(gold: str) -> None:
 
 
 def _check_one(
-    response: str, gold: str, pattern: str | None, tail_chars: int, max_input_chars: int
+    response: str, gold: str, pattern: str | None, tail_chars: int, max_input_chars: int, backend: str
 ) -> _ResultTuple:
     try:
-        r = verify(response, gold, pattern=pattern, tail_chars=tail_chars, max_input_chars=max_input_chars)
+        r = verify(
+            response,
+            gold,
+            pattern=pattern,
+            tail_chars=tail_chars,
+            max_input_chars=max_input_chars,
+            backend=backend,
+        )
     except Exception:  # a verifier bug on one item must not take the worker down
         r = VerifyResult.scored("parse_error", None)
     return (r.correct, r.reward, r.extracted, r.reason)
 
 
 def _worker_main(
-    conn: Connection, progress: Any, pattern: str | None, tail_chars: int, max_input_chars: int
+    conn: Connection,
+    progress: Any,
+    pattern: str | None,
+    tail_chars: int,
+    max_input_chars: int,
+    backend: str,
 ) -> None:
     """Worker loop: receive ``(chunk_id, items)``, verify each item, send ``("done", chunk_id, results)``."""
     # Ctrl-C goes to the whole process group; the parent decides when workers stop.
@@ -111,7 +127,7 @@ def _worker_main(
             progress[_CHUNK_ID] = chunk_id
             if hooks:
                 _run_test_hook(gold)
-            results.append(_check_one(response, gold, pattern, tail_chars, max_input_chars))
+            results.append(_check_one(response, gold, pattern, tail_chars, max_input_chars, backend))
         conn.send(("done", chunk_id, results))
 
 
@@ -207,6 +223,7 @@ class VerifierPool:
         *,
         tail_chars: int = 300,
         chunk_size: int | None = None,
+        backend: str = "builtin",
     ) -> None:
         """Start ``num_workers`` workers and wait until each is ready.
 
@@ -215,9 +232,12 @@ class VerifierPool:
             timeout_s: wall-clock limit for one check.
             pattern, max_input_chars, tail_chars: passed to ``verify`` for every item.
             chunk_size: items per message to a worker; None picks one from the batch size.
+            backend: the equivalence checker, "builtin" or "math-verify" (see ``backends``); the
+                timeout, counters and worker replacement are the same for both.
 
         Raises:
-            ValueError: for out-of-range parameters or an invalid pattern.
+            ValueError: for out-of-range parameters or an invalid pattern; ``ConfigError`` (a
+                ValueError) for an unknown backend, or "math-verify" when it is not installed.
             RuntimeError: when workers cannot start.
         """
         if not isinstance(num_workers, int) or num_workers < 1:
@@ -230,11 +250,12 @@ class VerifierPool:
             raise ValueError(f"chunk_size must be a positive integer or None (automatic), got {chunk_size!r}")
         check_limits(tail_chars, max_input_chars)
         compile_answer_pattern(pattern)  # fail here, in the caller, not in every worker
+        check_backend(backend)
         self._num_workers = num_workers
         self._timeout_s = float(timeout_s)
         self._max_input_chars = max_input_chars
         self._chunk_size = chunk_size
-        self._worker_args = (pattern, tail_chars, max_input_chars)
+        self._worker_args = (pattern, tail_chars, max_input_chars, backend)
         self._ctx = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()  # one batch at a time
         self._counters_lock = threading.Lock()  # so a metrics thread can read counters mid-batch
@@ -252,6 +273,17 @@ class VerifierPool:
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def from_config(cls, config: VerifierConfig) -> VerifierPool:
+        """The pool a ``[verifier]`` config section describes (workers, timeout, pattern, limits, backend)."""
+        return cls(
+            num_workers=config.workers,
+            timeout_s=config.timeout_s,
+            pattern=config.pattern,
+            max_input_chars=config.max_input_chars,
+            backend=config.backend,
+        )
 
     # -- public API ----------------------------------------------------------------------------------
     @property
