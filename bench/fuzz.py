@@ -882,7 +882,7 @@ class WeightsTarget(RouterTarget):
     served = frozenset((m.WEIGHTS_QUERY, m.CHUNK_REQUEST))
 
     def __init__(self, workdir: Path) -> None:
-        from stream_dapo.weights.publisher import REQUEST_MAX_BYTES
+        from stream_dapo.weights.zmq_chunks import REQUEST_MAX_BYTES
 
         self.socket_name = "weights"
         self.service = "WeightServer (learner's weight socket)"
@@ -920,8 +920,8 @@ class WeightsTarget(RouterTarget):
             raise Crash(f"the weight server answered weights_query with {reply.type}: {reply.body}")
 
     def check_after(self) -> dict[str, Any]:
-        from stream_dapo.weights.publisher import sha256_file
-        from stream_dapo.weights.receiver import fetch_weights_zmq
+        from stream_dapo.weights.base import sha256_file
+        from stream_dapo.weights.zmq_chunks import fetch_weights_zmq
 
         version, path = fetch_weights_zmq(
             f"tcp://127.0.0.1:{self.tcp_port}", -1, timeout=STALL_S, dest_dir=self.workdir / "fetched"
@@ -1220,7 +1220,7 @@ def host_weights(port: int, metrics_port: int, info: Path) -> int:
     from prometheus_client import CollectorRegistry
 
     from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer
-    from stream_dapo.weights.publisher import WeightServer, serialize_weights
+    from stream_dapo.weights import WeightServer, serialize_weights
 
     registry = CollectorRegistry()
     metrics = LearnerMetrics(registry)

@@ -21,13 +21,15 @@ running total in every ``groups`` message and heartbeat). Credits are leases: a 
 ``buffer.generator_lease_s`` loses them (the buffer says so in the next heartbeat's ``lease`` reply,
 and the generator drops what it held). So generators join and leave at any time, and any ``--index``
 may join. A buffer that stops answering heartbeats makes ``/readyz`` fail (``/livez`` still passes).
-Sent groups stay in ``UnackedGroups`` until the buffer acknowledges them and are
+Sent groups stay in ``UnackedGroups`` (``credits.py``, with the ``CreditLedger`` and the
+``Heartbeat``) until the buffer acknowledges them and are
 resent after ``transport.timeout_s`` or as soon as the connection to the buffer is re-established (the
 buffer drops duplicates by id, so a resend is harmless).
 
-Weights: a ``WeightWatcher`` thread polls every ``generator.weight_poll_s`` (``weights.method``: zmq
-download, shared directory, or an NCCL announcement) and the loop swaps the engine to the newest
-version between steps (``RolloutEngine`` pauses, loads, relabels, resumes). Verification runs on a
+Weights: a ``WeightWatcher`` thread (``weight_watcher.py``) polls, every ``generator.weight_poll_s``,
+the ``WeightSource`` that ``weights.factory`` builds for ``weights.method`` (zmq download, shared
+directory, or an NCCL announcement), and the loop has the source swap the newest version into the
+engine between steps (``RolloutEngine`` pauses, loads, relabels, resumes). Verification runs on a
 thread (the checks themselves in the verifier pool's processes) so the engine keeps stepping.
 
 SIGTERM/SIGINT drain: stop asking for credits, let in-flight groups finish for up to
@@ -42,20 +44,20 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from prometheus_client import CollectorRegistry
 
 from stream_dapo.config import Config
 from stream_dapo.exit_codes import ExitCode
+from stream_dapo.generator.credits import CreditLedger, Heartbeat, UnackedGroups
 from stream_dapo.generator.engine import WeightUpdateError
 from stream_dapo.generator.prompts import PromptCursor, ShardLayout
 from stream_dapo.generator.rollout import FinishedGroup, GroupOutcome, RolloutSettings, process_group
+from stream_dapo.generator.weight_watcher import WeightWatcher
 from stream_dapo.metrics import (
     GeneratorMetrics,
     Health,
@@ -69,37 +71,25 @@ from stream_dapo.transport import messages as m
 from stream_dapo.transport.curve import curve_client
 from stream_dapo.transport.messages import Group
 from stream_dapo.transport.sockets import (
-    WEIGHTS_MAX_BYTES,
     CurveKeys,
     Endpoint,
     PeerUnavailable,
     RateLimitedWarnings,
-    TransportError,
     TransportTimeout,
-    new_request_id,
     open_endpoint,
     request,
 )
+from stream_dapo.weights.base import WeightSource, WeightUpdate
+from stream_dapo.weights.factory import make_source, shared_dir_path
 
 if TYPE_CHECKING:
     from stream_dapo.data.dataset import PromptStream
     from stream_dapo.generator.engine import RolloutEngine
 
-__all__ = [
-    "CreditLedger",
-    "GeneratorService",
-    "StartupError",
-    "UnackedGroups",
-    "WeightUpdate",
-    "WeightWatcher",
-    "add_arguments",
-    "run",
-]
+__all__ = ["GeneratorService", "StartupError", "add_arguments", "run"]
 
 log = logging.getLogger("stream_dapo.generator")
 
-CREDIT_RETRY_S = 0.25
-"""Wait after the buffer granted no credit before asking again (its line is full)."""
 IDLE_POLL_MS = 50
 """Socket wait per turn when the engine has nothing to do (no busy spinning)."""
 MAX_MESSAGES_PER_TURN = 64
@@ -116,408 +106,8 @@ class StartupError(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------------------
-# Bookkeeping (pure, unit-tested)
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CreditRequest:
-    """One ``credit_request``: its request id is the same on every attempt, so the buffer answers a
-    repeat (the reply was lost) with the grant it already made instead of granting again."""
-
-    request_id: int
-    want: int
-
-
-@dataclass
-class CreditLedger:
-    """Credits held, the credit request in flight, and redemptions the buffer has not heard of.
-
-    Example: with ``max_in_flight=4``, 1 group in flight and nothing held, ``request(1, now)`` asks
-    for 3; a ``credit{granted=2}`` reply to that request makes ``held == 2``; two ``take()`` calls
-    start two groups. At most one request is in flight. One unanswered for ``timeout_s``, or when
-    the link to the buffer was re-established, is sent again with the same request id and want;
-    only the first reply naming the request in flight counts (a second reply to a repeat carries
-    the same grant and is ignored).
-    """
-
-    max_in_flight: int
-    timeout_s: float
-    retry_s: float = CREDIT_RETRY_S
-    new_id: Callable[[], int] = new_request_id
-    held: int = 0
-    filtered_total: int = 0
-    """Credits spent since the hello on groups the buffer will never receive (dropped by dynamic
-    sampling, aborted, or unused at shutdown): a running total, sent with every ``groups`` message
-    and heartbeat, so a lost or repeated report costs nothing (the buffer redeems the increase)."""
-    pending: CreditRequest | None = None
-    requested_at: float | None = None
-    next_request_at: float = 0.0
-
-    def want(self, in_flight: int) -> int:
-        return max(0, self.max_in_flight - in_flight - self.held)
-
-    def request(self, in_flight: int, now: float) -> CreditRequest | None:
-        """The credit request to send now (a new one, or the one in flight again), or None."""
-        if self.pending is not None:
-            if self.requested_at is not None and now - self.requested_at < self.timeout_s:
-                return None
-            self.requested_at = now
-            return self.pending
-        if now < self.next_request_at:
-            return None
-        want = self.want(in_flight)
-        if not want:
-            return None
-        self.pending, self.requested_at = CreditRequest(self.new_id(), want), now
-        return self.pending
-
-    def granted(self, n: int, now: float, request_id: int | None) -> bool:
-        """Apply a ``credit`` reply. False (and nothing changes) unless it answers the request in
-        flight: a late second reply to a repeated request, or a reply to a hello."""
-        if n < 0:
-            raise ValueError(f"granted must be >= 0, got {n}")
-        if self.pending is None or request_id != self.pending.request_id:
-            return False
-        self.held += n
-        self.pending, self.requested_at = None, None
-        if n == 0:
-            self.next_request_at = now + self.retry_s
-        return True
-
-    def forget_request(self) -> None:
-        """The link to the buffer was re-established (its reply may be lost): send the request in
-        flight again at once, or a new one if there is none."""
-        self.requested_at = None
-        self.next_request_at = 0.0
-
-    def take(self) -> bool:
-        """Use one credit to start a group."""
-        if self.held <= 0:
-            return False
-        self.held -= 1
-        return True
-
-    def redeem_without_group(self, n: int = 1) -> None:
-        """``n`` credits were spent (or will not be used) without a group reaching the buffer."""
-        self.filtered_total += n
-
-    def lease_expired(self) -> int:
-        """The buffer took back our credits (it had not heard from us for its lease time): drop the
-        ones held and ask again. Returns how many were dropped."""
-        dropped, self.held = self.held, 0
-        self.forget_request()
-        return dropped
-
-
-@dataclass
-class _Pending:
-    group: Group
-    sent_at: float
-    attempts: int = 1
-
-
-@dataclass
-class AckOutcome:
-    """What one `ack` from the buffer settled among the groups awaiting acknowledgement."""
-
-    acked: int = 0
-    rejected: list[tuple[str, str]] = field(default_factory=list)
-    unknown: int = 0
-
-
-class UnackedGroups:
-    """Groups sent to the buffer and not yet acknowledged, resent after ``resend_after_s``."""
-
-    def __init__(self, resend_after_s: float) -> None:
-        self.resend_after_s = resend_after_s
-        self._pending: dict[str, _Pending] = {}
-        self.resent = 0
-
-    def __len__(self) -> int:
-        return len(self._pending)
-
-    def __contains__(self, group_id: object) -> bool:
-        return group_id in self._pending
-
-    def sent(self, group: Group, now: float) -> None:
-        self._pending.setdefault(group.group_id, _Pending(group, now))
-
-    def due(self, now: float) -> list[Group]:
-        """Groups to resend now (oldest first); they count as sent again at ``now``."""
-        out = []
-        for p in self._pending.values():
-            if now - p.sent_at >= self.resend_after_s:
-                p.sent_at, p.attempts = now, p.attempts + 1
-                out.append(p.group)
-        self.resent += len(out)
-        return out
-
-    def expire(self) -> None:
-        """Make every pending group due now (the connection to the buffer was re-established)."""
-        for p in self._pending.values():
-            p.sent_at = float("-inf")
-
-    def ack(
-        self, accepted: Iterable[str], duplicates: Iterable[str], rejected: Iterable[dict[str, str]]
-    ) -> AckOutcome:
-        """Apply an ``ack``: accepted and duplicate ids are done, rejected ones are dropped (the buffer
-        will never take them; resending would not help)."""
-        result = AckOutcome()
-        for gid in [*accepted, *duplicates]:
-            if self._pending.pop(gid, None) is None:
-                result.unknown += 1
-            else:
-                result.acked += 1
-        for item in rejected:
-            if self._pending.pop(item["group_id"], None) is None:
-                result.unknown += 1
-            else:
-                result.rejected.append((item["group_id"], item["reason"]))
-        return result
-
-
-@dataclass(frozen=True)
-class WeightUpdate:
-    """A newer weight version ready to load: a verified local file, or (NCCL) a broadcast to take."""
-
-    version: int
-    path: Path | None
-    nbytes: int
-    fetch_seconds: float = 0.0
-
-
-Poll = Callable[[int], "WeightUpdate | None"]
-
-
-class _Background:
-    """A daemon thread running ``_run`` until ``stop()``; subclasses set ``name`` and ``_run``."""
-
-    name = "background"
-
-    def __init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-
-    def _run(self) -> None:
-        raise NotImplementedError
-
-    def start(self) -> Self:
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
-
-
-class WeightWatcher(_Background):
-    """Polls for weights other than ``have`` every ``poll_s`` on a daemon thread.
-
-    ``take()`` returns the newest version found since the last call (older undelivered ones are
-    superseded). Until the taker calls ``loaded()`` the watcher fetches nothing: a fetch prunes old
-    files from the cache, and with a learner that publishes faster than a load takes it pruned the
-    very file being loaded (the engine then stopped, paused, on a missing file). Poll errors (learner
-    restarting, a checksum mismatch) are logged and retried at the next poll; they never stop the
-    generator.
-    """
-
-    name = "weight-watcher"
-
-    def __init__(self, poll: Poll, poll_s: float, have: int) -> None:
-        self._poll = poll
-        self._poll_s = poll_s
-        self._have = have
-        self._lock = threading.Lock()
-        self._ready: WeightUpdate | None = None
-        self._loading = False
-        self.errors = 0
-        super().__init__()
-
-    def take(self) -> WeightUpdate | None:
-        """The newest fetched update, if any; no fetch happens until ``loaded()``."""
-        with self._lock:
-            ready, self._ready = self._ready, None
-            if ready is not None:
-                self._loading = True
-            return ready
-
-    def loaded(self) -> None:
-        """The update from ``take()`` is in the engine (or was given up on): fetch again."""
-        with self._lock:
-            self._loading = False
-
-    def reset(self, have: int) -> None:
-        """Forget what was fetched and not loaded (e.g. its file was pruned): poll relative to ``have``."""
-        with self._lock:
-            self._have, self._ready, self._loading = have, None, False
-
-    def poll_once(self) -> WeightUpdate | None:
-        with self._lock:
-            if self._loading:
-                return None
-            have = self._have
-        update = self._poll(have)
-        if update is not None:
-            with self._lock:
-                self._have, self._ready = update.version, update
-        return update
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            try:
-                self.poll_once()
-            except (TransportError, OSError, ValueError, RuntimeError) as exc:
-                self.errors += 1
-                log.warning("weight poll failed (retrying in %.1f s): %s", self._poll_s, exc)
-
-
-# --------------------------------------------------------------------------------------------------
-# Weight sources, one per weights.method
-# --------------------------------------------------------------------------------------------------
-
-
-class ZmqWeightSource:
-    """Downloads newer versions from the learner's weight server into ``dest_dir`` (verified)."""
-
-    def __init__(self, address: str, timeout_s: float, dest_dir: Path, curve: CurveKeys | None) -> None:
-        self.address = address
-        self.timeout_s = timeout_s
-        self.dest_dir = dest_dir
-        self.curve = curve
-        self._ctx: zmq.Context[Any] = zmq.Context.instance()
-        self._endpoint: Endpoint | None = None
-
-    def _ep(self) -> Endpoint:
-        if self._endpoint is None:
-            self._endpoint = open_endpoint(
-                self._ctx,
-                zmq.DEALER,
-                connect=self.address,
-                max_bytes=WEIGHTS_MAX_BYTES,
-                peer="learner weight server",
-                curve=self.curve,
-            )
-        return self._endpoint
-
-    def __call__(self, have: int) -> WeightUpdate | None:
-        from stream_dapo.weights.receiver import fetch_weights_zmq
-
-        start = time.perf_counter()
-        try:
-            version, path = fetch_weights_zmq(
-                self._ep(), have, self.timeout_s, dest_dir=self.dest_dir, retries=0
-            )
-        except TransportTimeout:
-            # A DEALER that timed out may still get the late reply: start the next poll on a fresh socket.
-            self.close()
-            raise
-        if path is None:
-            return None
-        return WeightUpdate(version, path, path.stat().st_size, time.perf_counter() - start)
-
-    def close(self) -> None:
-        if self._endpoint is not None:
-            self._endpoint.close()
-            self._endpoint = None
-
-
-class SharedDirWeightSource:
-    """Reads the newest verified ``v*.safetensors`` named by ``LATEST`` in a shared directory."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def __call__(self, have: int) -> WeightUpdate | None:
-        from stream_dapo.weights.receiver import read_shared_dir
-
-        start = time.perf_counter()
-        found = read_shared_dir(self.directory, have)
-        if found is None:
-            return None
-        version, path = found
-        return WeightUpdate(version, path, path.stat().st_size, time.perf_counter() - start)
-
-    def close(self) -> None:
-        pass
-
-
-class NcclAnnouncementSource(ZmqWeightSource):
-    """Watches the learner's announcements only; the tensors then come by NCCL broadcast.
-
-    Every broadcast must be taken (the learner waits for all receivers), so ``have`` is the last
-    version received over NCCL, not the version of the initial model.
-    """
-
-    def __call__(self, have: int) -> WeightUpdate | None:
-        reply = request(
-            self._ep(),
-            *m.weights_query(max(have, 0)),
-            timeout_ms=int(self.timeout_s * 1000),
-            retries=0,
-            accept=lambda msg: msg.type in (m.WEIGHTS_MANIFEST, m.NOT_AVAILABLE),
-        )
-        if reply.type == m.NOT_AVAILABLE or reply.body["version"] == have:
-            return None
-        return WeightUpdate(int(reply.body["version"]), None, int(reply.body["total_bytes"]))
-
-
-# --------------------------------------------------------------------------------------------------
 # The service
 # --------------------------------------------------------------------------------------------------
-
-
-class Heartbeat(_Background):
-    """Keeps the generator's credit lease on a thread of its own, so that a main loop that is busy
-    (a long weight load, a slow engine step) does not lose its credits.
-
-    Every ``every_s`` it sends ``heartbeat{generator_id, filtered_total}`` on its own connection to
-    the buffer and reads the ``lease`` replies: ``expired`` is set when one says the buffer had taken
-    the credits back, and ``last_answer`` is when the buffer last replied (readiness). It stops
-    renewing while ``progressing()`` is false (the main loop made no progress for its liveness
-    bound), so a hung generator loses its credits like a dead one.
-    """
-
-    name = "heartbeat"
-
-    def __init__(
-        self,
-        connect: Callable[[], Endpoint],
-        generator_id: str,
-        every_s: float,
-        filtered_total: Callable[[], int],
-        progressing: Callable[[], bool],
-    ) -> None:
-        self._connect = connect
-        self.generator_id = generator_id
-        self.every_s = every_s
-        self._filtered_total = filtered_total
-        self._progressing = progressing
-        self.expired = threading.Event()
-        self.last_answer = time.monotonic()
-        self.sent = 0
-        super().__init__()
-
-    def _run(self) -> None:
-        endpoint = self._connect()  # a socket belongs to the thread that uses it
-        try:
-            while not self._stop.is_set():
-                if self._progressing():
-                    try:
-                        endpoint.send(*m.heartbeat(self.generator_id, self._filtered_total()))
-                        self.sent += 1
-                    except TransportTimeout:  # the queue to a hung buffer is full: try again later
-                        pass
-                deadline = time.monotonic() + self.every_s
-                while not self._stop.is_set() and (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
-                    got = endpoint.recv(min(left_ms, 200))
-                    if got is not None and got[1].type == m.LEASE:
-                        self.last_answer = time.monotonic()
-                        if got[1].body["expired"]:
-                            self.expired.set()
-        finally:
-            endpoint.close()
 
 
 class GeneratorService:
@@ -567,7 +157,7 @@ class GeneratorService:
         self._monitor: zmq.Socket[Any] | None = None
         self._disconnected = False
         self.watcher: WeightWatcher | None = None
-        self._weights_source: Any = None
+        self.weights: WeightSource | None = None
         self.verifier: Any = None
         self.prompts: PromptStream | None = None
         self._cursor: PromptCursor | None = None
@@ -705,52 +295,40 @@ class GeneratorService:
         assert self.engine is not None, "start() first"
         return self.engine
 
-    def _weights_dir(self) -> Path:
-        w = self.cfg.weights
-        return Path(w.shared_dir) if w.shared_dir else Path(self.cfg.run.out_dir) / "weights"
-
     def _load_initial_weights(self) -> None:
         """The late-joiner rule: load the learner's current version before the first prompt."""
-        method, t = self.cfg.weights.method, self.cfg.transport
-        curve = self._curve()
-        have = 0  # the initial model is version 0
-        if method == "shared_dir":
-            self._weights_source = SharedDirWeightSource(self._weights_dir())
-        elif method == "zmq":
-            dest = Path(self.cfg.run.out_dir) / "weights-cache" / self.generator_id
-            self._weights_source = ZmqWeightSource(self.weights_address, t.timeout_s, dest, curve)
-        else:
-            self._weights_source = NcclAnnouncementSource(self.weights_address, t.timeout_s, Path(), curve)
-            self._join_nccl()
-            have = -1  # every broadcast must be received, the first one included
-        self.watcher = WeightWatcher(self._weights_source, self.cfg.generator.weight_poll_s, have)
-        update = self._first_weights(method)
+        self.weights = make_source(self.cfg, self.index)
+        self.weights.join(self._engine)
+        self.watcher = WeightWatcher(
+            self.weights, self.cfg.generator.weight_poll_s, self.weights.first_version
+        )
+        update = self._first_weights()
         if update is not None:
             self._load_weights(update)
             self.watcher.loaded()
-        elif method == "shared_dir":
+        elif self.weights.startup == "look":
             log.warning(
                 "nothing published in %s yet: starting from the initial model (version 0)",
-                self._weights_dir(),
+                shared_dir_path(self.cfg),
             )
         self.watcher.start()
 
-    def _first_weights(self, method: str) -> WeightUpdate | None:
+    def _first_weights(self) -> WeightUpdate | None:
         """The learner's current version, if it differs from ours.
 
-        shared_dir: one look (nothing published yet means start from the initial model). zmq: wait up
-        to 4 x transport.timeout_s for the weight server to answer. nccl: wait as long for the first
-        announcement, since its broadcast must be taken.
+        `WeightSource.startup` says how long to wait: "look" once (nothing published yet means start
+        from the initial model); "answer": up to 4 x transport.timeout_s for the weight server to
+        answer; "announcement": as long for the first announced version, whose broadcast must be taken.
         """
-        assert self.watcher is not None
-        if method == "shared_dir":
+        assert self.watcher is not None and self.weights is not None
+        if self.weights.startup == "look":
             self.watcher.poll_once()
             return self.watcher.take()
         wait_s = 4 * self.cfg.transport.timeout_s
         deadline = time.monotonic() + wait_s
         while not self._stop.is_set() and time.monotonic() < deadline:
             try:
-                if self.watcher.poll_once() is not None or method == "zmq":
+                if self.watcher.poll_once() is not None or self.weights.startup == "answer":
                     return self.watcher.take()
                 log.info("waiting for the learner to announce its weights at %s", self.weights_address)
             except TransportTimeout:
@@ -762,14 +340,6 @@ class GeneratorService:
             f"no weights from the learner at {self.weights_address} within {wait_s:.0f} s: start "
             "`stream-dapo learner` (or fix transport.learner_host / transport.weights_port)"
         )
-
-    def _join_nccl(self) -> None:
-        from stream_dapo.weights.nccl import nccl_group_spec
-
-        spec = nccl_group_spec(self.cfg)
-        rank_base = 1 + self.index * self.cfg.generator.tensor_parallel_size
-        ranks = self._engine.join_nccl(spec.host, spec.port, spec.world_size, rank_base)
-        log.info("joined the NCCL weight group at %s:%d as ranks %s", spec.host, spec.port, ranks)
 
     # ------------------------------------------------------------------------------ the loop
 
@@ -811,10 +381,8 @@ class GeneratorService:
 
     def _load_weights(self, update: WeightUpdate) -> None:
         engine = self._engine
-        if update.path is None:
-            seconds = engine.receive_weights_nccl(timeout_s=max(300.0, self.cfg.transport.timeout_s))
-        else:
-            seconds = engine.update_weights(update.path, update.version)
+        assert self.weights is not None
+        seconds = self.weights.load(engine, update)
         self.metrics.weight_sync_seconds.observe(update.fetch_seconds + seconds)
         self.metrics.weight_sync_bytes.inc(update.nbytes)
         self.metrics.policy_version.set(engine.version)
@@ -1057,8 +625,8 @@ class GeneratorService:
             self.watcher.stop()
         if self._heartbeat is not None:
             self._heartbeat.stop()
-        if self._weights_source is not None:
-            self._weights_source.close()
+        if self.weights is not None:
+            self.weights.close()
         self._verify_pool.shutdown(wait=False, cancel_futures=True)
         if self.engine is not None:
             self.engine.close()

@@ -54,7 +54,7 @@ from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, start_met
 from stream_dapo.service_runner import run_service
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
-from stream_dapo.transport.curve import curve_client, curve_server
+from stream_dapo.transport.curve import curve_client
 from stream_dapo.transport.sockets import (
     Endpoint,
     PeerUnavailable,
@@ -68,6 +68,8 @@ from stream_dapo.transport.sockets import (
 if TYPE_CHECKING:  # torch and DeepSpeed load in start(), so `stream-dapo learner --help` is instant
     import torch
     from transformers import PreTrainedModel
+
+    from stream_dapo.weights.base import WeightPublisher
 
 __all__ = ["LearnerService", "add_arguments", "run"]
 
@@ -106,9 +108,7 @@ class LearnerService:
         self._stop = threading.Event()
         self._ctx: zmq.Context[Any] | None = None
         self._buffer: Endpoint | None = None
-        self._server: Any = None
-        self._shared: Any = None
-        self._nccl: Any = None
+        self._publisher: WeightPublisher | None = None
         self._metrics_server: MetricsServer | None = None
         self._uncommitted: list[str] = []
         self._last_checkpoint = -1
@@ -230,32 +230,11 @@ class LearnerService:
         self.metrics = LearnerMetrics(registry)
 
     def _start_publishers(self) -> None:
-        from stream_dapo.weights.publisher import SharedDirPublisher, WeightServer
+        from stream_dapo.weights.factory import make_publisher
 
-        t, w = self.cfg.transport, self.cfg.weights
+        t = self.cfg.transport
         self._ctx = zmq.Context()
-        if w.method in ("zmq", "nccl"):
-            curve, allowed = curve_server(t.curve_dir) or (None, None)
-            self._server = WeightServer(
-                f"tcp://{t.host}:{t.weights_port}",
-                chunk_bytes=w.chunk_bytes,
-                curve=curve,
-                allowed_clients_dir=allowed,
-                hwm=t.hwm,
-                rejected_metric=self.metrics.messages_rejected,
-            )
-            try:
-                self._server.start()
-            except TransportError as exc:
-                raise TransportError(f"{exc} (the learner's weights socket: transport.weights_port)") from exc
-        if w.method == "shared_dir":
-            self._shared = SharedDirPublisher(w.shared_dir or self.out / "weights")
-        if w.method == "nccl":
-            from stream_dapo.weights.nccl import NcclWeightSender, nccl_group_spec
-
-            self._nccl = NcclWeightSender(
-                nccl_group_spec(self.cfg), timeout_s=max(300.0, t.timeout_s)
-            ).connect()
+        self._publisher = make_publisher(self.cfg, rejected_metric=self.metrics.messages_rejected)
         client = curve_client(t.curve_dir)
         self._buffer = open_endpoint(
             self._ctx,
@@ -434,19 +413,15 @@ class LearnerService:
     def _publish(self, state_dict: dict[str, Any] | None) -> None:
         """Publish the current version from rank 0. Every rank calls it with its `gather_state_dict`
         result (None except on rank 0), so the collectives before it line up."""
-        from stream_dapo.weights.publisher import serialize_weights
+        from stream_dapo.weights.base import serialize_weights
 
         t0 = time.perf_counter()
         v = self.learner.version
         if self.rank == 0:
             assert state_dict is not None
             payload = serialize_weights(state_dict, v)
-            if self._server is not None:
-                self._server.publish(payload)
-            if self._shared is not None:
-                self._shared.publish(payload)
-            if self._nccl is not None:
-                self._nccl.send(v, state_dict)
+            assert self._publisher is not None, "rank 0 starts its publisher in start()"
+            self._publisher.publish(payload, state_dict)
             seconds = time.perf_counter() - t0
             self.metrics.weight_sync_seconds.observe(seconds)
             self.metrics.weight_sync_bytes.inc(payload.total_bytes)
@@ -552,17 +527,15 @@ class LearnerService:
     # ------------------------------------------------------------------ shutdown
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-        if self._nccl is not None:
-            self._nccl.close()
+        if self._publisher is not None:
+            self._publisher.close()
         if self._buffer is not None:
             self._buffer.close()
         if self._ctx is not None:
             self._ctx.term()
         if self._metrics_server is not None:
             self._metrics_server.stop()
-        self._server = self._nccl = self._buffer = self._ctx = self._metrics_server = None
+        self._publisher = self._buffer = self._ctx = self._metrics_server = None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from stream_dapo.learner.packing import (
     sequences_from_groups,
 )
 from stream_dapo.transport.messages import Group
-from stream_dapo.weights.publisher import gather_full_state_dict
+from stream_dapo.weights.base import gather_full_state_dict
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine

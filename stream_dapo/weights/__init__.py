@@ -1,28 +1,35 @@
 """Weight synchronisation from the learner to the generators.
 
-Learner side (`publisher`): gather the full weights on rank 0, serialise them as safetensors, sha256
-them, and publish over ZeroMQ (`WeightServer`), a shared directory (`SharedDirPublisher`) or NCCL
-(`nccl.NcclWeightSender`, GPU only). Generator side (`receiver`, `nccl.NcclWeightReceiver`): fetch,
-verify the checksum, hand back a local file or tensors.
+`base`: the publication (`WeightsPayload`: gathered on rank 0, safetensors bytes, sha256) and the two
+interfaces, `WeightPublisher` (learner) and `WeightSource` (generator). One module per method holds
+both ends: `zmq_chunks` (chunked over ZeroMQ, the CPU default), `shared_dir` (files in a shared
+directory), `nccl` (broadcast into vLLM workers, GPU only; announced over ZeroMQ). `factory` builds
+the pair that ``weights.method`` names.
 """
 
-from stream_dapo.weights.publisher import (
-    LATEST_FILE,
-    SharedDirPublisher,
-    WeightServer,
+from stream_dapo.weights.base import (
+    ChecksumMismatch,
+    WeightPublisher,
+    WeightsError,
+    WeightSource,
     WeightsPayload,
+    WeightUpdate,
     gather_full_state_dict,
     serialize_weights,
     sha256_file,
     weights_file_name,
 )
-from stream_dapo.weights.receiver import ChecksumMismatch, WeightsError, fetch_weights_zmq, read_shared_dir
+from stream_dapo.weights.shared_dir import LATEST_FILE, SharedDirPublisher, read_shared_dir
+from stream_dapo.weights.zmq_chunks import WeightServer, fetch_weights_zmq
 
 __all__ = [
     "LATEST_FILE",
     "ChecksumMismatch",
     "SharedDirPublisher",
+    "WeightPublisher",
     "WeightServer",
+    "WeightSource",
+    "WeightUpdate",
     "WeightsError",
     "WeightsPayload",
     "fetch_weights_zmq",

@@ -1,4 +1,6 @@
-"""NCCL broadcast of the weights from learner rank 0 into generator workers (GPU only).
+"""NCCL broadcast of the weights from learner rank 0 into generator workers (GPU only), both ends:
+the learner's `NcclPublisher` (announce on the ZeroMQ weight server, then broadcast) and a
+generator's `NcclAnnouncementSource` (watch announcements, take each broadcast into the engine).
 
 The group is separate from the learner's DeepSpeed process group: rank 0 is the learner's rank 0
 (the sender), ranks 1..N are the generators' vLLM workers (generator i, tensor-parallel rank j is
@@ -27,12 +29,28 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
 
-__all__ = ["NcclGroupSpec", "NcclWeightReceiver", "NcclWeightSender", "nccl_group_spec"]
+from stream_dapo.transport import messages
+from stream_dapo.transport.sockets import CurveKeys, request
+from stream_dapo.weights.base import WeightsPayload, WeightUpdate
+from stream_dapo.weights.zmq_chunks import WeightServer, ZmqWeightSource
+
+if TYPE_CHECKING:
+    from stream_dapo.generator.engine import RolloutEngine
+
+__all__ = [
+    "NcclAnnouncementSource",
+    "NcclGroupSpec",
+    "NcclPublisher",
+    "NcclWeightReceiver",
+    "NcclWeightSender",
+    "nccl_group_spec",
+]
 
 log = logging.getLogger(__name__)
 
@@ -221,3 +239,72 @@ class NcclWeightReceiver:
         if self.comm is not None:
             self.comm.destroy()
             self.comm = None
+
+
+# --------------------------------------------------------------------------------------------------
+# The method's two ends: the learner's publisher and a generator's source
+# --------------------------------------------------------------------------------------------------
+
+
+class NcclPublisher:
+    """Announces each version on the ZeroMQ `WeightServer` (late joiners, checksums), then
+    broadcasts its tensors to every worker of the group."""
+
+    def __init__(self, server: WeightServer, sender: NcclWeightSender) -> None:
+        self.server = server
+        self.sender = sender
+
+    def publish(self, payload: WeightsPayload, state_dict: Mapping[str, Tensor]) -> None:
+        self.server.publish(payload)
+        self.sender.send(payload.version, state_dict)
+
+    def close(self) -> None:
+        self.server.stop()
+        self.sender.close()
+
+
+class NcclAnnouncementSource(ZmqWeightSource):
+    """Watches the learner's announcements only; the tensors then come by NCCL broadcast.
+
+    Every broadcast must be taken (the learner waits for all receivers), so ``have`` is the last
+    version received over NCCL, not the version of the initial model (`first_version` is -1).
+    `join` puts the engine's workers into the group as ranks ``rank_base ..``.
+    """
+
+    first_version = -1
+    startup: Literal["look", "answer", "announcement"] = "announcement"
+
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float,
+        curve: CurveKeys | None,
+        *,
+        spec: NcclGroupSpec,
+        rank_base: int,
+        receive_timeout_s: float,
+    ) -> None:
+        super().__init__(address, timeout_s, Path(), curve)
+        self.spec = spec
+        self.rank_base = rank_base
+        self.receive_timeout_s = receive_timeout_s
+
+    def join(self, engine: RolloutEngine) -> None:
+        spec = self.spec
+        ranks = engine.join_nccl(spec.host, spec.port, spec.world_size, self.rank_base)
+        log.info("joined the NCCL weight group at %s:%d as ranks %s", spec.host, spec.port, ranks)
+
+    def load(self, engine: RolloutEngine, update: WeightUpdate) -> float:
+        return engine.receive_weights_nccl(timeout_s=self.receive_timeout_s)
+
+    def __call__(self, have: int) -> WeightUpdate | None:
+        reply = request(
+            self._ep(),
+            *messages.weights_query(max(have, 0)),
+            timeout_ms=int(self.timeout_s * 1000),
+            retries=0,
+            accept=lambda msg: msg.type in (messages.WEIGHTS_MANIFEST, messages.NOT_AVAILABLE),
+        )
+        if reply.type == messages.NOT_AVAILABLE or reply.body["version"] == have:
+            return None
+        return WeightUpdate(int(reply.body["version"]), None, int(reply.body["total_bytes"]))

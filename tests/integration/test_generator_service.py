@@ -31,7 +31,7 @@ from stream_dapo.generator.service import GeneratorService  # noqa: E402
 from stream_dapo.model.tiny import init_model  # noqa: E402
 from stream_dapo.transport import messages as m  # noqa: E402
 from stream_dapo.transport.sockets import BindError, open_endpoint  # noqa: E402
-from stream_dapo.weights.publisher import WeightServer, serialize_weights  # noqa: E402
+from stream_dapo.weights import WeightServer, serialize_weights  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -16,15 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from stream_dapo.generator.credits import CreditLedger, CreditRequest, UnackedGroups
 from stream_dapo.generator.engine import GroupAssembler, RolloutEngine, WeightUpdateError, versions_from_spans
-from stream_dapo.generator.service import (
-    CreditLedger,
-    CreditRequest,
-    UnackedGroups,
-    WeightUpdate,
-    WeightWatcher,
-)
+from stream_dapo.generator.weight_watcher import WeightWatcher
 from stream_dapo.transport.messages import Group, Sample
+from stream_dapo.weights import WeightUpdate
 
 # --------------------------------------------------------------------------------------------------
 # Fakes
@@ -558,7 +554,7 @@ def test_heartbeats_carry_the_running_total_and_an_expired_lease_is_reported() -
 
     import zmq
 
-    from stream_dapo.generator.service import Heartbeat
+    from stream_dapo.generator.credits import Heartbeat
     from stream_dapo.transport import messages as m
     from stream_dapo.transport.sockets import open_endpoint
 
@@ -594,3 +590,39 @@ def test_heartbeats_carry_the_running_total_and_an_expired_lease_is_reported() -
         beat.stop()
         buffer.close()
         ctx.term()
+
+
+def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_source(tmp_path: Path) -> None:
+    """The late-joiner rule through the `WeightSource` interface: the service asks the source the
+    factory built for weights.method, and the source loads the file into the engine."""
+    import torch
+
+    from stream_dapo.config import load_config
+    from stream_dapo.generator.service import GeneratorService
+    from stream_dapo.weights import SharedDirPublisher, serialize_weights
+
+    class FileEngine:
+        version = 0
+
+        def update_weights(self, path: Path, version: int) -> float:
+            self.version = version
+            return 0.0
+
+    cfg = load_config(
+        overrides=[
+            "weights.method=shared_dir",
+            f'weights.shared_dir="{tmp_path}"',
+            "generator.weight_poll_s=60",
+        ],
+        environ={},
+    )
+    SharedDirPublisher(tmp_path).publish(serialize_weights({"w": torch.ones(2)}, 7))
+    svc = GeneratorService(cfg)
+    svc.engine = FileEngine()  # type: ignore[assignment]
+    try:
+        svc._load_initial_weights()
+        assert svc.engine.version == 7
+        assert svc.registry.get_sample_value("stream_dapo_generator_policy_version") == 7
+    finally:
+        svc.engine = None
+        svc.close()

@@ -267,3 +267,56 @@ def test_nccl_broadcast_delivers_every_tensor_bit_identically(tmp_path: Path) ->
     for name, value in expected.items():
         assert got["tensors"][name].dtype == torch.bfloat16
         assert torch.equal(got["tensors"][name], value), name
+
+
+# --------------------------------------------------------------------------------------------------
+# One interface, one factory
+# --------------------------------------------------------------------------------------------------
+
+
+class _FileEngine:
+    """Records what a source asks the engine to load."""
+
+    def __init__(self) -> None:
+        self.loaded: list[tuple[Path, int]] = []
+
+    def update_weights(self, path: Path, version: int) -> float:
+        self.loaded.append((path, version))
+        return 0.5
+
+
+def test_the_factory_builds_each_methods_two_ends_and_they_meet(tmp_path: Path) -> None:
+    from stream_dapo.config import load_config
+    from stream_dapo.weights.factory import make_publisher, make_source
+    from stream_dapo.weights.shared_dir import SharedDirWeightSource
+    from stream_dapo.weights.zmq_chunks import ZmqWeightSource
+    from tests.helpers import free_ports
+
+    sd = gather_full_state_dict(tiny_model(0))
+    assert sd is not None
+    payload = serialize_weights(sd, 3)
+    (port,) = free_ports(1)
+    for method, source_type in (("shared_dir", SharedDirWeightSource), ("zmq", ZmqWeightSource)):
+        cfg = load_config(
+            overrides=[
+                f"weights.method={method}",
+                f'run.out_dir="{tmp_path / method}"',
+                f"transport.weights_port={port}",
+                f"weights.chunk_bytes={CHUNK}",
+            ],
+            environ={},
+        )
+        publisher, source = make_publisher(cfg), make_source(cfg, index=0)
+        try:
+            assert isinstance(source, source_type) and source.first_version == 0
+            assert source(0) is None  # nothing published yet
+            publisher.publish(payload, sd)
+            update = source(0)
+            assert update is not None and update.version == 3 and update.nbytes == payload.total_bytes
+            engine = _FileEngine()
+            assert source.load(engine, update) == 0.5  # type: ignore[arg-type]
+            assert engine.loaded == [(update.path, 3)]
+            assert source(3) is None  # nothing newer
+        finally:
+            source.close()
+            publisher.close()

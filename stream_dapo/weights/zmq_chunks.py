@@ -1,47 +1,41 @@
-"""Learner side of weight sync: gather, serialise, checksum, publish.
+"""Weights chunked over ZeroMQ, both ends: the learner's `WeightServer` and a generator's
+`ZmqWeightSource` (`fetch_weights_zmq`). Works everywhere; the CPU default (``weights.method = "zmq"``).
 
-A publication is a `WeightsPayload`: the full weights of one version as safetensors bytes plus their
-sha256. Rank 0 builds it (`gather_full_state_dict` is collective under ZeRO-3) and hands it to the
-publishers the config asks for:
+`WeightServer` serves the published versions from a background thread with its own ROUTER socket,
+so generators fetch while the learner trains. Protocol (generator DEALER -> this ROUTER)::
 
-- `WeightServer` serves it over ZeroMQ from a background thread with its own ROUTER socket, so
-  generators fetch while the learner trains. Protocol (generator DEALER -> this ROUTER)::
+    weights_query{have_version}  -> weights_manifest{version, checksum, total_bytes, chunk_bytes,
+                                                     num_chunks, format}    (the current version)
+                                 -> not_available{reason="no_weights_yet"}  (nothing published)
+    chunk_request{version, index} -> chunk{version, index, data}
+                                 -> not_available{reason="version_gone"}   (pruned: ask again)
 
-      weights_query{have_version}  -> weights_manifest{version, checksum, total_bytes, chunk_bytes,
-                                                       num_chunks, format}    (the current version)
-                                   -> not_available{reason="no_weights_yet"}  (nothing published)
-      chunk_request{version, index} -> chunk{version, index, data}
-                                   -> not_available{reason="version_gone"}   (pruned: ask again)
-
-  The manifest always describes the current version, whatever ``have_version`` says; the client
-  compares (``have_version`` is informational, so a late joiner needs no special value). The last
-  ``keep`` versions stay servable, so a fetch that straddles a publication still completes.
-- `SharedDirPublisher` writes ``v{version:08d}.safetensors`` to a temporary name, renames it into
-  place, then replaces ``LATEST`` (json: version, checksum, file, total_bytes) the same way and
-  prunes all but the newest ``keep`` versions. Readers see a whole file or none.
+The manifest always describes the current version, whatever ``have_version`` says; the client
+compares (``have_version`` is informational, so a late joiner needs no special value). The last
+``keep`` versions stay servable, so a fetch that straddles a publication still completes. A
+download is written to a temporary file and renamed into place only when its sha256 matches the
+manifest, so a generator never loads a torn or corrupted copy.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 import zmq
 from torch import Tensor
 
-from stream_dapo.disk import fsync_dir, write_bytes_atomic
+from stream_dapo.disk import atomic_file
 from stream_dapo.transport import messages
+from stream_dapo.transport.codec import Message
 from stream_dapo.transport.sockets import (
     WEIGHTS_MAX_BYTES,
     CurveKeys,
@@ -49,111 +43,31 @@ from stream_dapo.transport.sockets import (
     PeerUnreachable,
     TransportTimeout,
     open_endpoint,
+    request,
+)
+from stream_dapo.weights.base import (
+    ChecksumMismatch,
+    FileSource,
+    WeightsError,
+    WeightsPayload,
+    WeightUpdate,
+    weights_file_name,
 )
 
 if TYPE_CHECKING:
     import prometheus_client
 
-__all__ = [
-    "LATEST_FILE",
-    "SharedDirPublisher",
-    "WeightServer",
-    "WeightsPayload",
-    "gather_full_state_dict",
-    "serialize_weights",
-    "sha256_file",
-    "weights_file_name",
-]
+__all__ = ["REQUEST_MAX_BYTES", "WeightServer", "ZmqWeightSource", "fetch_weights_zmq"]
 
 log = logging.getLogger(__name__)
 
-LATEST_FILE = "LATEST"
 REQUEST_MAX_BYTES = 64 * 1024
 """Queries and chunk requests are tiny; anything bigger sent to the weight server is rejected."""
 _CHUNK_OVERHEAD = 64 * 1024
 
 
-def weights_file_name(version: int) -> str:
-    return f"v{version:08d}.safetensors"
-
-
-@dataclass(frozen=True)
-class WeightsPayload:
-    """One version of the full weights: safetensors bytes and their sha256 (hex)."""
-
-    version: int
-    data: bytes
-    checksum: str
-    num_tensors: int
-
-    @property
-    def total_bytes(self) -> int:
-        return len(self.data)
-
-
-def serialize_weights(state_dict: Mapping[str, Tensor], version: int) -> WeightsPayload:
-    """Safetensors bytes of ``state_dict`` (tensors moved to CPU, made contiguous) + sha256."""
-    from safetensors.torch import save
-
-    if version < 0:
-        raise ValueError(f"version must be >= 0, got {version}")
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
-    data = save(tensors, metadata={"format": "pt", "stream_dapo_version": str(version)})
-    return WeightsPayload(version, data, hashlib.sha256(data).hexdigest(), len(tensors))
-
-
-def sha256_file(path: str | os.PathLike[str], block: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def gather_full_state_dict(
-    module: torch.nn.Module, *, rank: int = 0, zero_stage: int = 0, tie_word_embeddings: bool | None = None
-) -> dict[str, Tensor] | None:
-    """Full weights of ``module`` on rank 0 as CPU tensors, None on other ranks.
-
-    Under ZeRO-3 this is collective: every rank must call it. Parameters are gathered one at a time
-    (``deepspeed.zero.GatheredParameters``) so rank 0 never holds more than the result plus one full
-    parameter. A tied output embedding appears once, under the input embedding's name
-    (``named_parameters`` already deduplicates shared tensors; ``lm_head.weight`` is dropped
-    explicitly when the config ties them), which is what transformers and vLLM expect.
-    """
-    if tie_word_embeddings is None:
-        tie_word_embeddings = bool(getattr(getattr(module, "config", None), "tie_word_embeddings", False))
-    params = list(module.named_parameters())
-    if tie_word_embeddings:
-        params = [(n, p) for n, p in params if n != "lm_head.weight"]
-    out: dict[str, Tensor] | None = {} if rank == 0 else None
-    gathered: Any = None
-    if zero_stage == 3:
-        import deepspeed
-
-        gathered = deepspeed.zero.GatheredParameters
-    for name, param in params:
-        if gathered is not None:
-            with gathered([param], modifier_rank=None):
-                if out is not None:
-                    out[name] = param.detach().to("cpu", copy=True)
-        elif out is not None:
-            out[name] = param.detach().to("cpu", copy=True)
-    if out is not None:
-        for name, buf in _persistent_buffers(module):
-            out[name] = buf.detach().to("cpu", copy=True)
-    return out
-
-
-def _persistent_buffers(module: torch.nn.Module) -> Iterable[tuple[str, Tensor]]:
-    for mod_name, mod in module.named_modules():
-        for buf_name, buf in mod.named_buffers(recurse=False):
-            if buf is not None and buf_name not in mod._non_persistent_buffers_set:
-                yield (f"{mod_name}.{buf_name}" if mod_name else buf_name), buf
-
-
 # --------------------------------------------------------------------------------------------------
-# ZeroMQ weight server
+# Learner end
 # --------------------------------------------------------------------------------------------------
 
 
@@ -251,6 +165,9 @@ class WeightServer:
             self._ctx.term()
         self._thread = self._endpoint = self._ctx = self._auth = None
 
+    def close(self) -> None:
+        self.stop()
+
     def __enter__(self) -> WeightServer:
         return self.start()
 
@@ -259,7 +176,7 @@ class WeightServer:
 
     # ------------------------------------------------------------------ publishing
 
-    def publish(self, payload: WeightsPayload) -> None:
+    def publish(self, payload: WeightsPayload, state_dict: Mapping[str, Tensor] | None = None) -> None:
         """Make ``payload`` the current version; older ones beyond ``keep`` stop being served."""
         with self._lock:
             if self._payloads and payload.version < next(reversed(self._payloads)):
@@ -370,46 +287,197 @@ class WeightServer:
 
 
 # --------------------------------------------------------------------------------------------------
-# Shared directory
+# Generator end
 # --------------------------------------------------------------------------------------------------
 
 
-class SharedDirPublisher:
-    """Publishes versions as files in a directory that generators can read (NFS, a shared volume)."""
+class ZmqWeightSource(FileSource):
+    """Downloads newer versions from the learner's weight server into ``dest_dir`` (verified)."""
 
-    def __init__(self, directory: str | os.PathLike[str], keep: int = 2) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
-        self.directory = Path(directory)
-        self.keep = keep
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for stale in self.directory.glob(".*.tmp-*"):  # left by a crash mid-write
-            stale.unlink(missing_ok=True)
+    startup: Literal["look", "answer", "announcement"] = "answer"
 
-    def publish(self, payload: WeightsPayload) -> Path:
-        """Write the file, then LATEST (each via temp + rename), then prune. Returns the file's path."""
-        final = self.directory / weights_file_name(payload.version)
-        write_bytes_atomic(final, payload.data)
-        latest = {
-            "version": payload.version,
-            "checksum": payload.checksum,
-            "file": final.name,
-            "total_bytes": payload.total_bytes,
-        }
-        write_bytes_atomic(self.directory / LATEST_FILE, (json.dumps(latest) + "\n").encode())
-        with contextlib.suppress(OSError):  # best effort: some shared filesystems refuse it
-            fsync_dir(self.directory)
-        self._prune(payload.version)
-        return final
+    def __init__(self, address: str, timeout_s: float, dest_dir: Path, curve: CurveKeys | None) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.dest_dir = dest_dir
+        self.curve = curve
+        self._ctx: zmq.Context[Any] = zmq.Context.instance()
+        self._endpoint: Endpoint | None = None
 
-    def _prune(self, current: int) -> None:
-        versions = sorted(
-            int(p.name[1:9]) for p in self.directory.glob("v*.safetensors") if p.name[1:9].isdigit()
+    def _ep(self) -> Endpoint:
+        if self._endpoint is None:
+            self._endpoint = open_endpoint(
+                self._ctx,
+                zmq.DEALER,
+                connect=self.address,
+                max_bytes=WEIGHTS_MAX_BYTES,
+                peer="learner weight server",
+                curve=self.curve,
+            )
+        return self._endpoint
+
+    def __call__(self, have: int) -> WeightUpdate | None:
+        start = time.perf_counter()
+        try:
+            version, path = fetch_weights_zmq(
+                self._ep(), have, self.timeout_s, dest_dir=self.dest_dir, retries=0
+            )
+        except TransportTimeout:
+            # A DEALER that timed out may still get the late reply: start the next poll on a fresh socket.
+            self.close()
+            raise
+        if path is None:
+            return None
+        return WeightUpdate(version, path, path.stat().st_size, time.perf_counter() - start)
+
+    def close(self) -> None:
+        if self._endpoint is not None:
+            self._endpoint.close()
+            self._endpoint = None
+
+
+def fetch_weights_zmq(
+    endpoint_or_addr: Endpoint | str,
+    have_version: int,
+    timeout: float = 30.0,
+    *,
+    dest_dir: str | os.PathLike[str] | None = None,
+    retries: int = 2,
+    curve: CurveKeys | None = None,
+    keep: int = 2,
+) -> tuple[int, Path | None]:
+    """Ask the learner's weight server for its current version and download it if it differs.
+
+    Args:
+        endpoint_or_addr: a connected DEALER `Endpoint` (reused across calls), or an address such
+            as ``tcp://learner:5557`` (a socket is opened and closed for this call).
+        have_version: the version the caller holds, -1 for none.
+        timeout: seconds to wait for each reply before a retry.
+        dest_dir: where ``v{version:08d}.safetensors`` is written (temp + rename); default a
+            per-process directory under the system temp dir. Older files there are pruned to ``keep``.
+
+    Returns:
+        (version, path): the server's current version and the verified local file, or
+        (version, None) when it equals ``have_version``; (have_version, None) when the server has
+        published nothing yet.
+
+    Raises:
+        ChecksumMismatch: the download did not match the announced checksum (nothing is kept).
+        TransportTimeout: the server did not answer (is the learner running at that address?).
+        WeightsError: the version kept disappearing mid-download (publications faster than fetches).
+    """
+    if isinstance(endpoint_or_addr, Endpoint):
+        return _fetch(endpoint_or_addr, have_version, timeout, dest_dir, retries, keep)
+    ctx: zmq.Context[Any] = zmq.Context.instance()
+    ep = open_endpoint(
+        ctx,
+        zmq.DEALER,
+        connect=endpoint_or_addr,
+        max_bytes=WEIGHTS_MAX_BYTES,
+        peer="learner weight server",
+        curve=curve,
+    )
+    try:
+        return _fetch(ep, have_version, timeout, dest_dir, retries, keep)
+    finally:
+        ep.close()
+
+
+def _fetch(
+    ep: Endpoint, have_version: int, timeout: float, dest_dir: Any, retries: int, keep: int
+) -> tuple[int, Path | None]:
+    timeout_ms = max(1, int(timeout * 1000))
+    out_dir = (
+        Path(dest_dir)
+        if dest_dir is not None
+        else Path(tempfile.gettempdir()) / f"stream-dapo-weights-{os.getpid()}"
+    )
+    # The wire schema has no "nothing" version; the server answers with the current manifest whatever
+    # have_version says, so 0 stands in for -1 and the comparison below stays local.
+    query = messages.weights_query(max(have_version, 0))
+    for _attempt in range(3):
+        reply = request(
+            ep,
+            *query,
+            timeout_ms=timeout_ms,
+            retries=retries,
+            accept=lambda m: m.type in (messages.WEIGHTS_MANIFEST, messages.NOT_AVAILABLE),
         )
-        # Keep the newest `keep` up to the current one; anything newer than current is a dead lineage
-        # (the learner resumed from an older checkpoint) and goes too.
-        keep = {v for v in versions if v <= current}
-        keep = set(sorted(keep)[-self.keep :])
-        for v in versions:
-            if v not in keep:
-                (self.directory / weights_file_name(v)).unlink(missing_ok=True)
+        if reply.type == messages.NOT_AVAILABLE:
+            return have_version, None
+        manifest = reply.body
+        version = int(manifest["version"])
+        if version == have_version:
+            return version, None
+        if have_version > version:
+            log.warning(
+                "learner serves version %d, older than ours (%d): following it", version, have_version
+            )
+        path = _download(ep, manifest, out_dir, timeout_ms, retries)
+        if path is not None:
+            _prune(out_dir, keep, path)
+            return version, path
+        log.info("version %d was superseded while downloading; asking again", version)
+    raise WeightsError(
+        "the weight server replaced its version during three downloads in a row; raise learner.sync_every "
+        "or weights.chunk_bytes, or check the link to the learner"
+    )
+
+
+def _download(
+    ep: Endpoint, manifest: dict[str, Any], out_dir: Path, timeout_ms: int, retries: int
+) -> Path | None:
+    """Fetch every chunk into a temp file, verify, rename. None if the version disappeared."""
+    version, num_chunks = int(manifest["version"]), int(manifest["num_chunks"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / weights_file_name(version)
+    digest = hashlib.sha256()
+    received = 0
+    try:
+        with atomic_file(final) as f:  # raising inside abandons the temporary file
+            for index in range(num_chunks):
+                reply = request(
+                    ep,
+                    *messages.chunk_request(version, index),
+                    timeout_ms=timeout_ms,
+                    retries=retries,
+                    accept=_chunk_filter(version, index),
+                )
+                if reply.type == messages.NOT_AVAILABLE:
+                    raise _VersionGone
+                data = reply.body["data"]
+                digest.update(data)
+                f.write(data)
+                received += len(data)
+            if received != manifest["total_bytes"] or digest.hexdigest() != manifest["checksum"]:
+                raise ChecksumMismatch(
+                    f"weights version {version}: received {received} bytes with sha256 "
+                    f"{digest.hexdigest()[:16]}..., announced {manifest['total_bytes']} bytes with "
+                    f"{manifest['checksum'][:16]}...; discarded. A corrupting link or a buggy publisher: the "
+                    "next poll retries"
+                )
+    except _VersionGone:
+        return None
+    return final
+
+
+class _VersionGone(Exception):
+    """The server no longer has the version being downloaded (a newer one replaced it)."""
+
+
+def _chunk_filter(version: int, index: int) -> Callable[[Message], bool]:
+    """Accept only the chunk asked for (a late reply to an earlier retry is dropped) or a refusal."""
+
+    def accept(msg: Message) -> bool:
+        if msg.type == messages.NOT_AVAILABLE:
+            return True
+        return msg.type == messages.CHUNK and msg.body["version"] == version and msg.body["index"] == index
+
+    return accept
+
+
+def _prune(directory: Path, keep: int, current: Path) -> None:
+    """Keep ``current`` and the newest ``keep - 1`` other versions (the caller may still hold one)."""
+    others = sorted(p for p in directory.glob("v*.safetensors") if p.name[1:9].isdigit() and p != current)
+    for p in others[: max(0, len(others) - (keep - 1))]:
+        p.unlink(missing_ok=True)

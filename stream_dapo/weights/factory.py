@@ -1,0 +1,126 @@
+"""The one place that turns ``weights.method`` into a publisher (learner) and a source (generator).
+
+Each method's module holds both of its ends (`zmq_chunks`, `shared_dir`, `nccl`); the services
+only see the `WeightPublisher` / `WeightSource` interfaces of `base`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from stream_dapo.config import Config
+from stream_dapo.transport.curve import curve_client, curve_server
+from stream_dapo.transport.sockets import TransportError
+from stream_dapo.weights.base import WeightPublisher, WeightSource
+
+if TYPE_CHECKING:
+    import prometheus_client
+
+    from stream_dapo.weights.zmq_chunks import WeightServer
+
+__all__ = ["make_publisher", "make_source", "shared_dir_path"]
+
+NCCL_TIMEOUT_FLOOR_S = 300.0
+"""A broadcast waits for every worker, whose load can take minutes: never less than this."""
+
+
+def shared_dir_path(cfg: Config) -> Path:
+    """weights.shared_dir, default run.out_dir/weights."""
+    w = cfg.weights
+    return Path(w.shared_dir) if w.shared_dir else Path(cfg.run.out_dir) / "weights"
+
+
+def make_publisher(cfg: Config, rejected_metric: prometheus_client.Counter | None = None) -> WeightPublisher:
+    """The learner's publisher for weights.method, started (a taken port fails here, naming it).
+    `rejected_metric` counts requests the ZeroMQ weight server refuses, by reason."""
+    return _PUBLISHERS[cfg.weights.method](cfg, rejected_metric)
+
+
+def make_source(cfg: Config, index: int) -> WeightSource:
+    """Generator `index`'s source for weights.method (nothing is contacted until the first poll)."""
+    return _SOURCES[cfg.weights.method](cfg, index)
+
+
+# --------------------------------------------------------------------------------------------------
+# One builder per method
+# --------------------------------------------------------------------------------------------------
+
+
+def _weight_server(cfg: Config, rejected_metric: prometheus_client.Counter | None) -> WeightServer:
+    from stream_dapo.weights.zmq_chunks import WeightServer
+
+    t = cfg.transport
+    curve, allowed = curve_server(t.curve_dir) or (None, None)
+    server = WeightServer(
+        f"tcp://{t.host}:{t.weights_port}",
+        chunk_bytes=cfg.weights.chunk_bytes,
+        curve=curve,
+        allowed_clients_dir=allowed,
+        hwm=t.hwm,
+        rejected_metric=rejected_metric,
+    )
+    try:
+        return server.start()
+    except TransportError as exc:
+        raise TransportError(f"{exc} (the learner's weights socket: transport.weights_port)") from exc
+
+
+def _nccl_publisher(cfg: Config, rejected_metric: prometheus_client.Counter | None) -> WeightPublisher:
+    from stream_dapo.weights.nccl import NcclPublisher, NcclWeightSender, nccl_group_spec
+
+    server = _weight_server(cfg, rejected_metric)  # announcements: late joiners, checksums
+    try:
+        timeout_s = max(NCCL_TIMEOUT_FLOOR_S, cfg.transport.timeout_s)
+        sender = NcclWeightSender(nccl_group_spec(cfg), timeout_s=timeout_s).connect()
+    except BaseException:
+        server.stop()
+        raise
+    return NcclPublisher(server, sender)
+
+
+def _shared_dir_publisher(cfg: Config, _rejected: prometheus_client.Counter | None) -> WeightPublisher:
+    from stream_dapo.weights.shared_dir import SharedDirPublisher
+
+    return SharedDirPublisher(shared_dir_path(cfg))
+
+
+def _zmq_source(cfg: Config, index: int) -> WeightSource:
+    from stream_dapo.weights.zmq_chunks import ZmqWeightSource
+
+    t = cfg.transport
+    cache = Path(cfg.run.out_dir) / "weights-cache" / f"generator-{index}"
+    return ZmqWeightSource(t.weights_address(), t.timeout_s, cache, curve_client(t.curve_dir))
+
+
+def _nccl_source(cfg: Config, index: int) -> WeightSource:
+    from stream_dapo.weights.nccl import NcclAnnouncementSource, nccl_group_spec
+
+    t = cfg.transport
+    return NcclAnnouncementSource(
+        t.weights_address(),
+        t.timeout_s,
+        curve_client(t.curve_dir),
+        spec=nccl_group_spec(cfg),
+        rank_base=1 + index * cfg.generator.tensor_parallel_size,
+        receive_timeout_s=max(NCCL_TIMEOUT_FLOOR_S, t.timeout_s),
+    )
+
+
+def _shared_dir_source(cfg: Config, _index: int) -> WeightSource:
+    from stream_dapo.weights.shared_dir import SharedDirWeightSource
+
+    return SharedDirWeightSource(shared_dir_path(cfg))
+
+
+_PUBLISHERS: dict[str, Callable[[Config, prometheus_client.Counter | None], WeightPublisher]] = {
+    "zmq": _weight_server,
+    "shared_dir": _shared_dir_publisher,
+    "nccl": _nccl_publisher,
+}
+_SOURCES: dict[str, Callable[[Config, int], WeightSource]] = {
+    "zmq": _zmq_source,
+    "shared_dir": _shared_dir_source,
+    "nccl": _nccl_source,
+}

@@ -1,0 +1,134 @@
+"""Weights through a shared directory (NFS, a shared volume), both ends: the learner's
+`SharedDirPublisher` and a generator's `SharedDirWeightSource` (``weights.method = "shared_dir"``).
+
+The publisher writes ``v{version:08d}.safetensors`` to a temporary name, renames it into place,
+then replaces ``LATEST`` (json: version, checksum, file, total_bytes) the same way and prunes all
+but the newest ``keep`` versions. Readers see a whole file or none, and load one only after its
+sha256 matched LATEST's checksum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from torch import Tensor
+
+from stream_dapo.disk import fsync_dir, write_bytes_atomic
+from stream_dapo.weights.base import (
+    ChecksumMismatch,
+    FileSource,
+    WeightsError,
+    WeightsPayload,
+    WeightUpdate,
+    sha256_file,
+    weights_file_name,
+)
+
+__all__ = ["LATEST_FILE", "SharedDirPublisher", "SharedDirWeightSource", "read_shared_dir"]
+
+LATEST_FILE = "LATEST"
+
+
+class SharedDirPublisher:
+    """Publishes versions as files in a directory that generators can read (NFS, a shared volume)."""
+
+    def __init__(self, directory: str | os.PathLike[str], keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.directory = Path(directory)
+        self.keep = keep
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(".*.tmp-*"):  # left by a crash mid-write
+            stale.unlink(missing_ok=True)
+
+    def publish(self, payload: WeightsPayload, state_dict: Mapping[str, Tensor] | None = None) -> Path:
+        """Write the file, then LATEST (each via temp + rename), then prune. Returns the file's path."""
+        final = self.directory / weights_file_name(payload.version)
+        write_bytes_atomic(final, payload.data)
+        latest = {
+            "version": payload.version,
+            "checksum": payload.checksum,
+            "file": final.name,
+            "total_bytes": payload.total_bytes,
+        }
+        write_bytes_atomic(self.directory / LATEST_FILE, (json.dumps(latest) + "\n").encode())
+        with contextlib.suppress(OSError):  # best effort: some shared filesystems refuse it
+            fsync_dir(self.directory)
+        self._prune(payload.version)
+        return final
+
+    def close(self) -> None:
+        pass
+
+    def _prune(self, current: int) -> None:
+        versions = sorted(
+            int(p.name[1:9]) for p in self.directory.glob("v*.safetensors") if p.name[1:9].isdigit()
+        )
+        # Keep the newest `keep` up to the current one; anything newer than current is a dead lineage
+        # (the learner resumed from an older checkpoint) and goes too.
+        keep = {v for v in versions if v <= current}
+        keep = set(sorted(keep)[-self.keep :])
+        for v in versions:
+            if v not in keep:
+                (self.directory / weights_file_name(v)).unlink(missing_ok=True)
+
+
+class SharedDirWeightSource(FileSource):
+    """Reads the newest verified ``v*.safetensors`` named by ``LATEST`` in a shared directory."""
+
+    startup: Literal["look", "answer", "announcement"] = "look"
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def __call__(self, have: int) -> WeightUpdate | None:
+        start = time.perf_counter()
+        found = read_shared_dir(self.directory, have)
+        if found is None:
+            return None
+        version, path = found
+        return WeightUpdate(version, path, path.stat().st_size, time.perf_counter() - start)
+
+
+def read_shared_dir(directory: str | os.PathLike[str], have_version: int) -> tuple[int, Path] | None:
+    """The newest verified weights file in a shared directory, if its version differs from ours.
+
+    Returns None when nothing is published yet or the published version equals ``have_version``.
+
+    Raises:
+        ChecksumMismatch: the file named by LATEST does not hash to its checksum.
+    """
+    root = Path(directory)
+    for _attempt in range(3):
+        latest = root / LATEST_FILE
+        try:
+            info = json.loads(latest.read_text())
+        except FileNotFoundError:
+            return None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise WeightsError(
+                f"{latest} is not valid json ({exc}); the publisher writes it atomically, so "
+                "something else wrote it: delete it and let the learner publish again"
+            ) from exc
+        version = int(info["version"])
+        if version == have_version:
+            return None
+        path = root / str(info.get("file", weights_file_name(version)))
+        try:
+            actual = sha256_file(path)
+        except FileNotFoundError:
+            continue  # pruned between reading LATEST and opening the file: a newer LATEST is there
+        if actual != info["checksum"]:
+            raise ChecksumMismatch(
+                f"{path} has sha256 {actual[:16]}..., LATEST says {str(info['checksum'])[:16]}...; not loading it"
+            )
+        return version, path
+    raise WeightsError(
+        f"{root}: the file LATEST names keeps disappearing; is a publisher pruning too eagerly?"
+    )
