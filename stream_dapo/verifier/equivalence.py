@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "APPROX_MIN_SIG_DIGITS",
+    "MAX_ITEM_COMPARISONS",
     "Number",
     "compare_answers",
     "import_heavy",
@@ -58,6 +59,9 @@ __all__ = [
 ]
 
 APPROX_MIN_SIG_DIGITS = 6
+# Distinct item comparisons one answer pair may need (a perfect matching of two 32-item sets needs at
+# most 32 x 32); beyond it the pair is "parse_error", like any other size guard.
+MAX_ITEM_COMPARISONS = 1024
 _SYMBOLIC_REL_TOL = 1e-9
 _SAMPLE_POINTS = 5
 _MAX_DIGITS = 1000  # longer literals are not plain numbers here (Python refuses int() past 4300 digits)
@@ -270,6 +274,28 @@ def _with_percent(number: Number | None, percent: bool) -> list[Number]:
     return [number, number.percent_of()] if percent else [number]
 
 
+class _TooManyComparisons(Exception):
+    pass
+
+
+class _Budget:
+    """Item comparisons left for one ``compare_answers`` call, and the verdicts so far: matching two
+    32-item collections of 32-item collections could otherwise take a million sympy comparisons."""
+
+    def __init__(self, comparisons: int) -> None:
+        self.left = comparisons
+        self.verdicts: dict[tuple[Scalar, Scalar], str] = {}
+
+    def scalars_equal(self, candidate: Scalar, gold: Scalar) -> str:
+        key = (candidate, gold)
+        if key not in self.verdicts:
+            self.left -= 1
+            if self.left < 0:
+                raise _TooManyComparisons
+            self.verdicts[key] = _scalars_equal(candidate, gold)
+        return self.verdicts[key]
+
+
 def _scalars_equal(candidate: Scalar, gold: Scalar) -> str:
     if candidate.label and gold.label and candidate.label != gold.label:
         return "mismatch"
@@ -297,19 +323,19 @@ def _combine(reasons: list[str]) -> str:
     return max(reasons, key=lambda r: _REASON_RANK[r], default="exact")
 
 
-def _ordered_equal(candidate: tuple[Answer, ...], gold: tuple[Answer, ...]) -> str:
+def _ordered_equal(candidate: tuple[Answer, ...], gold: tuple[Answer, ...], budget: _Budget) -> str:
     if len(candidate) != len(gold):
         return "mismatch"
     reasons = []
     for c, g in zip(candidate, gold, strict=True):
-        reason = _shapes_equal(c, g)
+        reason = _shapes_equal(c, g, budget)
         if reason not in _REASON_RANK:
             return reason
         reasons.append(reason)
     return _combine(reasons)
 
 
-def _unordered_equal(candidate: tuple[Answer, ...], gold: tuple[Answer, ...]) -> str:
+def _unordered_equal(candidate: tuple[Answer, ...], gold: tuple[Answer, ...], budget: _Budget) -> str:
     """Multiset equality: a perfect matching between the items (Kuhn's augmenting paths, at most
     ``MAX_ITEMS`` squared item comparisons, each computed once)."""
     if len(candidate) != len(gold):
@@ -318,7 +344,7 @@ def _unordered_equal(candidate: tuple[Answer, ...], gold: tuple[Answer, ...]) ->
 
     def reason(i: int, j: int) -> str:
         if (i, j) not in cache:
-            cache[(i, j)] = _shapes_equal(candidate[i], gold[j])
+            cache[(i, j)] = _shapes_equal(candidate[i], gold[j], budget)
         return cache[(i, j)]
 
     match_of_gold: dict[int, int] = {}
@@ -339,37 +365,33 @@ def _unordered_equal(candidate: tuple[Answer, ...], gold: tuple[Answer, ...]) ->
     return _combine([reason(i, j) for j, i in match_of_gold.items()])
 
 
-def _shapes_equal(candidate: Answer, gold: Answer) -> str:
+def _is_pair_and_list(a: Answer, b: Answer) -> bool:
+    return isinstance(a, Sequence) and a.opener == "(" and isinstance(b, Collection) and b.kind == "list"
+
+
+def _is_singleton(a: Answer) -> bool:
+    return isinstance(a, Collection) and a.kind == "set" and len(a.items) == 1
+
+
+def _shapes_equal(candidate: Answer, gold: Answer, budget: _Budget) -> str:
     if isinstance(candidate, Scalar) and isinstance(gold, Scalar):
-        return _scalars_equal(candidate, gold)
+        return budget.scalars_equal(candidate, gold)
     if isinstance(candidate, Collection) and isinstance(gold, Collection):
         if (candidate.kind == "union") != (gold.kind == "union"):
             return "mismatch"
-        return _unordered_equal(candidate.items, gold.items)
+        return _unordered_equal(candidate.items, gold.items, budget)
     if isinstance(candidate, Sequence) and isinstance(gold, Sequence):
         if (candidate.opener, candidate.closer) != (gold.opener, gold.closer):
             return "mismatch"
-        return _ordered_equal(candidate.items, gold.items)
+        return _ordered_equal(candidate.items, gold.items, budget)
     # A bare list written in order against a tuple: "1, 2" for the pair (1, 2).
-    for seq, lst, seq_first in ((gold, candidate, False), (candidate, gold, True)):
-        if (
-            isinstance(seq, Sequence)
-            and seq.opener == "("
-            and isinstance(lst, Collection)
-            and lst.kind == "list"
-        ):
-            return _ordered_equal(seq.items, lst.items) if seq_first else _ordered_equal(lst.items, seq.items)
+    if _is_pair_and_list(candidate, gold) or _is_pair_and_list(gold, candidate):
+        return _ordered_equal(candidate.items, gold.items, budget)  # type: ignore[union-attr]
     # A set of one against its item: "\{5\}" for 5.
-    for one, other in ((candidate, gold), (gold, candidate)):
-        if (
-            isinstance(one, Collection)
-            and one.kind == "set"
-            and len(one.items) == 1
-            and isinstance(other, Scalar)
-        ):
-            return (
-                _shapes_equal(one.items[0], other) if one is candidate else _shapes_equal(other, one.items[0])
-            )
+    if _is_singleton(candidate) and isinstance(gold, Scalar):
+        return _shapes_equal(candidate.items[0], gold, budget)  # type: ignore[union-attr]
+    if _is_singleton(gold) and isinstance(candidate, Scalar):
+        return _shapes_equal(candidate, gold.items[0], budget)  # type: ignore[union-attr]
     return "mismatch"
 
 
@@ -391,4 +413,7 @@ def compare_answers(candidate: str, gold: str) -> str:
         return "no_answer"
     if c == g:
         return "exact"
-    return _shapes_equal(read_structure(c), read_structure(g))
+    try:
+        return _shapes_equal(read_structure(c), read_structure(g), _Budget(MAX_ITEM_COMPARISONS))
+    except _TooManyComparisons:
+        return "parse_error"

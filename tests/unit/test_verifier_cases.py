@@ -14,6 +14,7 @@ from stream_dapo.verifier.cli import add_arguments, run
 from stream_dapo.verifier.equivalence import Number, compare_answers, parse_number
 from stream_dapo.verifier.extract import compile_answer_pattern, extract_answer, last_boxed_content
 from stream_dapo.verifier.normalize import normalize_answer
+from stream_dapo.verifier.structure import Collection, Scalar, Sequence, read_structure, split_top_level
 
 PROSE = "Let us compute step by step. The sum of the first terms is 3, then we add 4.\n"
 
@@ -445,3 +446,56 @@ def test_cli_reads_stdin_and_uses_pattern(
 def test_cli_bad_pattern_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_cli_args(["--gold", "1", "--text", "Answer: 1", "--pattern", "(a)(b)"])) == 2
     assert "capture group" in capsys.readouterr().err
+
+
+def test_item_comparisons_per_answer_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Matching {1,2,3,4} against {4,3,2,1} compares 1 with 4, 3, 2, 1 (4), then 2 with the three
+    left (3), 3 with two (2), 4 with one (1): ten distinct comparisons."""
+    from stream_dapo.verifier import equivalence
+
+    assert compare_answers("\\{1,2,3,4\\}", "\\{4,3,2,1\\}") == "exact"
+    monkeypatch.setattr(equivalence, "MAX_ITEM_COMPARISONS", 10)
+    assert compare_answers("\\{1,2,3,4\\}", "\\{4,3,2,1\\}") == "exact"
+    monkeypatch.setattr(equivalence, "MAX_ITEM_COMPARISONS", 9)
+    assert compare_answers("\\{1,2,3,4\\}", "\\{4,3,2,1\\}") == "parse_error"
+
+
+@pytest.mark.parametrize(
+    ("text", "shape"),
+    [
+        ("5", Scalar("5")),
+        ("25%", Scalar("25", percent=True)),
+        ("3:4", Scalar("\\frac{3}{4}")),
+        ("\\{1,2\\}", Collection("set", (Scalar("1"), Scalar("2")))),
+        ("\\emptyset", Collection("set", ())),
+        ("1,2", Collection("list", (Scalar("1"), Scalar("2")))),
+        ("x=1,y=2", Collection("list", (Scalar("1", label="x"), Scalar("2", label="y")))),
+        ("(1,2)", Sequence("(", ")", (Scalar("1"), Scalar("2")))),
+        ("[0,1)", Sequence("[", ")", (Scalar("0"), Scalar("1")))),
+        ("(x+1)", Scalar("(x+1)")),
+        ("(1,2)+(3,4)", Scalar("(1,2)+(3,4)")),  # not one bracket pair, no top-level comma
+        ("1:2:3", Sequence(":", ":", (Scalar("1"), Scalar("2"), Scalar("3")))),
+        ("1\\pm\\sqrt{2}", Collection("list", (Scalar("1+\\sqrt{2}"), Scalar("1-\\sqrt{2}")))),
+        ("\\pm3", Collection("list", (Scalar("3"), Scalar("-3")))),
+        (
+            "(0,1)\\cup[2,3]",
+            Collection(
+                "union",
+                (
+                    Sequence("(", ")", (Scalar("0"), Scalar("1"))),
+                    Sequence("[", "]", (Scalar("2"), Scalar("3"))),
+                ),
+            ),
+        ),
+        ("\\{(1,2)\\}", Collection("set", (Sequence("(", ")", (Scalar("1"), Scalar("2"))),))),
+        ("\\frac{1,2}{3}", Scalar("\\frac{1,2}{3}")),
+    ],
+)
+def test_read_structure(text: str, shape: object) -> None:
+    assert read_structure(text) == shape
+
+
+def test_split_top_level() -> None:
+    assert split_top_level("1,(2,3),\\{4,5\\},[6,7)", ",") == ["1", "(2,3)", "\\{4,5\\}", "[6,7)"]
+    assert split_top_level("(0,1)\\cup(2,3)\\cupola", "\\cup") == ["(0,1)", "(2,3)\\cupola"]
+    assert split_top_level("1)),2", ",") == ["1))", "2"]

@@ -60,6 +60,26 @@ HOSTILE_RESPONSES: list[str] = [
     "\\boxed{" + "+".join(["x"] * 150) + "}",
     "\\boxed{" * 3_000 + "2" + "}" * 3_000,
     "\\boxed{\\sqrt{\\sqrt{\\sqrt{\\sqrt{" * 10 + "2" + "}}}}" * 10 + "}",
+    # Factorials, binomials, scientific notation, shapes (sets, lists, ratios, unions, +-).
+    "Answer: 1000!",
+    "Answer: 1001!",
+    "Answer: (10!)!",
+    "Answer: 3!!!!!!!!",
+    "\\boxed{\\binom{10000}{5000}}",
+    "Answer: \\binom{100000}{50000}",
+    "Answer: \\binom{10000}{5000}!",
+    "Answer: 1e999999999",
+    "Answer: 9.9e1000 \\times 10^{1000}",
+    "\\boxed{1." + "9" * 990 + "}",
+    "\\boxed{\\{" + ",".join(f"x+{i}" for i in range(32)) + "\\}}",
+    "\\boxed{" + ",".join(["1"] * 400) + "}",
+    "\\boxed{" + "\\{" * 150 + "1" + "\\}" * 150 + "}",
+    "\\boxed{" + "(1," * 150 + "1" + ")" * 150 + "}",
+    "\\boxed{" + "1\\pm" * 100 + "1}",
+    "\\boxed{" + ":".join(["2"] * 200) + "}",
+    "\\boxed{" + "\\cup".join(["(1,2)"] * 100) + "}",
+    "\\boxed{" + "x=" * 200 + "2}",
+    "\\boxed{" + "1%" * 200 + "}",
 ]
 
 
@@ -186,6 +206,15 @@ def test_model_text_never_reaches_eval_exec_or_parse_expr(monkeypatch: pytest.Mo
         ("", "empty"),
         ("1.2.3", "two numbers"),
         ("[1]", "unexpected"),
+        ("1001!", "factorial"),
+        ("x!", "factorial"),
+        ("(-1)!", "factorial"),
+        ("3!!", "double factorial"),
+        ("\\binom{10001}{2}", "binomial"),
+        ("\\binom{x}{2}", "binomial"),
+        ("\\binom{5}{x}", "binomial"),
+        ("1e1001", "exponent"),
+        ("2.5E-1001", "exponent"),
     ],
 )
 def test_safe_parse_guards(text: str, message: str) -> None:
@@ -212,6 +241,15 @@ def test_safe_parse_builds_the_expected_values() -> None:
     assert parse_math("x^{1000}") == x**1000
     assert parse_math("2^{1000}") == 2**1000
     assert parse_math("(" * 40 + "1" + ")" * 40) == 1
+    assert parse_math("10!") == 3_628_800
+    assert parse_math("3!^2") == 36  # the factorial binds tighter than the power
+    assert parse_math("2 \\cdot 3!") == 12
+    assert parse_math("\\binom{5}{2}") == 10
+    assert parse_math("\\binom{5}{7}") == 0
+    assert parse_math("\\binom{5}{-1}") == 0
+    assert parse_math("\\frac{10!}{2!8!}") == 45
+    assert parse_math("1.5e3") == 1500
+    assert parse_math("2E-2") == sympy.Rational(1, 50)
 
 
 def test_checked_pow_refuses_before_computing() -> None:
