@@ -1261,26 +1261,55 @@ class _NoEngine:
         pass
 
 
+class _NoVerifier:
+    def close(self) -> None:
+        pass
+
+
+class _NoWeights:
+    """A weight source with nothing to offer: the generator keeps the initial model."""
+
+    first_version = 0
+    startup = "look"
+
+    def __call__(self, have: int) -> None:
+        return None
+
+    def join(self, engine: Any) -> None:
+        pass
+
+    def load(self, engine: Any, update: Any) -> float:
+        raise AssertionError("nothing is ever published")
+
+    def close(self) -> None:
+        pass
+
+
 def host_generator(config: Path, info: Path) -> int:
-    """`GeneratorService` with its buffer client, metrics and loop steps that do not need vLLM."""
+    """`GeneratorService` with its collaborators injected (no vLLM engine, verifier or weights), and
+    the loop steps that do not need an engine."""
     import threading
 
     from stream_dapo.generator.service import IDLE_POLL_MS, GeneratorService
 
     cfg = load_config([config], environ={})
-    svc = GeneratorService(cfg, 0)
-    svc.engine = _NoEngine()  # type: ignore[assignment]
-    svc._start_metrics()
-    svc._connect_buffer()
+    svc = GeneratorService(
+        cfg,
+        0,
+        engine=_NoEngine(),  # type: ignore[arg-type]
+        verifier=_NoVerifier(),  # type: ignore[arg-type]
+        prompts=iter(()),
+        weights=_NoWeights(),  # type: ignore[arg-type]
+    )
+    svc.start()  # metrics, buffer hello, heartbeat: the service's own start-up
     pending = make_group()
     svc._send(*m.groups(svc.generator_id, [pending]))
     svc.unacked.sent(pending, time.monotonic())
-    svc.health.ready = True
     _write_info(info, {"pending": pending.group_id})
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        while not stop.is_set():  # GeneratorService.serve without the engine and the verifier
+        while not stop.is_set():  # GeneratorService.serve without engine steps (no groups to start)
             svc.health.beat()
             svc._read_buffer(timeout_ms=IDLE_POLL_MS)
             svc._ask_for_credits()

@@ -52,9 +52,9 @@ from stream_dapo.learner.packing import (  # noqa: E402
     packing_efficiency,
     sequences_from_groups,
 )
-from stream_dapo.learner.trainer import Learner, loss_params_from_config  # noqa: E402
+from stream_dapo.learner.trainer import Learner  # noqa: E402
 
-__all__ = ["LONG_COT", "PlainTorchEngine", "TorchLearner", "measure_learner", "measure_packing"]
+__all__ = ["LONG_COT", "PlainTorchEngine", "torch_learner", "measure_learner", "measure_packing"]
 
 PAPER_CONFIG = REPO / "configs" / "dapo-qwen2.5-32b.toml"
 LONG_COT = {
@@ -114,29 +114,10 @@ class PlainTorchEngine:
         return self._grad_norm
 
 
-class TorchLearner(Learner):
-    """`Learner` with `PlainTorchEngine` in place of DeepSpeed (one process, no process group).
-
-    Only ``__init__`` differs: packing, the loss, metrics and the step are the project's code.
-    """
-
-    def __init__(self, cfg: Config, model: torch.nn.Module) -> None:  # noqa: D107 - no super(): no DeepSpeed
-        self.cfg = cfg
-        self.rank, self.world_size, self.local_rank = 0, 1, 0
-        self.loss_params = loss_params_from_config(cfg)
-        self.source_dir = Path(cfg.model.path)
-        torch.manual_seed(cfg.learner.seed)
-        model = model.to(getattr(torch, cfg.model.dtype))
-        model.config.use_cache = False
-        model.train()
-        self.ref_model = None
-        self.pad_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
-        self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
-        self.engine = PlainTorchEngine(model, cfg)  # type: ignore[assignment]
-        self.device = torch.device("cpu")
-        self.zero_stage = -1
-        self.version = 0
-        self._stage0_grad_norm = None
+def torch_learner(cfg: Config, model: torch.nn.Module) -> Learner:
+    """`Learner` with `PlainTorchEngine` in place of DeepSpeed (one process, no process group):
+    packing, the loss, metrics and the step are the project's code."""
+    return Learner(cfg, model, make_engine=PlainTorchEngine)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -151,7 +132,7 @@ def _make_learner(name: str, cfg: Config, model_dir: Path) -> Learner:
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     if name == "torch":
-        return TorchLearner(cfg, model)
+        return torch_learner(cfg, model)
     stage_cfg = cfg.model_copy(deep=True)
     stage_cfg.learner.zero_stage = int(name.removeprefix("zero"))
     return Learner(stage_cfg, model, source_dir=model_dir)

@@ -44,6 +44,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,8 +84,9 @@ from stream_dapo.weights.base import WeightSource, WeightUpdate
 from stream_dapo.weights.factory import make_source, shared_dir_path
 
 if TYPE_CHECKING:
-    from stream_dapo.data.dataset import PromptStream
+    from stream_dapo.data.dataset import PromptItem, PromptStream
     from stream_dapo.generator.engine import RolloutEngine
+    from stream_dapo.verifier import VerifierPool
 
 __all__ = ["GeneratorService", "StartupError", "add_arguments", "run"]
 
@@ -115,9 +117,23 @@ class GeneratorService:
 
     ``start()`` performs every start-up check (raising ``StartupError`` with the fix), ``serve()``
     runs until ``request_stop()`` and drains, ``close()`` releases everything (idempotent).
+
+    Collaborators not given are built by ``start()`` from the config: the vLLM ``engine``, the
+    ``verifier`` pool, the ``prompts`` stream (this generator's shard, position kept across
+    restarts) and the ``weights`` source of ``weights.method``. Tests and benchmarks inject
+    their own (``bench/fuzz.py`` runs the service on a stand-in engine).
     """
 
-    def __init__(self, cfg: Config, index: int = 0) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        index: int = 0,
+        *,
+        engine: RolloutEngine | None = None,
+        verifier: VerifierPool | None = None,
+        prompts: Iterator[PromptItem] | None = None,
+        weights: WeightSource | None = None,
+    ) -> None:
         if index < 0:
             raise StartupError(f"--index must be >= 0, got {index}")
         if cfg.weights.method == "nccl" and index >= cfg.generator.num_generators:
@@ -152,15 +168,17 @@ class GeneratorService:
         self._filtered_sent = 0
         self._tokens_counted = 0
         self._closed = False
-        self.engine: RolloutEngine | None = None
+        self.engine: RolloutEngine | None = engine
         self.buffer: Endpoint | None = None
         self._monitor: zmq.Socket[Any] | None = None
         self._disconnected = False
         self.watcher: WeightWatcher | None = None
-        self.weights: WeightSource | None = None
-        self.verifier: Any = None
-        self.prompts: PromptStream | None = None
+        self.weights: WeightSource | None = weights
+        self.verifier: VerifierPool | None = verifier
+        self.prompts: Iterator[PromptItem] | None = prompts
         self._cursor: PromptCursor | None = None
+        self._stream: PromptStream | None = None
+        """The prompts `start()` loaded (their position is what `_cursor` saves); None when injected."""
         self.registry = CollectorRegistry()
         self.metrics = GeneratorMetrics(self.registry)
         self.health = Health()
@@ -170,12 +188,16 @@ class GeneratorService:
 
     def start(self) -> None:
         """Everything that can fail, in order of cost: files, ports, peers, prompts, engine, weights."""
-        self._check_model_dir()
+        if self.engine is None or self.prompts is None:
+            self._check_model_dir()  # the engine's weights, the prompts' tokenizer
         self._start_metrics()
         self._connect_buffer()
-        self.prompts = self._load_prompts()
-        self._start_verifier()
-        self._start_engine()
+        if self.prompts is None:
+            self.prompts = self._stream = self._load_prompts()
+        if self.verifier is None:
+            self._start_verifier()
+        if self.engine is None:
+            self._start_engine()
         self._load_initial_weights()
         self.health.detail.update(
             {
@@ -297,7 +319,8 @@ class GeneratorService:
 
     def _load_initial_weights(self) -> None:
         """The late-joiner rule: load the learner's current version before the first prompt."""
-        self.weights = make_source(self.cfg, self.index)
+        if self.weights is None:
+            self.weights = make_source(self.cfg, self.index)
         self.weights.join(self._engine)
         self.watcher = WeightWatcher(
             self.weights, self.cfg.generator.weight_poll_s, self.weights.first_version
@@ -498,8 +521,8 @@ class GeneratorService:
         while engine.num_in_flight < self.cfg.generator.max_groups_in_flight and self.credits.take():
             engine.add_group(next(self.prompts))
             started = True
-        if started and self._cursor is not None:
-            self._cursor.save(self.prompts.state)
+        if started and self._cursor is not None and self._stream is not None:
+            self._cursor.save(self._stream.state)
 
     def _verify(self, finished: list[FinishedGroup]) -> None:
         for group in finished:
@@ -633,8 +656,8 @@ class GeneratorService:
         if self.verifier is not None:
             self.verifier.close()
         self._write_final_metrics()
-        if self._cursor is not None and self.prompts is not None:
-            self._cursor.save(self.prompts.state, force=True)
+        if self._cursor is not None and self._stream is not None:
+            self._cursor.save(self._stream.state, force=True)
         if self._monitor is not None:
             assert self.buffer is not None
             self.buffer.socket.disable_monitor()

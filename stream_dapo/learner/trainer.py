@@ -31,7 +31,7 @@ import socket
 import time
 import warnings
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -357,12 +357,19 @@ class AccumulatedStep:
 # --------------------------------------------------------------------------------------------------
 
 
+EngineFactory = Callable[[torch.nn.Module, Config], Any]
+"""(model, cfg) -> a training engine: ``module``, ``device``, ``backward``, ``step``, ``get_lr``,
+``get_global_grad_norm``, ``dp_world_size``, called like the model (see `Learner`)."""
+
+
 class Learner:
     """A DeepSpeed-wrapped causal LM that trains on packed groups with the DAPO loss.
 
     Construct it on every rank (collective). ``model`` overrides loading ``cfg.model.path`` (tests
     pass a freshly built model); ``source_dir`` is where ``export_hf`` copies tokenizer files from
-    (default ``cfg.model.path``).
+    (default ``cfg.model.path``). ``make_engine(model, cfg)`` replaces DeepSpeed with another engine
+    offering the slice of ``DeepSpeedEngine`` the step uses (``bench/learner.py``'s plain torch one):
+    it then runs in this one process, without a process group, at ``zero_stage`` -1.
     """
 
     def __init__(
@@ -371,11 +378,14 @@ class Learner:
         model: PreTrainedModel | None = None,
         *,
         source_dir: str | os.PathLike[str] | None = None,
+        make_engine: EngineFactory | None = None,
     ) -> None:
         self.cfg = cfg
-        self.rank, self.world_size, self.local_rank = init_distributed()
-        ds_config = deepspeed_config(cfg, self.world_size)  # config errors before the model loads
-        self._ds = _import_deepspeed()
+        # An injected engine runs in this one process: no process group, no DeepSpeed.
+        self.rank, self.world_size, self.local_rank = init_distributed() if make_engine is None else (0, 1, 0)
+        # DeepSpeed's config errors come before the model loads, and it is imported before torch work.
+        self._ds_config = deepspeed_config(cfg, self.world_size) if make_engine is None else None
+        self._ds = _import_deepspeed() if make_engine is None else None
         self.loss_params = loss_params_from_config(cfg)
         self.source_dir = Path(source_dir if source_dir is not None else cfg.model.path)
         torch.manual_seed(cfg.learner.seed)
@@ -391,6 +401,16 @@ class Learner:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.pad_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
         self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+        self._stage0_grad_norm: float | None = None
+        self.engine: DeepSpeedEngine = (make_engine or self._deepspeed_engine)(model, cfg)
+        self.device = torch.device(self.engine.device)
+        if self.ref_model is not None:
+            self.ref_model.to(self.device)
+        self.zero_stage = cfg.learner.zero_stage if make_engine is None else -1
+        self.version = 0
+
+    def _deepspeed_engine(self, model: torch.nn.Module, cfg: Config) -> DeepSpeedEngine:
+        """The default engine: DeepSpeed ZeRO at learner.zero_stage, with the warm-up LR schedule."""
         warmup = cfg.learner.warmup_steps
 
         def schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
@@ -402,18 +422,12 @@ class Learner:
         engine, _, _, _ = self._ds.initialize(
             model=model,
             model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=ds_config,
+            config=self._ds_config,
             lr_scheduler=schedule,
             dist_init_required=False,
         )
-        self.engine: DeepSpeedEngine = engine
-        self.device = torch.device(engine.device)
-        if self.ref_model is not None:
-            self.ref_model.to(self.device)
-        self.zero_stage = cfg.learner.zero_stage
-        self.version = 0
-        self._stage0_grad_norm: float | None = None
-        self._capture_stage0_grad_norm()
+        self._capture_stage0_grad_norm(engine)
+        return engine
 
     # ------------------------------------------------------------------ set-up helpers
 
@@ -428,7 +442,7 @@ class Learner:
             )
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
 
-    def _capture_stage0_grad_norm(self) -> None:
+    def _capture_stage0_grad_norm(self, engine: DeepSpeedEngine) -> None:
         """Record the pre-clip gradient norm where DeepSpeed does not keep it.
 
         Without ZeRO (fp32, stage 0) the engine clips with ``clip_grad_norm_`` and drops the norm it
@@ -436,8 +450,6 @@ class Learner:
         this instance to keep the value (the gradients are already all-reduced at that point).
         """
         from deepspeed.runtime.utils import clip_grad_norm_
-
-        engine = self.engine
 
         def clip_and_record() -> None:
             norm = clip_grad_norm_(
