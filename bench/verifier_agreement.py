@@ -26,12 +26,16 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from verifier_corpus import CLASSES, Pair, build_corpus  # noqa: E402
 
 from stream_dapo.verifier import VerifierPool  # noqa: E402
+from stream_dapo.verifier.extract import extract_answer  # noqa: E402
+
+E2E = "math-verify-e2e"  # Math-Verify as TRL calls it, with its own extraction: a reference, not a backend
 
 _WARM_UP = [
     ("Answer: 2\\sqrt{2}", "\\sqrt{8}"),
@@ -89,8 +93,103 @@ def agreement(corpus: list[Pair], verdicts: list[bool]) -> dict[str, object]:
     }
 
 
-def _answer_of(response: str) -> str:
-    return response.rsplit("Answer: ", 1)[-1] if "Answer: " in response else response.split("answer is ")[-1]
+def _pair_row(p: Pair, **verdicts: bool) -> dict[str, object]:
+    return {
+        "class": p.cls,
+        "gold": p.gold,
+        "answer": extract_answer(p.response),
+        "graded": p.correct,
+        **verdicts,
+    }
+
+
+def score(corpus: list[Pair], args: argparse.Namespace) -> dict[str, object]:
+    """Every backend's verdicts and rates on ``corpus``, as the JSON report."""
+    backends = ["builtin"]
+    if importlib.util.find_spec("math_verify") is not None:
+        backends.append("math-verify")
+    else:
+        print("Math-Verify is not installed (pip install -e '.[math-verify]'): builtin only")
+    rows: list[dict[str, object]] = []
+    verdicts: dict[str, list[bool]] = {}
+    per_class: dict[str, dict[str, float]] = {}
+    for backend in backends:
+        first, rate, counters = pooled_run(corpus, backend, args.workers, args.timeout_s)
+        rates = [rate] + [
+            pooled_run(corpus, backend, args.workers, args.timeout_s)[1] for _ in range(args.repeats - 1)
+        ]
+        verdicts[backend] = first
+        scored = agreement(corpus, first)
+        per_class[backend] = scored.pop("per_class")  # type: ignore[assignment]
+        rows.append(
+            {
+                "backend": backend,
+                **scored,
+                "verifications_per_s": statistics.median(rates),
+                "timeouts": counters["timeout"],
+            }
+        )
+    if "math-verify" in backends:
+        e2e, e2e_rate = math_verify_end_to_end(corpus)
+        verdicts[E2E] = e2e
+        scored = agreement(corpus, e2e)
+        per_class[E2E] = scored.pop("per_class")  # type: ignore[assignment]
+        rows.append({"backend": E2E, **scored, "verifications_per_s": e2e_rate, "timeouts": None})
+    names = list(verdicts)
+    return {
+        "pairs": len(corpus),
+        "graded_correct": sum(p.correct for p in corpus),
+        "classes": len(CLASSES),
+        "workers": args.workers,
+        "repeats": args.repeats,
+        "timeout_s": args.timeout_s,
+        "backends": rows,
+        "per_class": [
+            {
+                "class": cls,
+                "pairs": sum(p.cls == cls for p in corpus),
+                **{n: per_class[n][cls] for n in names},
+            }
+            for cls in CLASSES
+        ],
+        "disagreements": [
+            _pair_row(p, builtin=b, math_verify=m)
+            for p, b, m in zip(
+                corpus, verdicts["builtin"], verdicts.get("math-verify", verdicts["builtin"]), strict=True
+            )
+            if b != m
+        ],
+        "builtin_misses": [
+            _pair_row(p, builtin=b)
+            for p, b in zip(corpus, verdicts["builtin"], strict=True)
+            if b != p.correct
+        ],
+    }
+
+
+def print_report(report: dict[str, Any]) -> None:
+    rows = report["backends"]
+    print(
+        f"corpus: {report['pairs']} pairs ({report['graded_correct']} graded correct), {report['classes']} "
+        f"classes; pool workers: {report['workers']}; rate: median of {report['repeats']} fresh pools"
+    )
+    print(f"\n{'':24}" + "".join(f"{r['backend']:>17}" for r in rows))
+    print(f"{'agreement':24}" + "".join(f"{r['agreement']:>17.1%}" for r in rows))
+    for key in ("agreed", "false_positives", "false_negatives", "verifications_per_s"):
+        print(f"{key.replace('_', ' '):24}" + "".join(f"{r[key]:>17.0f}" for r in rows))
+    print("per class (agreement):")
+    for c in report["per_class"]:
+        label = f"{c['class']} ({c['pairs']})"
+        print(f"  {label:22}" + "".join(f"{c[r['backend']]:>17.1%}" for r in rows))
+    print("\npairs where builtin and math-verify disagree:")
+    for d in report["disagreements"]:
+        print(
+            f"  [{d['class']}] gold {d['gold']!r}, answer {d['answer']!r}: graded {d['graded']}, "
+            f"builtin {d['builtin']}, math-verify {d['math_verify']}"
+        )
+    print("\npairs where builtin disagrees with the graded verdict:")
+    for d in report["builtin_misses"]:
+        print(f"  [{d['class']}] gold {d['gold']!r}, answer {d['answer']!r}: graded {d['graded']}")
 
 
 def main() -> None:
@@ -100,81 +199,8 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=5.0, help="the pool's per-check timeout")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
-
-    corpus = build_corpus()
-    backends = ["builtin"]
-    if importlib.util.find_spec("math_verify") is not None:
-        backends.append("math-verify")
-    else:
-        print("Math-Verify is not installed (pip install -e '.[math-verify]'): builtin only")
-    print(
-        f"corpus: {len(corpus)} pairs ({sum(p.correct for p in corpus)} graded correct), "
-        f"{len(CLASSES)} classes; pool workers: {args.workers}; repeats: {args.repeats} (median)"
-    )
-
-    report: dict[str, dict[str, object]] = {}
-    verdicts: dict[str, list[bool]] = {}
-    for backend in backends:
-        first, rate, counters = pooled_run(corpus, backend, args.workers, args.timeout_s)
-        rates = [rate] + [
-            pooled_run(corpus, backend, args.workers, args.timeout_s)[1] for _ in range(args.repeats - 1)
-        ]
-        verdicts[backend] = first
-        report[backend] = {
-            **agreement(corpus, first),
-            "verifications_per_s": statistics.median(rates),
-            "rates": rates,
-            "counters": counters,
-        }
-    if "math-verify" in backends:
-        e2e, e2e_rate = math_verify_end_to_end(corpus)
-        verdicts["math-verify-e2e"] = e2e
-        report["math-verify-e2e"] = {**agreement(corpus, e2e), "verifications_per_s": e2e_rate}
-
-    names = list(report)
-    print(f"\n{'':22}" + "".join(f"{n:>17}" for n in names))
-    for key, label in (
-        ("agreement", "agreement"),
-        ("false_positives", "false positives"),
-        ("false_negatives", "false negatives"),
-        ("verifications_per_s", "verifications/s"),
-    ):
-        cells = []
-        for n in names:
-            value = report[n][key]
-            cells.append(f"{value:>17.1%}" if key == "agreement" else f"{value:>17.0f}")
-        print(f"{label:22}" + "".join(cells))
-    print("per class (agreement):")
-    for cls in CLASSES:
-        count = sum(p.cls == cls for p in corpus)
-        print(f"  {cls + f' ({count})':20}" + "".join(f"{report[n]['per_class'][cls]:>17.1%}" for n in names))  # type: ignore[index]
-
-    if "math-verify" in verdicts:
-        print("\npairs where builtin and math-verify disagree (graded verdict, then each backend's):")
-        disagreements = []
-        for p, b, m in zip(corpus, verdicts["builtin"], verdicts["math-verify"], strict=True):
-            if b != m:
-                disagreements.append(
-                    {
-                        "class": p.cls,
-                        "gold": p.gold,
-                        "answer": _answer_of(p.response),
-                        "graded": p.correct,
-                        "builtin": b,
-                        "math_verify": m,
-                    }
-                )
-                print(
-                    f"  [{p.cls}] gold {p.gold!r} answer {_answer_of(p.response)!r}: graded {p.correct}, "
-                    f"builtin {b}, math-verify {m}"
-                )
-        report["disagreements"] = {"pairs": disagreements}  # type: ignore[dict-item]
-    print("\npairs where builtin disagrees with the graded verdict:")
-    for p, b in zip(corpus, verdicts["builtin"], strict=True):
-        if b != p.correct:
-            print(
-                f"  [{p.cls}] gold {p.gold!r} answer {_answer_of(p.response)!r}: graded {p.correct}, builtin {b}"
-            )
+    report = score(build_corpus(), args)
+    print_report(report)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
         print(f"\nwrote {args.json}")
