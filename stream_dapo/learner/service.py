@@ -32,7 +32,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -42,14 +41,9 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from stream_dapo.config import Config, ConfigError
-from stream_dapo.disk import is_disk_full, write_text_atomic
-from stream_dapo.learner.checkpoints import (
-    LATEST,
-    checkpoint_name,
-    discard_unfinished,
-    disk_full_error,
-    prune_checkpoints,
-)
+from stream_dapo.disk import write_text_atomic
+from stream_dapo.learner import distributed
+from stream_dapo.learner.checkpoints import Checkpoints
 from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, start_metrics
 from stream_dapo.service_runner import run_service
 from stream_dapo.transport import codec
@@ -66,7 +60,6 @@ from stream_dapo.transport.sockets import (
 )
 
 if TYPE_CHECKING:  # torch and DeepSpeed load in start(), so `stream-dapo learner --help` is instant
-    import torch
     from transformers import PreTrainedModel
 
     from stream_dapo.weights.base import WeightPublisher
@@ -102,6 +95,7 @@ class LearnerService:
         self.out = Path(cfg.run.out_dir)
         self.ckpt_root = self.out / "checkpoints"
         self.trained_log = self.out / "learner" / "trained_groups.jsonl"
+        self.checkpoints = Checkpoints(self.ckpt_root, cfg.learner.keep_checkpoints, self.trained_log)
         self.metrics_log = self.out / "learner" / "metrics.jsonl"
         self.groups_per_step = cfg.groups_per_version
         self._model = model
@@ -248,10 +242,9 @@ class LearnerService:
 
     def _resume(self) -> dict[str, Any]:
         """Load ``checkpoints/latest`` if present; cut the logs back to its version."""
-        latest = self.ckpt_root / LATEST
         state: dict[str, Any] = {"version": 0, "commit_group_ids": []}
-        if latest.is_file():
-            path = self.ckpt_root / latest.read_text().strip()
+        path = self.checkpoints.latest()
+        if path is not None:
             state = self.learner.load_checkpoint(path)
             self._last_checkpoint = self.learner.version
             log.info("resumed from %s at version %d", path, self.learner.version)
@@ -367,45 +360,26 @@ class LearnerService:
 
     def _sync_status(self, status: int) -> tuple[int, bool]:
         """Rank 0's status and whether any rank was asked to stop (one all-reduce)."""
-        if self.world_size == 1:
-            return status, self._stop.is_set()
-        import torch
-
-        t = torch.tensor(
-            [status if self.rank == 0 else 0, int(self._stop.is_set())],
-            dtype=torch.int64,
-            device=self._comm_device(),
+        mine = [status if self.rank == 0 else 0, int(self._stop.is_set())]
+        first, stop = distributed.all_reduce(
+            mine, "max", device=self.learner.device, world_size=self.world_size, integers=True
         )
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return int(t[0]), bool(t[1])
+        return int(first), bool(stop)
 
     def _agree_to_stop(self) -> bool:
         return self._sync_status(_WAITING)[1]
-
-    def _comm_device(self) -> torch.device:
-        import torch
-
-        return self.learner.device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
 
     def _broadcast_groups(self, groups: list[m.Group]) -> list[m.Group]:
         """Rank 0's groups on every rank, sent as one encoded `batch` message (no pickle)."""
         if self.world_size == 1:
             return groups
-        import torch
-
-        dev = self._comm_device()
         data = codec.encode(*m.batch(groups, 0)) if self.rank == 0 else b""
-        size = torch.tensor([len(data)], dtype=torch.int64, device=dev)
-        torch.distributed.broadcast(size, src=0)
-        buf = (
-            torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev)
-            if self.rank == 0
-            else torch.empty(int(size), dtype=torch.uint8, device=dev)
+        data = distributed.broadcast_bytes(
+            data, rank=self.rank, device=self.learner.device, world_size=self.world_size
         )
-        torch.distributed.broadcast(buf, src=0)
         if self.rank == 0:
             return groups
-        msg = codec.decode(buf.cpu().numpy().tobytes(), max_bytes=int(size) + 1)
+        msg = codec.decode(data, max_bytes=len(data) + 1)
         return m.groups_from_body(msg.body)
 
     # ------------------------------------------------------------------ weights, checkpoints, commits
@@ -432,43 +406,17 @@ class LearnerService:
         self._last_published = v
 
     def _checkpoint(self, state_dict: dict[str, Any] | None) -> None:
-        """Write ``step_{v}`` atomically, point ``latest`` at it, commit its groups, prune old
-        checkpoints. Collective; ``state_dict`` is this rank's `gather_state_dict` result, for the HF
-        export inside. A failed write leaves no partial checkpoint behind and ``latest`` naming the
-        last good one; a full disk raises DiskFullError ("no space left on ...", exit 1)."""
+        """Checkpoint this version (`Checkpoints.write`: atomic, then ``latest``), then commit its
+        groups to the buffer and prune old checkpoints. Collective; ``state_dict`` is this rank's
+        `gather_state_dict` result, for the HF export inside."""
         t0 = time.perf_counter()
         v = self.learner.version
-        name = checkpoint_name(v)
-        final, tmp = self.ckpt_root / name, self.ckpt_root / f".{name}.tmp"
         ids = list(self._uncommitted)
-        try:
-            if self.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-            self.learner.barrier()
-            self.learner.save_checkpoint(
-                tmp,
-                extra_state={"commit_group_ids": ids, "trained_groups_lines": _count_lines(self.trained_log)},
-            )
-            self.learner.write_hf(tmp / "hf", state_dict)
-            if self.rank == 0:
-                if self.trained_log.exists():  # the log as of this version travels with the checkpoint
-                    shutil.copy2(self.trained_log, tmp / self.trained_log.name)
-                if final.exists():
-                    shutil.rmtree(final)
-                os.replace(tmp, final)
-                write_text_atomic(self.ckpt_root / LATEST, name + "\n")
-        except Exception as exc:
-            full = is_disk_full(exc, self.ckpt_root)  # before the clean-up frees space
-            error = disk_full_error(self.ckpt_root, name, self.cfg.learner.keep_checkpoints) if full else None
-            if self.rank == 0:
-                discard_unfinished(self.ckpt_root, tmp, final)
-            if error is None:
-                raise
-            raise error from exc
+        extra = {"commit_group_ids": ids, "trained_groups_lines": _count_lines(self.trained_log)}
+        final = self.checkpoints.write(self.learner, v, state_dict, extra)
         if self.rank == 0:
             self._commit(v, ids)
-            prune_checkpoints(self.ckpt_root, self.cfg.learner.keep_checkpoints)
+            self.checkpoints.prune()
             self.metrics.checkpoint_seconds.observe(time.perf_counter() - t0)
         self.learner.barrier()
         self._uncommitted.clear()

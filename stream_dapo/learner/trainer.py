@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -43,6 +43,8 @@ from torch import Tensor
 
 from stream_dapo.config import Config, ConfigError
 from stream_dapo.core.loss import PolicyLossParams, policy_loss, token_entropy, token_logprobs
+from stream_dapo.learner import distributed
+from stream_dapo.learner.checkpoints import DS_TAG, LEARNER_STATE_FILE
 from stream_dapo.learner.packing import (
     MicroBatch,
     TrainSequence,
@@ -70,9 +72,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DS_TAG = "deepspeed"
-"""Tag (sub-directory) of the DeepSpeed state inside a learner checkpoint directory."""
-LEARNER_STATE_FILE = "learner_state.json"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -461,20 +460,11 @@ class Learner:
 
     # ------------------------------------------------------------------ collectives
 
-    def _all_reduce(self, values: Sequence[float], op: str) -> list[float]:
-        if self.world_size == 1:
-            return [float(v) for v in values]
-        t = torch.tensor(list(values), dtype=torch.float64, device=self._comm_device())
-        reduce_op = torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM
-        torch.distributed.all_reduce(t, op=reduce_op)
-        return t.cpu().tolist()
-
-    def _comm_device(self) -> torch.device:
-        return self.device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+    def _all_reduce(self, values: Sequence[float], op: Literal["sum", "max"]) -> list[float]:
+        return distributed.all_reduce(values, op, device=self.device, world_size=self.world_size)
 
     def barrier(self) -> None:
-        if self.world_size > 1:
-            torch.distributed.barrier()
+        distributed.barrier(self.world_size)
 
     # ------------------------------------------------------------------ data
 
