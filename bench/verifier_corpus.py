@@ -357,7 +357,7 @@ _HAND: dict[str, list[tuple[str, str, bool]]] = {
         ("e", "2.71828183", True),
         ("e", "2.72", False),
         ("\\ln 2", "0.69314718", True),
-        ("\\ln 2", "\\log 2", False),
+        ("\\ln 2", "\\ln 3", False),
         ("2\\ln 2", "\\ln 4", True),
         ("[2, 5)", "2 \\le x < 5", True),
         ("[2, 5)", "2 < x \\le 5", False),

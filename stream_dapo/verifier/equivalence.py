@@ -200,11 +200,13 @@ def _approximates_constant(decimal: Number, text: str) -> bool | None:
         expr = parse_math(text)
         if expr.free_symbols:
             return None
+        exact_difference = sympy.Rational(decimal.value.numerator, decimal.value.denominator) - expr
+        if exact_difference == 0:
+            return True  # 0.5 is cos(pi/3) exactly
         if decimal.sig_digits < APPROX_MIN_SIG_DIGITS:
             return False
         # Enough digits for the difference, which is about one unit in the decimal's last place.
-        digits = min(decimal.sig_digits + 20, _MAX_DIGITS + 20)
-        difference = (sympy.Rational(decimal.value.numerator, decimal.value.denominator) - expr).evalf(digits)
+        difference = exact_difference.evalf(min(decimal.sig_digits + 20, _MAX_DIGITS + 20))
         if not difference.is_real:
             return None
         ulp = decimal.ulp

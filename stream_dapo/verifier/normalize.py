@@ -16,7 +16,10 @@ value of an answer:
   25 and 0.25);
 - ``x = 5`` keeps what follows the last ``=`` (or ``\\approx``, ``\\in``) only when the answer is not
   a comma-separated list: in ``x=1, y=2`` each item keeps its label for ``structure`` to read;
-- "1 and 2", "1 or 2" become the list "1,2".
+- "1 and 2", "1 or 2" become the list "1,2";
+- next to a trigonometric function a degree sign is a unit of the argument, not of the answer:
+  ``\\sin 30^\\circ`` becomes ``\\sin(30\\pi/180)`` (elsewhere ``30^\\circ`` is 30); a one-character
+  log base gets braces (``\\log_2 8`` is ``\\log_{2}8``) before spaces go.
 
 Normalisation only rewrites notation; whether two answers are equal is decided in ``equivalence``.
 Every regex here is linear in its input (no nested quantifiers over the same characters), and the
@@ -71,6 +74,9 @@ _TEXT_CMD_RE = re.compile(
     r"\s*\{([^{}]*)\}"
 )
 _TEXT_UNWRAP_PASSES = 4  # nesting depth of text-like commands we unwrap; deeper ones stay (and fail to parse)
+_TRIG_RE = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-z])")
+_DEGREES_OF_ARGUMENT_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\degree|°)")
+_LOG_BASE_RE = re.compile(r"\\log_([A-Za-z0-9])")
 _DEGREE_RE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\\degree|°")
 _PERCENT_RE = re.compile(r"\\%|%|(?<![A-Za-z\\])percent(?![A-Za-z])")
 _SIZING_RE = re.compile(r"\\(?:left|right|[Bb]igg?[lr]?)(?![A-Za-z])")
@@ -84,7 +90,16 @@ _MIXED_SPACE_RE = re.compile(r"(?<![\d.])(\d+)\s+(\d+)\s*/\s*(\d+)(?![\d.])")
 _AND_OR_RE = re.compile(r"\s+(?:and|or)\s+")
 # What separates a name from its value: "x = 5", "x \approx 1.41", "x \in [0, 1]".
 _RELATION_RE = re.compile(r"=|\\approx(?![A-Za-z])|\\in(?![A-Za-z])")
-_SYNONYMS = (("\\lbrace", "\\{"), ("\\rbrace", "\\}"), ("\\varnothing", "\\emptyset"), ("\\colon", ":"))
+_SYNONYMS = (
+    ("\\lbrace", "\\{"),
+    ("\\rbrace", "\\}"),
+    ("\\varnothing", "\\emptyset"),
+    ("\\colon", ":"),
+    ("\\leqslant", "\\le "),
+    ("\\geqslant", "\\ge "),
+    ("<=", "\\le "),
+    (">=", "\\ge "),
+)
 # `\frac12`, `\frac1{2}`, `\frac{1}2`, `\sqrt2`, `\sqrt[3]2`: a one-character argument without braces.
 _FRAC_TWO_BARE_RE = re.compile(r"\\frac([^{}\\])([^{}\\])")
 _FRAC_FIRST_BARE_RE = re.compile(r"\\frac([^{}\\])(?=\{)")
@@ -104,6 +119,8 @@ _UNICODE = str.maketrans(
         "\u221a": r"\sqrt",
         "\u2248": r"\approx ",
         "\u2205": r"\emptyset ",
+        "\u2264": r"\le ",
+        "\u2265": r"\ge ",
     }
 )
 
@@ -155,6 +172,9 @@ def normalize_answer(answer: str) -> str:
     if len(split_top_level(s, ",")) == 1:
         # "x = 5" -> "5": the value after the last relation is the answer (a list keeps its labels).
         s = _RELATION_RE.split(s)[-1]
+    if _TRIG_RE.search(s):
+        s = _DEGREES_OF_ARGUMENT_RE.sub(r"(\1\\pi/180)", s)
+    s = _LOG_BASE_RE.sub(r"\\log_{\1}", s)
     s = _DEGREE_RE.sub("", s)
     percent = _PERCENT_RE.search(s) is not None
     s = _PERCENT_RE.sub("", s)

@@ -1,15 +1,19 @@
 """A restricted parser from (normalised) answer text to sympy expressions.
 
 Model text never reaches ``eval``, ``exec``, ``sympify``/``parse_expr`` or ``latex2sympy``: this module
-tokenises the text against an allow-list and builds sympy objects (Integer, Rational, Symbol, pi,
-Add, Mul, Pow) itself with a recursive-descent parser. Anything outside the allow-list is a
+tokenises the text against an allow-list and builds sympy objects (Integer, Rational, Symbol, pi, E,
+I, Add, Mul, Pow and a few elementary functions) itself with a recursive-descent parser. Anything outside the allow-list is a
 ``SafeParseError``. The allow-list:
 
 - numbers (``12``, ``0.5``, ``.5``, ``1.5e3``; decimals become exact rationals), single ASCII letters
-  as variables, ``\\pi``;
+  as variables except ``e`` (Euler's number) and ``i`` (the imaginary unit), ``\\pi``;
 - ``+ - * / ^`` (``**`` is read as ``^``), ``\\cdot``, ``\\times``, ``\\div``, parentheses and braces;
 - ``\\frac{a}{b}``, ``\\sqrt{x}``, ``\\sqrt[n]{x}``, ``\\binom{n}{k}`` and ``n!`` of non-negative integers;
-- implicit multiplication: ``2\\sqrt{3}``, ``3x``, ``2(x+1)``, ``xy``.
+- ``\\ln``, ``\\log_b`` (a bare ``\\log`` is refused: its base depends on the field), ``\\exp``,
+  ``\\sin``, ``\\cos``, ``\\tan``, ``\\cot``, ``\\sec``, ``\\csc``, ``\\arcsin``, ``\\arccos``,
+  ``\\arctan``, with an argument in parentheses or braces or a product without operators
+  (``\\sin 2x``, ``\\ln 2``), and a power written on the name (``\\sin^2 x``);
+- implicit multiplication: ``2\\sqrt{3}``, ``3x``, ``2(x+1)``, ``xy``, ``\\sin x\\cos x``.
 
 Grammar (lowest precedence first; ``^`` is right-associative and binds tighter than unary minus, so
 ``-2^2`` is -4 and ``2^3^2`` is 2^9)::
@@ -22,6 +26,7 @@ Grammar (lowest precedence first; ``^`` is right-associative and binds tighter t
     exponent := ('+' | '-') exponent | power
     atom     := NUMBER | LETTER | '\\pi' | '(' expr ')' | '{' expr '}'
               | '\\frac' arg arg | '\\binom' arg arg | '\\sqrt' ('[' expr ']')? arg
+              | FUNCTION ('_' arg)? ('^' exponent)? (group | power power*)
     arg      := '{' expr '}' | NUMBER | LETTER | '\\pi'
 
 An exponent without braces takes one atom, so ``2^10`` is 2^10 (the plain-text reading models mean)
@@ -34,7 +39,9 @@ would exceed ``MAX_RESULT_BITS`` bits are refused before they are computed; a po
 exponent (a power tower such as ``x^{y^z}``) is refused; division by zero and infinite results are
 refused; ``n!`` needs an integer ``0 <= n <= MAX_FACTORIAL`` and ``\\binom{n}{k}`` integers with
 ``0 <= n <= MAX_BINOM_N`` (both are computed exactly, so the bounds keep them under a few thousand
-bits); a scientific literal's exponent is at most ``MAX_EXPONENT`` in size.
+bits); a scientific literal's exponent is at most ``MAX_EXPONENT`` in size; a constant argument of
+``\\exp`` is at most ``MAX_EXPONENT`` and of the other functions at most ``MAX_FUNCTION_ARGUMENT`` in
+size (``\\sin 10^{1000}`` would need a thousand digits of pi).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ __all__ = [
     "MAX_BINOM_N",
     "MAX_EXPONENT",
     "MAX_FACTORIAL",
+    "MAX_FUNCTION_ARGUMENT",
     "MAX_NUMBER_CHARS",
     "MAX_RESULT_BITS",
     "SafeParseError",
@@ -62,18 +70,37 @@ MAX_RESULT_BITS = 20_000
 MAX_ROOT_INDEX = 1000
 MAX_FACTORIAL = 1000  # 1000! has 8,530 bits, under MAX_RESULT_BITS
 MAX_BINOM_N = 10_000  # binom(n, k) < 2^n
+MAX_FUNCTION_ARGUMENT = 10**6
+
+_FUNCTIONS = {
+    "\\ln": sympy.log,
+    "\\exp": sympy.exp,
+    "\\sin": sympy.sin,
+    "\\cos": sympy.cos,
+    "\\tan": sympy.tan,
+    "\\cot": sympy.cot,
+    "\\sec": sympy.sec,
+    "\\csc": sympy.csc,
+    "\\arcsin": sympy.asin,
+    "\\arccos": sympy.acos,
+    "\\arctan": sympy.atan,
+}
+_CONSTANTS = {"e": sympy.E, "i": sympy.I}
 
 _TOKEN_RE = re.compile(
     r"(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
-    r"|(?P<cmd>\\(?:frac|binom|sqrt|pi|cdot|times|div))"
+    r"|(?P<cmd>\\(?:frac|binom|sqrt|pi|cdot|times|div|ln|log|exp|arcsin|arccos|arctan"
+    r"|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc))"
     r"|(?P<var>[A-Za-z])"
-    r"|(?P<op>\*\*|[-+*/^()\[\]{}!])"
+    r"|(?P<op>\*\*|[-+*/^()\[\]{}!_])"
 )
 _MUL_OPS = frozenset({"*", "\\cdot", "\\times"})
 _DIV_OPS = frozenset({"/", "\\div"})
 # Tokens that can start an atom; one of them right after a complete factor means implicit multiplication.
 _ATOM_START_KINDS = frozenset({"num", "var"})
-_ATOM_START_TEXT = frozenset({"\\frac", "\\binom", "\\sqrt", "\\pi", "(", "{"})
+_ATOM_START_TEXT = frozenset({"\\frac", "\\binom", "\\sqrt", "\\pi", "(", "{", "\\log", *_FUNCTIONS})
+# What may follow a function's first factor in an argument written without parentheses: "\sin 2x".
+_ARGUMENT_FACTOR_TEXT = frozenset({"\\frac", "\\binom", "\\sqrt", "\\pi"})
 _SCIENTIFIC_RE = re.compile(r"([^eE]*)[eE]([+-]?\d+)")
 
 
@@ -291,7 +318,7 @@ class _Parser:
         if kind == "num":
             return _number(text)
         if kind == "var":
-            return sympy.Symbol(text)
+            return _CONSTANTS[text] if text in _CONSTANTS else sympy.Symbol(text)
         if text == "\\pi":
             return sympy.pi
         if text == "(":
@@ -308,6 +335,8 @@ class _Parser:
             return _check_finite(numerator / denominator)
         if text == "\\binom":
             return _binomial(self._arg(), self._arg())
+        if text in _FUNCTIONS or text == "\\log":
+            return self._function(text)
         if text == "\\sqrt":
             index: sympy.Expr = sympy.Integer(2)
             if self._peek_text() == "[":
@@ -316,6 +345,52 @@ class _Parser:
                 raise SafeParseError(f"a root index must be an integer in [2, {MAX_ROOT_INDEX}], got {index}")
             return checked_pow(self._arg(), sympy.Rational(1, int(index)))
         raise SafeParseError(f"unexpected {text!r}")
+
+    def _function(self, name: str) -> sympy.Expr:
+        base: sympy.Expr | None = None
+        if name == "\\log":
+            if self._peek_text() != "_":
+                raise SafeParseError("a \\log without a base is ambiguous; write \\ln or \\log_b")
+            self._take()
+            base = self._arg()
+        power: sympy.Expr | None = None
+        if self._peek_text() == "^":
+            self._take()
+            self._descend()
+            power = self._exponent()
+            self._depth -= 1
+            if power == -1:
+                raise SafeParseError(f"{name}^{{-1}} is ambiguous; write \\arc... or 1/{name}")
+        argument = self._function_argument(name)
+        if base is not None:
+            value = sympy.log(_bounded_argument(argument, MAX_FUNCTION_ARGUMENT), base)
+        elif name == "\\exp":
+            value = sympy.exp(_bounded_argument(argument, MAX_EXPONENT))
+        else:
+            value = _FUNCTIONS[name](_bounded_argument(argument, MAX_FUNCTION_ARGUMENT))
+        value = _check_finite(value)
+        return checked_pow(value, power) if power is not None else value
+
+    def _function_argument(self, name: str) -> sympy.Expr:
+        token = self._peek()
+        if token is None:
+            raise SafeParseError(f"{name} is missing its argument")
+        if token[1] in ("(", "{"):
+            return self._atom()
+        value = self._power()
+        while (token := self._peek()) is not None and (
+            token[0] in _ATOM_START_KINDS or token[1] in _ARGUMENT_FACTOR_TEXT
+        ):
+            if token[0] == "num" and self._tokens[self._pos - 1][0] == "num":
+                raise SafeParseError("two numbers in a row")
+            value = value * self._power()
+        return value
+
+
+def _bounded_argument(argument: sympy.Expr, limit: int) -> sympy.Expr:
+    if argument.is_number and bool(abs(argument.evalf(15)) > limit):
+        raise SafeParseError(f"a function's constant argument is larger than {limit}")
+    return argument
 
 
 def _small_integer(value: sympy.Expr, what: str, limit: int) -> int:

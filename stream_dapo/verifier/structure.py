@@ -7,7 +7,9 @@
   ``1,2`` ("enter all solutions, separated by commas"), a union ``(0,1)\\cup(2,3)``, and ``a\\pm b``,
   which is the list ``a+b, a-b``;
 - ``Sequence`` (ordered): ``(1,2)`` and ``[0,1)`` (tuples, points and intervals: the brackets are part
-  of the value, so ``[0,1)`` is not ``(0,1)``), and ratios of three or more parts ``1:2:3``;
+  of the value, so ``[0,1)`` is not ``(0,1)``), inequalities in one variable read as the interval
+  they describe (``2\\le x<5`` is ``[2,5)``, ``x>3`` is ``(3,\\infty)``), and ratios of three or more
+  parts ``1:2:3``;
 - ``Scalar``: everything else, one expression for the numeric and symbolic tests. A ratio ``a:b`` is
   the scalar ``\\frac{a}{b}``; a trailing ``%`` sets ``percent``; an item ``x=1`` inside a collection
   or sequence keeps ``x`` as its ``label``.
@@ -31,6 +33,12 @@ _OPENERS = frozenset("([{")
 _CLOSERS = frozenset(")]}")
 _LABEL_RE = re.compile(r"([A-Za-z](?:_\{?[A-Za-z0-9]{1,8}\}?)?)=(.+)")
 _SIMPLE_TERM_RE = re.compile(r"[^+-]*")
+_LESS = r"(<|\\leq?|\\lt)"
+_GREATER = r"(>|\\geq?|\\gt)"
+_VARIABLE = r"([A-Za-z])"
+_BETWEEN_RE = re.compile(r"([^<>=]+?)" + _LESS + _VARIABLE + _LESS + r"([^<>=]+)")
+_BELOW_RE = re.compile(_VARIABLE + _LESS + r"([^<>=]+)")
+_ABOVE_RE = re.compile(_VARIABLE + _GREATER + r"([^<>=]+)")
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,23 @@ def _plus_minus(text: str, level: int) -> Collection | None:
     return Collection("list", (read_structure(plus, level=level), read_structure(minus, level=level)))
 
 
+def _bracket(relation: str, opening: bool) -> str:
+    inclusive = relation.startswith("\\le") or relation.startswith("\\ge")
+    return ("[" if inclusive else "(") if opening else ("]" if inclusive else ")")
+
+
+def _inequality(text: str, level: int) -> Sequence | None:
+    """The interval an inequality in one variable describes, or None."""
+    if m := _BETWEEN_RE.fullmatch(text):
+        low, high = read_structure(m[1], level=level), read_structure(m[5], level=level)
+        return Sequence(_bracket(m[2], True), _bracket(m[4], False), (low, high))
+    if m := _BELOW_RE.fullmatch(text):
+        return Sequence("(", _bracket(m[2], False), (Scalar("-\\infty"), read_structure(m[3], level=level)))
+    if m := _ABOVE_RE.fullmatch(text):
+        return Sequence(_bracket(m[2], True), ")", (read_structure(m[3], level=level), Scalar("\\infty")))
+    return None
+
+
 def read_structure(text: str, *, level: int = 0) -> Answer:
     """Read normalised answer text into a ``Scalar``, ``Collection`` or ``Sequence`` (module docstring)."""
     if level >= MAX_LEVELS or not text:
@@ -180,6 +205,9 @@ def read_structure(text: str, *, level: int = 0) -> Answer:
         return Sequence(":", ":", _items(ratio, level))
     if "\\pm" in text and (both := _plus_minus(text, level)) is not None:
         return both
+    if any(c in text for c in "<>") or "\\le" in text or "\\ge" in text or "\\lt" in text or "\\gt" in text:
+        if (interval := _inequality(text, level)) is not None:
+            return interval
     if text.endswith("%") and len(text) > 1:
         return Scalar(text[:-1], percent=True)
     return Scalar(text)

@@ -215,6 +215,23 @@ CASES: list[tuple[str, str, bool]] = [
     (PROSE + "Answer: 60^\\circ", "60^{\\circ}", True),
     (PROSE + "Answer: 60^\\circ", "30", False),
     (PROSE + "Answer: x \\approx 1.7320508", "\\sqrt{3}", True),
+    # --- logarithms, trigonometric values, e and i, inequalities -----------------------------------
+    (PROSE + "Answer: 0.69314718", "\\ln 2", True),
+    (PROSE + "Answer: \\ln 4", "2\\ln 2", True),
+    (PROSE + "Answer: \\ln 3", "2\\ln 2", False),
+    (PROSE + "Answer: 3", "\\log_2 8", True),
+    (PROSE + "Answer: \\frac{1}{2}", "\\sin 30^\\circ", True),
+    (PROSE + "Answer: \\frac{\\sqrt{3}}{2}", "\\sin 30^\\circ", False),
+    (PROSE + "Answer: 0.5", "\\cos \\frac{\\pi}{3}", True),
+    (PROSE + "Answer: 2.71828183", "e", True),
+    (PROSE + "Answer: 2.72", "e", False),
+    (PROSE + "Answer: i^2", "-1", True),
+    (PROSE + "Answer: 3-4i", "3+4i", False),
+    (PROSE + "Answer: 2 \\le x < 5", "[2, 5)", True),
+    (PROSE + "Answer: 2 < x \\le 5", "[2, 5)", False),
+    (PROSE + "Answer: x \\geq 3", "[3, \\infty)", True),
+    (PROSE + "Answer: x >= 3", "[3, \\infty)", True),
+    (PROSE + "Answer: x > 3", "[3, \\infty)", False),
 ]
 
 

@@ -80,6 +80,14 @@ HOSTILE_RESPONSES: list[str] = [
     "\\boxed{" + "\\cup".join(["(1,2)"] * 100) + "}",
     "\\boxed{" + "x=" * 200 + "2}",
     "\\boxed{" + "1%" * 200 + "}",
+    # Functions and constants.
+    "Answer: \\sin 10^{1000}",
+    "Answer: \\exp(\\exp(\\exp(100)))",
+    "Answer: e^{e^{e^{e}}}",
+    "Answer: \\ln(0)",
+    "\\boxed{" + "\\sin(" * 40 + "1" + ")" * 40 + "}",
+    "Answer: \\sin^{1000}(x)^{1000}",
+    "Answer: i^{1000000}",
 ]
 
 
@@ -163,11 +171,17 @@ def test_model_text_never_reaches_eval_exec_or_parse_expr(monkeypatch: pytest.Mo
         ("Answer: \\frac{x^2-1}{x-1}", "x+1", True),
         ("Answer: " + PWN, "1", False),
         ("Answer: 9**9**9**9", "1", False),
+        ("Answer: \\ln 4", "2\\ln 2", True),
+        ("Answer: \\frac{1}{2}", "\\sin 30^\\circ", True),
+        ("\\boxed{\\{2,1\\}}", "\\{1,2\\}", True),
+        ("Answer: 1.41421356", "\\sqrt{2}", True),
+        ("Answer: 10!", "3628800", True),
+        ("Answer: 2 \\le x < 5", "[2, 5)", True),
     ]
     for response, gold, expected in cases:
         assert verify(response, gold).correct is expected
     assert parse_expr_calls == []
-    markers = ("__import__", "PWNED", "9**9", "sqrt", "frac", "x+1", "x^2", "x-1")
+    markers = ("__import__", "PWNED", "9**9", "sqrt", "frac", "x+1", "x^2", "x-1", "\\ln", "\\sin", "10!")
     assert [src for src in sources if any(marker in src for marker in markers)] == []
 
 
@@ -194,7 +208,16 @@ def test_model_text_never_reaches_eval_exec_or_parse_expr(monkeypatch: pytest.Mo
         ("+".join(["1"] * 101), "tokens"),
         ("1" * 1001, "number literal"),
         ("__import__('os')", "unsupported"),
-        ("\\log{2}", "unsupported"),
+        ("\\log{2}", "ambiguous"),
+        ("\\sinh{2}", "unexpected"),
+        ("\\Gamma(2)", "unsupported"),
+        ("\\sin^{-1}x", "ambiguous"),
+        ("\\sin", "missing its argument"),
+        ("\\sin10^{7}", "larger than"),
+        ("\\exp(1001)", "larger than"),
+        ("\\ln0", "undefined"),
+        ("\\tan(\\pi/2)", "undefined"),
+        ("\\log_{1}5", "undefined"),
         ("1,2", "unsupported"),
         ("\\frac{1}{0}", "division by zero"),
         ("1/(2-2)", "division by zero"),
@@ -250,6 +273,14 @@ def test_safe_parse_builds_the_expected_values() -> None:
     assert parse_math("\\frac{10!}{2!8!}") == 45
     assert parse_math("1.5e3") == 1500
     assert parse_math("2E-2") == sympy.Rational(1, 50)
+    assert parse_math("e^{i\\pi}") == -1  # e and i are constants, not variables
+    assert parse_math("\\ln2") == sympy.log(2)
+    assert parse_math("\\log_{2}8") == 3
+    assert parse_math("\\sin\\frac{\\pi}{6}") == sympy.Rational(1, 2)
+    assert parse_math("\\sin2x") == sympy.sin(2 * x)  # the argument runs to the next operator
+    assert parse_math("2\\sinx\\cosx") == 2 * sympy.sin(x) * sympy.cos(x)
+    assert parse_math("\\sin^2x") == sympy.sin(x) ** 2
+    assert parse_math("\\arctan1") == sympy.pi / 4
 
 
 def test_checked_pow_refuses_before_computing() -> None:
