@@ -137,6 +137,8 @@ _HAND: dict[str, list[tuple[str, str, bool]]] = {
         ("x=1, y=2", "y=2, x=1", True),
         ("x=1, y=2", "x=2, y=1", False),
         ("x=1, y=2", "x = 1, y = 2", True),
+        ("x=1, y=2", "1, 2", True),
+        ("x=1, y=2", "2, 1", False),
         ("1, 2", "x = 1 \\text{ or } x = 2", True),
         ("1, 2", "x = 1 \\text{ or } x = 3", False),
         ("\\sqrt{3}", "a = \\sqrt{3}", True),

@@ -3,7 +3,9 @@
 Both answers are normalised (``normalize``) and read into shapes (``structure``): sets and lists are
 compared as multisets (``\\{2,1\\}`` equals ``\\{1,2\\}``), tuples and intervals item by item with
 their brackets (``(1,2)`` is not ``(2,1)``, ``[0,1)`` is not ``(0,1)``), a tuple is never a set, and
-a set of one equals its item. Labels must agree where both items have one (``x=1`` vs ``y=1``).
+a set of one equals its item. Labels must agree where both items have one (``x=1`` vs ``y=1``);
+against a list that names one value per variable, a list without names is read in order (``1, 2``
+is ``x=1, y=2``, ``2, 1`` is not; the roots ``x=1, x=2`` stay unordered).
 Items, and whole answers that are one value, go through three tests, cheapest first; the first that
 can decide does:
 
@@ -371,6 +373,12 @@ def _is_pair_and_list(a: Answer, b: Answer) -> bool:
     return isinstance(a, Sequence) and a.opener == "(" and isinstance(b, Collection) and b.kind == "list"
 
 
+def _labelled(a: Collection) -> bool:
+    """Whether ``a`` names one value per variable (``x=1, y=2``, not the roots ``x=1, x=2``)."""
+    labels = [item.label for item in a.items if isinstance(item, Scalar) and item.label]
+    return len(labels) == len(a.items) > 0 and len(set(labels)) == len(labels)
+
+
 def _is_singleton(a: Answer) -> bool:
     return isinstance(a, Collection) and a.kind == "set" and len(a.items) == 1
 
@@ -381,6 +389,9 @@ def _shapes_equal(candidate: Answer, gold: Answer, budget: _Budget) -> str:
     if isinstance(candidate, Collection) and isinstance(gold, Collection):
         if (candidate.kind == "union") != (gold.kind == "union"):
             return "mismatch"
+        if _labelled(candidate) != _labelled(gold):
+            # "1, 2" for "x=1, y=2": without labels only the order says which value is which.
+            return _ordered_equal(candidate.items, gold.items, budget)
         return _unordered_equal(candidate.items, gold.items, budget)
     if isinstance(candidate, Sequence) and isinstance(gold, Sequence):
         if (candidate.opener, candidate.closer) != (gold.opener, gold.closer):
