@@ -104,8 +104,8 @@ def run_service(
         return code
     on_stop_signal(service.request_stop, stop_message)
     try:
-        code = serve(service)
-        return ExitCode.OK if code is None else code
+        returned = serve(service)
+        return ExitCode.OK if returned is None else returned
     except Exception as exc:
         code = exit_code_for(exc, serve_errors)
         if code is not None:

@@ -525,12 +525,12 @@ class GeneratorService:
             self._cursor.save(self._stream.state)
 
     def _verify(self, finished: list[FinishedGroup]) -> None:
+        verifier = self.verifier
+        assert verifier is not None, "start() first"
         for group in finished:
             self._count_finished(group)
             self._verifying.append(
-                self._verify_pool.submit(
-                    process_group, group, self.verifier, self.settings, self.generator_id
-                )
+                self._verify_pool.submit(process_group, group, verifier, self.settings, self.generator_id)
             )
 
     def _count_finished(self, group: FinishedGroup) -> None:

@@ -418,6 +418,7 @@ class Learner:
                 optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
             )
 
+        assert self._ds is not None, "DeepSpeed is imported when no engine is injected"
         engine, _, _, _ = self._ds.initialize(
             model=model,
             model_parameters=[p for p in model.parameters() if p.requires_grad],

@@ -144,8 +144,9 @@ class WeightUpdate:
 class WeightPublisher(Protocol):
     """The learner's end of one method (rank 0 only)."""
 
-    def publish(self, payload: WeightsPayload, state_dict: Mapping[str, Tensor]) -> None:
-        """Make `payload` (the serialised `state_dict`) the current version for every generator."""
+    def publish(self, payload: WeightsPayload, state_dict: Mapping[str, Tensor]) -> object:
+        """Make `payload` (the serialised `state_dict`) the current version for every generator
+        (what it returns, e.g. the file written, is for tests)."""
         ...
 
     def close(self) -> None: ...
