@@ -146,9 +146,9 @@ def measure_learner(quick: bool = False) -> dict[str, Any]:
     cfg = tiny_config([f"model.path={model_dir}"])
     items = task_prompts(cfg, model_dir)  # the eval split: 200 prompts, same generator as train
     responses = task_responses(items, model_dir)
-    groups_per_step = cfg.groups_per_version
+    groups_per_version = cfg.admission.groups_per_version
     groups = rollout_groups(
-        items, responses, num_groups=groups_per_step, group_size=cfg.algo.group_size, seed=0
+        items, responses, num_groups=groups_per_version, group_size=cfg.algo.group_size, seed=0
     )
 
     started = time.perf_counter()

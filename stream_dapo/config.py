@@ -452,7 +452,8 @@ class Config(_Section):
 
     @property
     def admission(self) -> AdmissionRule:
-        """The admission / staleness rule of this recipe (`stream_dapo.core.admission` holds it)."""
+        """The admission / staleness rule of this recipe (`stream_dapo.core.admission` holds it):
+        ``cfg.admission.capacity``, ``.groups_per_version`` (B_v), ``.steps_per_rollout`` (S)."""
         from stream_dapo.core.admission import AdmissionRule
 
         return AdmissionRule(
@@ -463,21 +464,6 @@ class Config(_Section):
             sync_every=self.learner.sync_every,
             lockstep=self.run.mode == "sync",
         )
-
-    @property
-    def groups_per_version(self) -> int:
-        """B_v: groups consumed by one optimizer step (`AdmissionRule.groups_per_version`)."""
-        return self.admission.groups_per_version
-
-    @property
-    def admission_capacity(self) -> int:
-        """Most groups allowed in line, waiting in the buffer + credited (`AdmissionRule.capacity`)."""
-        return self.admission.capacity
-
-    @property
-    def steps_per_rollout(self) -> int:
-        """S: optimizer steps (versions) per rollout batch (`AdmissionRule.steps_per_rollout`)."""
-        return self.admission.steps_per_rollout
 
 
 # --------------------------------------------------------------------------------------------------

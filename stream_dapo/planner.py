@@ -147,21 +147,6 @@ class Recipe:
             sync_every=self.sync_every,
         )
 
-    @property
-    def groups_per_step(self) -> int:
-        """B_v."""
-        return self.admission.groups_per_version
-
-    @property
-    def steps_per_rollout(self) -> int:
-        """S."""
-        return self.admission.steps_per_rollout
-
-    @property
-    def admission_capacity(self) -> int:
-        """C: `AdmissionRule.capacity`."""
-        return self.admission.capacity
-
 
 @dataclass(frozen=True)
 class Rates:
@@ -252,7 +237,7 @@ def capacity_for_step(
     recipe: Recipe, keep_fraction: float, step_s: float, learner_s: float, group_s: float
 ) -> float:
     """5. Groups the line holds on average at step time t: B_v D/(k t) + (R/2)(t_L/t)^2."""
-    in_flight = recipe.groups_per_step * group_s / (keep_fraction * step_s)
+    in_flight = recipe.admission.groups_per_version * group_s / (keep_fraction * step_s)
     waiting = recipe.rollout_batch_prompts / 2 * (learner_s / step_s) ** 2
     return in_flight + waiting
 
@@ -263,10 +248,10 @@ def line_step_seconds(recipe: Recipe, keep_fraction: float, learner_s: float, gr
     With x = 1/t the condition is b x^2 + a x = C, a = B_v D / k, b = (R/2) t_L^2: a quadratic
     with one positive root.
     """
-    cap = recipe.admission_capacity
+    cap = recipe.admission.capacity
     if cap <= 0:
         return math.inf
-    a = recipe.groups_per_step * group_s / keep_fraction
+    a = recipe.admission.groups_per_version * group_s / keep_fraction
     b = recipe.rollout_batch_prompts / 2 * learner_s**2
     x = (-a + math.sqrt(a * a + 4 * b * cap)) / (2 * b)
     return 1.0 / x
@@ -305,9 +290,9 @@ def expected_staleness(
     learner_bound: bool,
 ) -> Staleness:
     """7. Mean staleness of a token at its gradient step."""
-    b_v, s = recipe.groups_per_step, recipe.steps_per_rollout
+    b_v, s = recipe.admission.groups_per_version, recipe.admission.steps_per_rollout
     if learner_bound:
-        queue = recipe.admission_capacity / b_v - group_s / (keep_fraction * learner_s)
+        queue = recipe.admission.capacity / b_v - group_s / (keep_fraction * learner_s)
     else:
         queue = learner_s / step_s * s / 2
     return Staleness(
@@ -372,9 +357,9 @@ def plan(recipe: Recipe, rates: Rates) -> Plan:
     to_match = t_1 / (t_l - sync_seconds_per_step(recipe, rates))
     needed = math.ceil(to_match - 1e-9)
     learner_bound = bottleneck == "learner"
-    in_flight = recipe.groups_per_step * d / (k * step)
+    in_flight = recipe.admission.groups_per_version * d / (k * step)
     waiting = (
-        recipe.admission_capacity - in_flight
+        recipe.admission.capacity - in_flight
         if learner_bound
         else recipe.rollout_batch_prompts / 2 * (t_l / step) ** 2
     )
@@ -424,7 +409,7 @@ def _with_warnings(p: Plan) -> Plan:
         )
     if p.bottleneck == "admission line":
         out.append(
-            f"the admission line ({r.admission_capacity} groups from algo.max_staleness = "
+            f"the admission line ({r.admission.capacity} groups from algo.max_staleness = "
             f"{r.max_staleness}) makes each step {p.step_s / max(p.learner_s, p.generators_s) - 1:.1%} "
             f"slower than learner and generators could go: it must hold the groups in flight and about half "
             f"a rollout batch ({r.rollout_batch_prompts} groups) waiting for the learner. Set "
@@ -693,9 +678,9 @@ def format_plan(p: Plan, sources: dict[str, str]) -> str:
     out += [f"  {a:<31}{b:<30}{c}" for a, b, c in rows]
     out.append(
         f"  recipe: G = {r.group_size}, {r.rollout_batch_prompts} prompts per rollout batch, "
-        f"{r.mini_batch_samples} samples ({r.groups_per_step} groups) per optimizer step,\n          "
-        f"{r.steps_per_rollout} steps per rollout batch, sync every {r.sync_every}, max_staleness "
-        f"{r.max_staleness} (admission line {r.admission_capacity} groups),\n          {_replicas(n)} x "
+        f"{r.mini_batch_samples} samples ({r.admission.groups_per_version} groups) per optimizer step,\n          "
+        f"{r.admission.steps_per_rollout} steps per rollout batch, sync every {r.sync_every}, max_staleness "
+        f"{r.max_staleness} (admission line {r.admission.capacity} groups),\n          {_replicas(n)} x "
         f"{r.max_groups_in_flight} groups in flight"
     )
     per_step = [
@@ -750,9 +735,9 @@ def format_plan(p: Plan, sources: dict[str, str]) -> str:
 def plan_to_json(p: Plan, sources: dict[str, str]) -> dict[str, Any]:
     data = asdict(p)
     data["recipe"].update(
-        groups_per_step=p.recipe.groups_per_step,
-        steps_per_rollout=p.recipe.steps_per_rollout,
-        admission_capacity=p.recipe.admission_capacity,
+        groups_per_step=p.recipe.admission.groups_per_version,
+        steps_per_rollout=p.recipe.admission.steps_per_rollout,
+        admission_capacity=p.recipe.admission.capacity,
     )
     data["staleness"]["total"] = p.staleness.total
     data["sources"] = sources

@@ -1,29 +1,10 @@
 """The replay buffer: a pure state machine (`replay`), its durable journal (`journal`), and the
-`stream-dapo buffer` service around them (`service`, not imported here: the CLI loads it)."""
+`stream-dapo buffer` service around them (`service`, not imported here: the CLI loads it).
+
+The package exports the main types; the results and records of the state machine are in `replay`.
+"""
 
 from stream_dapo.buffer.journal import Journal, JournalError
-from stream_dapo.buffer.replay import (
-    AddResult,
-    AdmissionPolicy,
-    BufferInputError,
-    CommitResult,
-    GroupState,
-    MemoryLog,
-    Persistence,
-    ReplayBuffer,
-    ServeResult,
-)
+from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, GroupState, ReplayBuffer
 
-__all__ = [
-    "AddResult",
-    "AdmissionPolicy",
-    "BufferInputError",
-    "CommitResult",
-    "GroupState",
-    "Journal",
-    "JournalError",
-    "MemoryLog",
-    "Persistence",
-    "ReplayBuffer",
-    "ServeResult",
-]
+__all__ = ["AdmissionPolicy", "BufferInputError", "GroupState", "Journal", "JournalError", "ReplayBuffer"]

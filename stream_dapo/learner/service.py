@@ -97,7 +97,7 @@ class LearnerService:
         self.trained_log = self.out / "learner" / "trained_groups.jsonl"
         self.checkpoints = Checkpoints(self.ckpt_root, cfg.learner.keep_checkpoints, self.trained_log)
         self.metrics_log = self.out / "learner" / "metrics.jsonl"
-        self.groups_per_step = cfg.groups_per_version
+        self.groups_per_version = cfg.admission.groups_per_version
         self._model = model
         self._stop = threading.Event()
         self._ctx: zmq.Context[Any] | None = None
@@ -136,7 +136,7 @@ class LearnerService:
 
     def _train_rollout(self, groups: list[m.Group]) -> bool:
         """Proximal log-probs once, then one step per mini-batch. False when told to stop."""
-        size = self.groups_per_step
+        size = self.groups_per_version
         batches = [self.learner.prepare(groups[i : i + size]) for i in range(0, len(groups), size)]
         decoupled = self.cfg.algo.ratio_mode == "decoupled"
         prox = [self.learner.compute_logprobs(b.micro_batches) if decoupled else None for b in batches]

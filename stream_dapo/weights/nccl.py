@@ -102,6 +102,13 @@ def _require_cuda(what: str) -> None:
         )
 
 
+def _cuda_device(device: torch.device | int | None) -> torch.device:
+    """The CUDA device to use: the given one (a device or its index), else the current one."""
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cuda", int(device.index if isinstance(device, torch.device) else device))
+
+
 def _join(spec: NcclGroupSpec, rank: int, device: torch.device) -> Any:
     from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
 
@@ -130,12 +137,7 @@ class NcclWeightSender:
     ):
         _require_cuda("weights.method = 'nccl'")
         self.spec = spec
-        self.device = torch.device(
-            "cuda",
-            torch.cuda.current_device()
-            if device is None
-            else int(device.index if isinstance(device, torch.device) else device),
-        )
+        self.device = _cuda_device(device)
         self.timeout_s = timeout_s
         self.comm: Any = None
 
@@ -192,12 +194,7 @@ class NcclWeightReceiver:
             raise ValueError(f"receiver rank must be in [1, {spec.world_size}), got {rank}")
         self.spec = spec
         self.rank = rank
-        self.device = torch.device(
-            "cuda",
-            torch.cuda.current_device()
-            if device is None
-            else int(device.index if isinstance(device, torch.device) else device),
-        )
+        self.device = _cuda_device(device)
         self.comm: Any = None
 
     def connect(self) -> NcclWeightReceiver:

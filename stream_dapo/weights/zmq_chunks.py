@@ -57,7 +57,13 @@ from stream_dapo.weights.base import (
 if TYPE_CHECKING:
     import prometheus_client
 
-__all__ = ["REQUEST_MAX_BYTES", "WeightServer", "ZmqWeightSource", "fetch_weights_zmq"]
+__all__ = [
+    "REQUEST_MAX_BYTES",
+    "WeightServer",
+    "ZmqWeightSource",
+    "connect_weight_server",
+    "fetch_weights_zmq",
+]
 
 log = logging.getLogger(__name__)
 
@@ -291,6 +297,19 @@ class WeightServer:
 # --------------------------------------------------------------------------------------------------
 
 
+def connect_weight_server(address: str, curve: CurveKeys | None = None) -> Endpoint:
+    """A DEALER to the learner's weight server at `address` (on the process-wide context)."""
+    ctx: zmq.Context[Any] = zmq.Context.instance()
+    return open_endpoint(
+        ctx,
+        zmq.DEALER,
+        connect=address,
+        max_bytes=WEIGHTS_MAX_BYTES,
+        peer="learner weight server",
+        curve=curve,
+    )
+
+
 class ZmqWeightSource(FileSource):
     """Downloads newer versions from the learner's weight server into ``dest_dir`` (verified)."""
 
@@ -301,19 +320,11 @@ class ZmqWeightSource(FileSource):
         self.timeout_s = timeout_s
         self.dest_dir = dest_dir
         self.curve = curve
-        self._ctx: zmq.Context[Any] = zmq.Context.instance()
         self._endpoint: Endpoint | None = None
 
     def _ep(self) -> Endpoint:
         if self._endpoint is None:
-            self._endpoint = open_endpoint(
-                self._ctx,
-                zmq.DEALER,
-                connect=self.address,
-                max_bytes=WEIGHTS_MAX_BYTES,
-                peer="learner weight server",
-                curve=self.curve,
-            )
+            self._endpoint = connect_weight_server(self.address, self.curve)
         return self._endpoint
 
     def __call__(self, have: int) -> WeightUpdate | None:
@@ -368,15 +379,7 @@ def fetch_weights_zmq(
     """
     if isinstance(endpoint_or_addr, Endpoint):
         return _fetch(endpoint_or_addr, have_version, timeout, dest_dir, retries, keep)
-    ctx: zmq.Context[Any] = zmq.Context.instance()
-    ep = open_endpoint(
-        ctx,
-        zmq.DEALER,
-        connect=endpoint_or_addr,
-        max_bytes=WEIGHTS_MAX_BYTES,
-        peer="learner weight server",
-        curve=curve,
-    )
+    ep = connect_weight_server(endpoint_or_addr, curve)
     try:
         return _fetch(ep, have_version, timeout, dest_dir, retries, keep)
     finally:

@@ -173,7 +173,9 @@ def test_a_hung_buffer_neither_mixes_up_replies_nor_leases_twice(tmp_path: Path)
         for line in (tmp_path / "run" / "learner" / "trained_groups.jsonl").read_text().splitlines()
     ]
     assert [r["version"] for r in rows] == list(range(1, STEPS + 1))
-    assert [len(r["group_ids"]) for r in rows] == [cfg.groups_per_version] * STEPS  # full mini-batches
+    assert [len(r["group_ids"]) for r in rows] == [
+        cfg.admission.groups_per_version
+    ] * STEPS  # full mini-batches
     trained = [gid for r in rows for gid in r["group_ids"]]
     assert len(trained) == len(set(trained)), "a group was trained twice"
     assert max(r["max_staleness"] for r in rows) <= cfg.algo.max_staleness

@@ -85,11 +85,13 @@ def assert_generator_followed_the_learner(summary: dict, cfg, steps: int) -> Non
     update to version >= S - (sync_every - 1). How many updates it loaded on the way depends on
     speed (it may jump straight to the newest version), so only one is guaranteed.
     """
-    trained = steps * cfg.groups_per_version
-    credited_at_v0 = cfg.admission_capacity + cfg.learner.rollout_batch_prompts
+    trained = steps * cfg.admission.groups_per_version
+    credited_at_v0 = cfg.admission.capacity + cfg.learner.rollout_batch_prompts
     assert trained > credited_at_v0, "the run is too short to need weights newer than version 0"
     assert summary["generator_weight_updates"] >= 1
-    assert summary["generator_policy_version"] >= cfg.steps_per_rollout - (cfg.learner.sync_every - 1)
+    assert summary["generator_policy_version"] >= cfg.admission.steps_per_rollout - (
+        cfg.learner.sync_every - 1
+    )
 
 
 ASYNC_STEPS = 6
@@ -111,7 +113,7 @@ def test_async_run_trains_and_cleans_up(async_run, warm_model: Path) -> None:
     assert rc == 0
     cfg = load_config([out / "config.toml"], environ={})
     assert summary["final_version"] == steps == summary["learner_steps"]
-    assert summary["groups_trained"] == steps * cfg.groups_per_version
+    assert summary["groups_trained"] == steps * cfg.admission.groups_per_version
     assert summary["groups_trained_twice"] == 0
     assert summary["max_staleness_trained"] <= cfg.algo.max_staleness
     assert summary["groups_dropped_stale"] == 0
@@ -133,7 +135,7 @@ def test_sync_run_is_on_policy_at_rollout_start(tmp_path: Path, warm_model: Path
     assert summary["final_version"] == steps
     # Lock-step: a rollout batch is generated with the weights the learner had when it asked, so the
     # worst staleness is the S - 1 steps within one batch.
-    assert summary["max_staleness_trained"] <= cfg.steps_per_rollout - 1
+    assert summary["max_staleness_trained"] <= cfg.admission.steps_per_rollout - 1
     assert summary["groups_trained_twice"] == 0
     assert alive(seen) == []
 

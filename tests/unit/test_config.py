@@ -29,7 +29,7 @@ def test_paper_recipe_values() -> None:
     assert cfg.learner.lr == 1e-6 and cfg.learner.warmup_steps == 20 and cfg.learner.weight_decay == 0.1
     assert cfg.algo.kl_coef == 0.0 and cfg.algo.dual_clip_c == 10.0
     # 512 prompts x 16 samples / 512-sample mini-batches = 16 gradient steps per rollout step.
-    assert cfg.steps_per_rollout == 16
+    assert cfg.admission.steps_per_rollout == 16
     assert (cfg.eval.k, cfg.eval.temperature, cfg.eval.top_p) == (32, 1.0, 0.7)
 
 
@@ -87,10 +87,10 @@ def test_cross_field_errors_name_the_fix(overrides: list[str], message: str) -> 
 def test_admission_capacity_formula() -> None:
     # (max_staleness - S - (sync_every - 1) + 1) * B_v with S = 16*8/64 = 2 and B_v = 64/8 = 8.
     cfg = load_config(overrides=["algo.max_staleness=4"], environ={})
-    assert cfg.steps_per_rollout == 2 and cfg.groups_per_version == 8
-    assert cfg.admission_capacity == (4 - 2 - 0 + 1) * 8 == 24
+    assert cfg.admission.steps_per_rollout == 2 and cfg.admission.groups_per_version == 8
+    assert cfg.admission.capacity == (4 - 2 - 0 + 1) * 8 == 24
     cfg = load_config(overrides=["algo.max_staleness=6", "learner.sync_every=2"], environ={})
-    assert cfg.admission_capacity == (6 - 2 - 1 + 1) * 8 == 32
+    assert cfg.admission.capacity == (6 - 2 - 1 + 1) * 8 == 32
 
 
 def test_preset_expands_but_explicit_keys_win() -> None:

@@ -130,11 +130,12 @@ def test_line_step_is_where_the_line_is_exactly_full() -> None:
 def test_max_staleness_for_capacity_inverts_the_config_formula() -> None:
     cfg = load_config([PAPER], environ={})
     recipe = Recipe.from_config(cfg)
-    assert (recipe.groups_per_step, recipe.steps_per_rollout, recipe.admission_capacity) == (32, 16, 544)
+    rule = recipe.admission
+    assert (rule.groups_per_version, rule.steps_per_rollout, rule.capacity) == (32, 16, 544)
     assert max_staleness_for_capacity(recipe, 544) == 32
     assert max_staleness_for_capacity(recipe, 545) == 33
     bigger = load_config([PAPER], ["algo.max_staleness=33"], environ={})
-    assert bigger.admission_capacity == 576 >= 545
+    assert bigger.admission.capacity == 576 >= 545
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def test_default_config_admits_three_versions_of_groups() -> None:
     # S = 16*8/64 = 2 steps per rollout, B_v = 64/8 = 8 groups per step, max_staleness 4, sync_every 1:
     # (4 - 2 - 0 + 1) * 8 = 24 groups may wait or be promised.
     cfg = Config()
-    assert cfg.admission.capacity == cfg.admission_capacity == 24
+    assert cfg.admission.capacity == 24
     assert AdmissionPolicy.from_config(cfg).line_capacity == 24
 
 
