@@ -104,17 +104,14 @@ class PlanError(ValueError):
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """The numbers of a resolved `Config` the plan depends on."""
+@dataclass(frozen=True, kw_only=True)
+class Recipe(AdmissionRule):
+    """The numbers of a resolved `Config` the plan depends on: the admission rule's (so C, B_v and S
+    are `capacity`, `groups_per_version` and `steps_per_rollout`, from `stream_dapo.core.admission`)
+    and the sizes of the generators and responses."""
 
-    group_size: int
-    rollout_batch_prompts: int
-    mini_batch_samples: int
     max_response_len: int
     max_prompt_len: int
-    max_staleness: int
-    sync_every: int
     num_generators: int
     max_groups_in_flight: int
     dynamic_sampling: bool = True
@@ -123,28 +120,13 @@ class Recipe:
     @classmethod
     def from_config(cls, cfg: Config) -> Recipe:
         return cls(
-            group_size=cfg.algo.group_size,
-            rollout_batch_prompts=cfg.learner.rollout_batch_prompts,
-            mini_batch_samples=cfg.learner.mini_batch_samples,
+            **asdict(cfg.admission),
             max_response_len=cfg.algo.max_response_len,
             max_prompt_len=cfg.model.max_prompt_len,
-            max_staleness=cfg.algo.max_staleness,
-            sync_every=cfg.learner.sync_every,
             num_generators=cfg.generator.num_generators,
             max_groups_in_flight=cfg.generator.max_groups_in_flight,
             dynamic_sampling=cfg.algo.dynamic_sampling,
             total_steps=cfg.learner.total_steps,
-        )
-
-    @property
-    def admission(self) -> AdmissionRule:
-        """The admission rule these numbers give (`stream_dapo.core.admission`, the one home of C)."""
-        return AdmissionRule(
-            group_size=self.group_size,
-            mini_batch_samples=self.mini_batch_samples,
-            rollout_batch_prompts=self.rollout_batch_prompts,
-            max_staleness=self.max_staleness,
-            sync_every=self.sync_every,
         )
 
 
@@ -237,7 +219,7 @@ def capacity_for_step(
     recipe: Recipe, keep_fraction: float, step_s: float, learner_s: float, group_s: float
 ) -> float:
     """5. Groups the line holds on average at step time t: B_v D/(k t) + (R/2)(t_L/t)^2."""
-    in_flight = recipe.admission.groups_per_version * group_s / (keep_fraction * step_s)
+    in_flight = recipe.groups_per_version * group_s / (keep_fraction * step_s)
     waiting = recipe.rollout_batch_prompts / 2 * (learner_s / step_s) ** 2
     return in_flight + waiting
 
@@ -248,10 +230,10 @@ def line_step_seconds(recipe: Recipe, keep_fraction: float, learner_s: float, gr
     With x = 1/t the condition is b x^2 + a x = C, a = B_v D / k, b = (R/2) t_L^2: a quadratic
     with one positive root.
     """
-    cap = recipe.admission.capacity
+    cap = recipe.capacity
     if cap <= 0:
         return math.inf
-    a = recipe.admission.groups_per_version * group_s / keep_fraction
+    a = recipe.groups_per_version * group_s / keep_fraction
     b = recipe.rollout_batch_prompts / 2 * learner_s**2
     x = (-a + math.sqrt(a * a + 4 * b * cap)) / (2 * b)
     return 1.0 / x
@@ -260,7 +242,7 @@ def line_step_seconds(recipe: Recipe, keep_fraction: float, learner_s: float, gr
 def max_staleness_for_capacity(recipe: Recipe, capacity: float) -> int:
     """The smallest algo.max_staleness whose admission capacity holds `capacity` groups
     (`AdmissionRule.min_max_staleness`, the inverse of its formula)."""
-    return recipe.admission.min_max_staleness(capacity)
+    return recipe.min_max_staleness(capacity)
 
 
 @dataclass(frozen=True)
@@ -290,9 +272,9 @@ def expected_staleness(
     learner_bound: bool,
 ) -> Staleness:
     """7. Mean staleness of a token at its gradient step."""
-    b_v, s = recipe.admission.groups_per_version, recipe.admission.steps_per_rollout
+    b_v, s = recipe.groups_per_version, recipe.steps_per_rollout
     if learner_bound:
-        queue = recipe.admission.capacity / b_v - group_s / (keep_fraction * learner_s)
+        queue = recipe.capacity / b_v - group_s / (keep_fraction * learner_s)
     else:
         queue = learner_s / step_s * s / 2
     return Staleness(
@@ -357,11 +339,9 @@ def plan(recipe: Recipe, rates: Rates) -> Plan:
     to_match = t_1 / (t_l - sync_seconds_per_step(recipe, rates))
     needed = math.ceil(to_match - 1e-9)
     learner_bound = bottleneck == "learner"
-    in_flight = recipe.admission.groups_per_version * d / (k * step)
+    in_flight = recipe.groups_per_version * d / (k * step)
     waiting = (
-        recipe.admission.capacity - in_flight
-        if learner_bound
-        else recipe.rollout_batch_prompts / 2 * (t_l / step) ** 2
+        recipe.capacity - in_flight if learner_bound else recipe.rollout_batch_prompts / 2 * (t_l / step) ** 2
     )
     staleness = expected_staleness(recipe, k, step, t_l, d, learner_bound)
     line_needed = capacity_for_step(recipe, k, max(t_l, t_g), t_l, d)
@@ -409,7 +389,7 @@ def _with_warnings(p: Plan) -> Plan:
         )
     if p.bottleneck == "admission line":
         out.append(
-            f"the admission line ({r.admission.capacity} groups from algo.max_staleness = "
+            f"the admission line ({r.capacity} groups from algo.max_staleness = "
             f"{r.max_staleness}) makes each step {p.step_s / max(p.learner_s, p.generators_s) - 1:.1%} "
             f"slower than learner and generators could go: it must hold the groups in flight and about half "
             f"a rollout batch ({r.rollout_batch_prompts} groups) waiting for the learner. Set "
@@ -678,9 +658,9 @@ def format_plan(p: Plan, sources: dict[str, str]) -> str:
     out += [f"  {a:<31}{b:<30}{c}" for a, b, c in rows]
     out.append(
         f"  recipe: G = {r.group_size}, {r.rollout_batch_prompts} prompts per rollout batch, "
-        f"{r.mini_batch_samples} samples ({r.admission.groups_per_version} groups) per optimizer step,\n          "
-        f"{r.admission.steps_per_rollout} steps per rollout batch, sync every {r.sync_every}, max_staleness "
-        f"{r.max_staleness} (admission line {r.admission.capacity} groups),\n          {_replicas(n)} x "
+        f"{r.mini_batch_samples} samples ({r.groups_per_version} groups) per optimizer step,\n          "
+        f"{r.steps_per_rollout} steps per rollout batch, sync every {r.sync_every}, max_staleness "
+        f"{r.max_staleness} (admission line {r.capacity} groups),\n          {_replicas(n)} x "
         f"{r.max_groups_in_flight} groups in flight"
     )
     per_step = [
@@ -735,9 +715,9 @@ def format_plan(p: Plan, sources: dict[str, str]) -> str:
 def plan_to_json(p: Plan, sources: dict[str, str]) -> dict[str, Any]:
     data = asdict(p)
     data["recipe"].update(
-        groups_per_step=p.recipe.admission.groups_per_version,
-        steps_per_rollout=p.recipe.admission.steps_per_rollout,
-        admission_capacity=p.recipe.admission.capacity,
+        groups_per_step=p.recipe.groups_per_version,
+        steps_per_rollout=p.recipe.steps_per_rollout,
+        admission_capacity=p.recipe.capacity,
     )
     data["staleness"]["total"] = p.staleness.total
     data["sources"] = sources

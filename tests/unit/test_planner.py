@@ -130,8 +130,7 @@ def test_line_step_is_where_the_line_is_exactly_full() -> None:
 def test_max_staleness_for_capacity_inverts_the_config_formula() -> None:
     cfg = load_config([PAPER], environ={})
     recipe = Recipe.from_config(cfg)
-    rule = recipe.admission
-    assert (rule.groups_per_version, rule.steps_per_rollout, rule.capacity) == (32, 16, 544)
+    assert (recipe.groups_per_version, recipe.steps_per_rollout, recipe.capacity) == (32, 16, 544)
     assert max_staleness_for_capacity(recipe, 544) == 32
     assert max_staleness_for_capacity(recipe, 545) == 33
     bigger = load_config([PAPER], ["algo.max_staleness=33"], environ={})
