@@ -466,10 +466,7 @@ def train_trl(
             # Metrics of every step, from TRL's own history (logging_steps=1).
             (out / "log_history.json").write_text(json.dumps(state.log_history, indent=1))
 
-    v = cfg.verifier
-    with VerifierPool(
-        num_workers=v.workers, timeout_s=v.timeout_s, pattern=v.pattern, max_input_chars=v.max_input_chars
-    ) as pool:
+    with VerifierPool.from_config(cfg.verifier) as pool:
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[VerifierReward(pool, eos_ids, reward_shaping(cfg))],
@@ -519,12 +516,9 @@ def evaluate_models(
         seed=seed,
     )
     llm = vllm.LLM(**kwargs, worker_extension_cls=WORKER_EXTENSION)
-    v = cfg.verifier
     results: dict[str, Any] = {}
     try:
-        with VerifierPool(
-            num_workers=v.workers, timeout_s=v.timeout_s, pattern=v.pattern, max_input_chars=v.max_input_chars
-        ) as pool:
+        with VerifierPool.from_config(cfg.verifier) as pool:
 
             def score(label: str) -> dict[str, Any]:
                 t0 = time.perf_counter()

@@ -198,11 +198,8 @@ def run(args: argparse.Namespace) -> int:
         max_model_len=cfg.model.max_prompt_len + max_tokens,
         seed=args.seed,
     )
-    v = cfg.verifier
     try:
-        with VerifierPool(
-            num_workers=v.workers, timeout_s=v.timeout_s, pattern=v.pattern, max_input_chars=v.max_input_chars
-        ) as pool:
+        with VerifierPool.from_config(cfg.verifier) as pool:
             result = evaluate(
                 llm,
                 prompts,

@@ -301,10 +301,7 @@ class GeneratorService:
     def _start_verifier(self) -> None:
         from stream_dapo.verifier import VerifierPool
 
-        v = self.cfg.verifier
-        self.verifier = VerifierPool(
-            num_workers=v.workers, timeout_s=v.timeout_s, pattern=v.pattern, max_input_chars=v.max_input_chars
-        )
+        self.verifier = VerifierPool.from_config(self.cfg.verifier)
 
     def _start_engine(self) -> None:
         from stream_dapo.generator.engine import RolloutEngine

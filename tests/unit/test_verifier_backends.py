@@ -126,3 +126,19 @@ def test_pool_from_config_uses_every_key() -> None:
     with VerifierPool.from_config(cfg) as pool:
         results = pool.verify_batch([("#### 7\nAnswer: 8", "7"), ("y" * 101, "1")])
     assert [r.reason for r in results] == ["exact", "too_long"]
+
+
+@needs_math_verify
+def test_the_generator_scores_with_the_configured_backend() -> None:
+    """verifier.backend reaches the pool a generator scores its rollouts with."""
+    from stream_dapo.config import load_config
+    from stream_dapo.generator.service import GeneratorService
+
+    svc = GeneratorService(load_config(overrides=["verifier.backend=math-verify", "verifier.workers=1"], environ={}))
+    try:
+        svc._start_verifier()
+        assert svc.verifier is not None
+        [result] = svc.verifier.verify_batch([("\\boxed{\\{2,1\\}}", "\\{1,2\\}")])
+        assert result.correct and result.reason == "math_verify"
+    finally:
+        svc.close()
