@@ -91,6 +91,11 @@ class SyntheticTaskConfig(_Section):
                 f"data.synthetic.max_ops = {self.max_ops} is more than the arith task's 8; lower it, or "
                 'set data.synthetic.kind = "chain" for long problems'
             )
+        if self.kind == "chain" and self.max_ops > 26:
+            raise ValueError(
+                f"data.synthetic.max_ops = {self.max_ops} is more than the chain task's 26 (one letter "
+                "label per term); lower it"
+            )
         return self
 
 

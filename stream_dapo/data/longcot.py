@@ -1,35 +1,49 @@
-"""The long chain-of-thought task: reduce a long ``+``/``-`` chain one operation per line.
+"""The long chain-of-thought task: a long labelled ``+``/``-`` chain, worked forward and checked back.
 
-Each problem is a chain of single-digit additions and subtractions, and the worked solution writes
-the whole remaining expression again after every operation::
+Each problem is a chain of single-digit additions and subtractions whose terms are labelled ``a``,
+``b``, ``c``, ... The worked solution takes one line per term, then verifies the result by undoing
+every term from the last back to the first, and answers only after the check lands on the start::
 
-    question:  Compute 3+5-2+7+4-1.
-    solution:  8-2+7+4-1
-               6+7+4-1
-               13+4-1
-               17-1
-               16
-               Answer: 16
+    question:  Compute 3
+               a+5
+               b-2
+               c+7
+    solution:  a: 3+5=8
+               b: 8-2=6
+               c: 6+7=13
+               Check:
+               c: 13-7=6
+               b: 6+2=8
+               a: 8-5=3
+               Back at 3.
+               Answer: 13
 
-Why this shape. What makes real long chain-of-thought long is many dependent steps, each restating
-where the work stands before taking the next one; the length of a solution is then set by the
-problem, not by the format, and it grows faster than the problem: a chain of n operations needs
-n lines of shrinking length, about n^2 + 3n tokens in all (each term is an operator and one digit;
-the running value one or two digits). The number of operations is drawn log-uniformly between
-``min_ops`` and ``max_ops``, so the lengths are long-tailed the way reasoning traces are: most
-problems are moderate, a few need many times the median. At the long recipe's defaults (6-36
-operations) the reference solutions run from ~50 to ~1,400 tokens, median ~240, p90 ~900.
+Why this shape. What makes real long chain-of-thought long is many dependent steps and a pass
+that checks them; the length is set by the problem, not the format. Here every line depends on
+the one before (it starts from the previous result), a slip anywhere carries into the answer, so
+longer chains are less often right; and the check doubles the work the way verification does in
+real traces. A term costs about 21 tokens (two lines), so an n-term chain needs ~21n + 10. The
+number of terms is drawn log-uniformly between ``min_ops`` and ``max_ops``, so lengths are
+long-tailed: most chains are moderate, a few need several times the median. At the long recipe's
+settings (5-26 terms) the reference solutions run ~115-560 tokens, median ~250, p90 ~490; a
+sample that slips into repeating lines runs on to the cap.
 
-Every line depends on the previous one: it copies the previous line's tail and folds its first
-operation into the running value. A slip anywhere (a wrong digit, a term dropped or copied twice)
-carries into the answer, so longer chains are less often right, and a copy slip that fails to
-shorten the line can repeat itself until the length cap: the truncated samples that overlong reward
-shaping exists to handle. Running values stay in [0, 99] (each operator is drawn among those that
-keep them there), so the difficulty is the length of the chain, not the size of the numbers.
+Why the labels and the short lines. A line names its term's label, so finding the term is a lookup
+("where was ``c``, copy what followed": the induction mechanism small transformers learn first)
+rather than counting terms from the left, and nothing long is ever copied. Every label starts a
+line, in the question as in the solution, so it is the same token in both (after a space, Qwen2's
+pre-tokenizer would fold some letters into a different token, and the lookup would have nothing
+to match: measured, the warm model then did the arithmetic of each line right and picked the
+wrong terms). An earlier format that
+rewrote the whole remaining chain on every line (quadratic length, no labels) taught the tiny model
+the shape but not the copy: after 2,000 warm-up steps its greedy pass@1 was 0.8%, and 3.1% with
+labels added; long exact copies compound small per-token errors into wrong answers.
 
-Rows follow the DAPO-Math-17k schema exactly like ``stream_dapo.data.synthetic``'s (which writes
-both tasks, seeded and split-disjoint, and caches them): the same instruction, the same ``Answer:``
-line, the same verifier; ``extra_info["num_ops"]`` is the chain's length.
+Running values stay in [0, 99] (each operator is drawn among those that keep them there), so the
+difficulty is the length of the chain, not the size of the numbers. Rows follow the DAPO-Math-17k
+schema exactly like ``stream_dapo.data.synthetic``'s (which writes both tasks, seeded and
+split-disjoint, and caches them): the same instruction, the same ``Answer:`` line, the same
+verifier; ``extra_info["num_ops"]`` is the chain's length.
 """
 
 from __future__ import annotations
@@ -38,15 +52,19 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["ChainProblem", "reduce_chain", "sample_chain"]
+__all__ = ["LABELS", "MAX_VALUE", "ChainProblem", "work_chain", "sample_chain"]
 
 MAX_VALUE = 99
 """Running values stay in [0, MAX_VALUE]."""
+LABELS = "abcdefghijklmnopqrstuvwxyz"
+"""Term labels, in order: a chain has at most len(LABELS) terms."""
+
+_INVERSE = {"+": "-", "-": "+"}
 
 
 @dataclass(frozen=True)
 class ChainProblem:
-    """``start op[0] terms[0] op[1] terms[1] ...`` and its line-by-line reduction."""
+    """``start a<op0><term0> b<op1><term1> ...`` and its worked, checked solution."""
 
     start: int
     ops: tuple[str, ...]
@@ -54,57 +72,69 @@ class ChainProblem:
 
     @property
     def lines(self) -> tuple[str, ...]:
-        return reduce_chain(self.start, self.ops, self.terms)
+        return work_chain(self.start, self.ops, self.terms)
 
     @property
     def answer(self) -> int:
-        return int(self.lines[-1])
+        value = self.start
+        for op, term in zip(self.ops, self.terms, strict=True):
+            value = _apply(value, op, term)
+        return value
 
     @property
     def question(self) -> str:
-        return "Compute " + _expression(self.start, self.ops, self.terms) + "."
+        pairs = enumerate(zip(self.ops, self.terms, strict=True))
+        return f"Compute {self.start}\n" + "\n".join(f"{LABELS[i]}{op}{t}" for i, (op, t) in pairs)
 
     @property
     def solution(self) -> str:
         return "\n".join(self.lines) + f"\nAnswer: {self.answer}"
 
 
-def _expression(value: int, ops: tuple[str, ...], terms: tuple[int, ...]) -> str:
-    return str(value) + "".join(f"{op}{term}" for op, term in zip(ops, terms, strict=True))
+def _apply(value: int, op: str, term: int) -> int:
+    if op == "+":
+        return value + term
+    if op == "-":
+        return value - term
+    raise ValueError(f"unknown operator {op!r}; the chain task uses + and -")
 
 
-def reduce_chain(start: int, ops: tuple[str, ...], terms: tuple[int, ...]) -> tuple[str, ...]:
-    """The solution's lines: the remaining expression after each operation, the last one the value."""
+def work_chain(start: int, ops: tuple[str, ...], terms: tuple[int, ...]) -> tuple[str, ...]:
+    """The solution's lines: one per term forward, one per term undone backward, the landing."""
     if len(ops) != len(terms) or not ops:
         raise ValueError(
             f"a chain needs as many operators as terms, at least one; got {len(ops)}, {len(terms)}"
         )
-    value, lines = start, []
+    if len(terms) > len(LABELS):
+        raise ValueError(f"a chain has at most {len(LABELS)} terms (one label each), got {len(terms)}")
+    values = [start]
+    lines = []
     for i, (op, term) in enumerate(zip(ops, terms, strict=True)):
-        if op == "+":
-            value += term
-        elif op == "-":
-            value -= term
-        else:
-            raise ValueError(f"unknown operator {op!r}; the chain task uses + and -")
-        lines.append(_expression(value, ops[i + 1 :], terms[i + 1 :]))
+        values.append(_apply(values[-1], op, term))
+        lines.append(f"{LABELS[i]}: {values[i]}{op}{term}={values[i + 1]}")
+    for i in reversed(range(len(ops))):
+        line = f"{LABELS[i]}: {values[i + 1]}{_INVERSE[ops[i]]}{terms[i]}={values[i]}"
+        if i == len(ops) - 1:
+            lines.append("Check:")
+        lines.append(line)
+    lines.append(f"Back at {start}.")
     return tuple(lines)
 
 
 def sample_chain(rng: random.Random, min_ops: int, max_ops: int, max_operand: int = 9) -> ChainProblem:
     """Draw one chain: its length log-uniform in [min_ops, max_ops], terms in [1, max_operand], each
     operator drawn among those that keep the running value in [0, MAX_VALUE]."""
-    if not 1 <= min_ops <= max_ops:
-        raise ValueError(f"need 1 <= min_ops <= max_ops, got {min_ops}, {max_ops}")
+    if not 1 <= min_ops <= max_ops <= len(LABELS):
+        raise ValueError(f"need 1 <= min_ops <= max_ops <= {len(LABELS)}, got {min_ops}, {max_ops}")
     n = min(max_ops, int(math.exp(rng.uniform(math.log(min_ops), math.log(max_ops + 1)))))
     value = start = rng.randint(1, max_operand)
     ops: list[str] = []
     terms: list[int] = []
     for _ in range(n):
         term = rng.randint(1, max_operand)
-        allowed = [op for op, v in (("+", value + term), ("-", value - term)) if 0 <= v <= MAX_VALUE]
+        allowed = [op for op in "+-" if 0 <= _apply(value, op, term) <= MAX_VALUE]
         op = rng.choice(allowed)  # never empty: term <= max_operand < MAX_VALUE
-        value = value + term if op == "+" else value - term
+        value = _apply(value, op, term)
         ops.append(op)
         terms.append(term)
     return ChainProblem(start, tuple(ops), tuple(terms))

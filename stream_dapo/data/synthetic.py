@@ -72,6 +72,8 @@ OPERATORS = ("+", "-", "*")
 # Bump when the generated text or row layout changes: it is part of the cache key, so old caches
 # are regenerated instead of silently reused.
 _FORMAT_VERSION = 2
+_CHAIN_FORMAT_VERSION = 2
+"""The same for the chain task's text (its own, so that a change to it leaves arith caches alone)."""
 _MANIFEST = "manifest.json"
 
 
@@ -217,7 +219,9 @@ def synthetic_task_key(cfg: DataConfig) -> str:
     # "kind" joined the task knobs after the arith caches were written: leaving it out for arith keeps
     # their keys (and the warm models built on them) valid.
     task = cfg.synthetic.model_dump(mode="json", exclude={"kind"} if cfg.synthetic.kind == "arith" else None)
-    payload = {"task": task, "seed": cfg.seed, "format": _FORMAT_VERSION}
+    payload: dict[str, Any] = {"task": task, "seed": cfg.seed, "format": _FORMAT_VERSION}
+    if cfg.synthetic.kind == "chain":
+        payload["chain_format"] = _CHAIN_FORMAT_VERSION
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -10,45 +10,60 @@ import pytest
 from pydantic import ValidationError
 
 from stream_dapo.config import ConfigError, DataConfig, SyntheticTaskConfig, load_config
-from stream_dapo.data.longcot import MAX_VALUE, ChainProblem, reduce_chain, sample_chain
+from stream_dapo.data.longcot import LABELS, MAX_VALUE, ChainProblem, sample_chain, work_chain
 from stream_dapo.data.synthetic import ensure_synthetic_data, generate_split, synthetic_task_key
 from stream_dapo.verifier import verify
 
-CHAIN = SyntheticTaskConfig(kind="chain", min_ops=5, max_ops=32, num_train=300, num_eval=50)
+CHAIN = SyntheticTaskConfig(kind="chain", min_ops=5, max_ops=26, num_train=300, num_eval=50)
 
 
-def test_each_line_folds_the_first_operation_and_rewrites_the_rest() -> None:
-    problem = ChainProblem(3, ("+", "+", "-"), (5, 2, 4))
-    assert problem.question == "Compute 3+5+2-4."
-    assert problem.lines == ("8+2-4", "10-4", "6")
-    assert problem.solution == "8+2-4\n10-4\n6\nAnswer: 6"
-    assert problem.answer == 6
+def test_each_term_is_worked_forward_then_undone_back_to_the_start() -> None:
+    problem = ChainProblem(3, ("+", "-", "+"), (5, 2, 7))
+    assert problem.question == "Compute 3\na+5\nb-2\nc+7"
+    assert problem.lines == (
+        "a: 3+5=8",
+        "b: 8-2=6",
+        "c: 6+7=13",
+        "Check:",
+        "c: 13-7=6",
+        "b: 6+2=8",
+        "a: 8-5=3",
+        "Back at 3.",
+    )
+    assert problem.solution.endswith("Back at 3.\nAnswer: 13")
+    assert problem.answer == 13
 
 
 def test_a_malformed_chain_is_an_error() -> None:
     with pytest.raises(ValueError, match="as many operators as terms"):
-        reduce_chain(1, ("+",), (1, 2))
+        work_chain(1, ("+",), (1, 2))
     with pytest.raises(ValueError, match="uses \\+ and -"):
-        reduce_chain(1, ("*",), (2,))
+        work_chain(1, ("*",), (2,))
+    with pytest.raises(ValueError, match="at most 26 terms"):
+        work_chain(1, ("+",) * 27, (1,) * 27)
+    with pytest.raises(ValueError, match="max_ops <= 26"):
+        sample_chain(random.Random(0), 5, 27)
 
 
-def test_solution_length_grows_with_the_square_of_the_chain() -> None:
-    """n operations make n lines; line i holds the n - 1 - i terms still to fold (plus its value)."""
+def test_solution_length_grows_with_the_chain_two_lines_per_term() -> None:
     rng = random.Random(3)
-    for n in (5, 12, 30):
+    for n in (5, 12, 26):
         problem = sample_chain(rng, n, n)
-        assert len(problem.ops) == n and len(problem.lines) == n
-        for i, line in enumerate(problem.lines):
-            assert line.count("+") + line.count("-") == n - 1 - i
-        # every term is two characters (an operator and a digit), every value one or two
-        chars = sum(len(line) for line in problem.lines)
-        assert n * (n - 1) <= chars <= n * (n - 1) + 2 * n
+        assert len(problem.ops) == n and len(problem.lines) == 2 * n + 2
+        forward, back = problem.lines[:n], problem.lines[n + 1 : 2 * n + 1]
+        assert problem.lines[n] == "Check:"
+        assert [line[0] for line in forward] == list(LABELS[:n])
+        assert [line[0] for line in back] == list(reversed(LABELS[:n]))
+        # the check lands on the start, and each line starts from the previous line's result
+        assert back[-1].endswith(f"={problem.start}") and problem.lines[-1] == f"Back at {problem.start}."
+        for prev, line in zip(forward, forward[1:], strict=False):
+            assert line.split(": ")[1].startswith(prev.split("=")[1])
 
 
 def test_running_values_stay_in_range_and_the_answer_is_the_chain_evaluated() -> None:
     rng = random.Random(0)
     for _ in range(500):
-        p = sample_chain(rng, 5, 32)
+        p = sample_chain(rng, 4, 26)
         value = p.start
         for op, term in zip(p.ops, p.terms, strict=True):
             value = value + term if op == "+" else value - term
@@ -59,12 +74,12 @@ def test_running_values_stay_in_range_and_the_answer_is_the_chain_evaluated() ->
 
 def test_chain_lengths_are_log_uniform_so_long_chains_are_the_tail() -> None:
     rng = random.Random(1)
-    lengths = [len(sample_chain(rng, 5, 32).ops) for _ in range(4000)]
-    assert min(lengths) == 5 and max(lengths) == 32
-    # log-uniform on [5, 33): median sqrt(5 * 33) = 12.8; P(n >= 22) = ln(33/22) / ln(33/5) = 0.214
-    assert 11 <= statistics.median(lengths) <= 14
-    share = sum(n >= 22 for n in lengths) / len(lengths)
-    assert abs(share - math.log(33 / 22) / math.log(33 / 5)) < 0.03
+    lengths = [len(sample_chain(rng, 5, 26).ops) for _ in range(4000)]
+    assert min(lengths) == 5 and max(lengths) == 26
+    # log-uniform on [5, 27): median sqrt(5 * 27) = 11.6; P(n >= 18) = ln(27/18) / ln(27/5) = 0.240
+    assert 10 <= statistics.median(lengths) <= 13
+    share = sum(n >= 18 for n in lengths) / len(lengths)
+    assert abs(share - math.log(27 / 18) / math.log(27 / 5)) < 0.03
 
 
 def test_chain_splits_are_disjoint_deterministic_and_verify(tmp_path) -> None:
@@ -80,7 +95,7 @@ def test_chain_splits_are_disjoint_deterministic_and_verify(tmp_path) -> None:
     assert len(questions) == 300 and not questions & {r["prompt"][0]["content"] for r in eval_rows}
     for row in eval_rows + train_rows:
         assert verify(row["extra_info"]["solution"], row["reward_model"]["ground_truth"]).correct
-        assert row["extra_info"]["num_ops"] == row["extra_info"]["solution"].count("\n")
+        assert 2 * row["extra_info"]["num_ops"] + 2 == row["extra_info"]["solution"].count("\n")
 
 
 def test_the_arith_cache_key_does_not_change_with_the_new_kind_knob() -> None:
@@ -94,6 +109,8 @@ def test_the_arith_cache_key_does_not_change_with_the_new_kind_knob() -> None:
 def test_long_arith_is_refused_naming_the_chain_task() -> None:
     with pytest.raises(ValidationError, match='kind = "chain"'):
         SyntheticTaskConfig(kind="arith", max_ops=12)
+    with pytest.raises(ValidationError, match="chain task's 26"):
+        SyntheticTaskConfig(kind="chain", max_ops=30)
 
 
 def test_the_longcot_recipe_loads_and_its_context_fits_the_tiny_model() -> None:
@@ -108,7 +125,7 @@ def test_the_longcot_recipe_loads_and_its_context_fits_the_tiny_model() -> None:
     assert spec.max_position_embeddings == 2048
     check_context(cfg, spec)
     short = load_config([recipe], ["warmup.context_len=512"], environ={})
-    with pytest.raises(ConfigError, match="set warmup.context_len >= 928"):
+    with pytest.raises(ConfigError, match="set warmup.context_len >= 704"):
         check_context(short, tiny_spec(short))
 
 
@@ -152,3 +169,28 @@ def test_warmup_batches_by_length_cover_an_epoch_once_with_less_padding() -> Non
     assert len(flat) == len(set(flat)) == per_epoch * 8, "each example at most once per epoch"
     assert all(len(b) == 8 for b in batches)
     assert sorted_pad < 0.7 * random_pad
+
+
+def test_every_label_is_the_same_token_in_the_question_and_the_solution() -> None:
+    """Regression: with labels after a space, the tokenizer folded some into other tokens (" b" vs
+    "b"), and the warm model could not look terms up (it did each line's arithmetic, on wrong terms)."""
+    from stream_dapo.data.synthetic import build_prompt
+    from stream_dapo.model.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    problem = sample_chain(random.Random(2), 26, 26)
+
+    def label_tokens(text: str) -> dict[str, set[int]]:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        newline = tokenizer.convert_tokens_to_ids("Ċ")
+        found: dict[str, set[int]] = {}
+        for prev, tok in zip(ids, ids[1:], strict=False):
+            piece = tokenizer.decode([tok])
+            if prev == newline and piece in LABELS:
+                found.setdefault(piece, set()).add(tok)
+        return found
+
+    in_question = label_tokens(build_prompt(problem.question)[0]["content"])
+    in_solution = label_tokens("\n" + problem.solution)
+    assert sorted(in_question) == sorted(in_solution) == list(LABELS)
+    assert in_question == in_solution and all(len(ids) == 1 for ids in in_question.values())
