@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:
 from bench.workload import task_prompts, tiny_config  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "tiny-longcot-cpu.toml"
-OPS_BUCKETS = ((5, 8), (9, 13), (14, 20), (21, 32))
+OPS_BUCKETS = ((5, 8), (9, 13), (14, 20), (21, 26))
 POSITION_BUCKETS = ((0, 128), (128, 256), (256, 512), (512, 1_000_000))
 
 

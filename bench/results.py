@@ -512,6 +512,22 @@ EXTERNAL = (
         "verifier_hostile.json",
         "python bench/verifier_hostile.py --json docs/results/verifier_hostile.json",
     ),
+    (
+        "Verifier agreement with graded verdicts",
+        "verifier_agreement.json",
+        "python bench/verifier_agreement.py --json docs/results/verifier_agreement.json",
+    ),
+    (
+        "Long chain-of-thought task: the warm model's samples, μ vs π",
+        "longcot_task.json",
+        "python bench/longcot.py --json docs/results/longcot_task.json",
+    ),
+    (
+        "Long chain-of-thought: async vs sync, end to end",
+        "async_vs_sync_longcot.json",
+        "python bench/async_vs_sync.py --config configs/tiny-longcot-cpu.toml --json "
+        "docs/results/async_vs_sync_longcot.json",
+    ),
 )
 
 

@@ -8,13 +8,13 @@ every term from the last back to the first, and answers only after the check lan
                a+5
                b-2
                c+7
-    solution:  a: 3+5=8
-               b: 8-2=6
-               c: 6+7=13
+    solution:  a+5: 3+5=8
+               b-2: 8-2=6
+               c+7: 6+7=13
                Check:
-               c: 13-7=6
-               b: 6+2=8
-               a: 8-5=3
+               c+7: 13-7=6
+               b-2: 6+2=8
+               a+5: 8-5=3
                Back at 3.
                Answer: 13
 
@@ -28,9 +28,10 @@ long-tailed: most chains are moderate, a few need several times the median. At t
 settings (5-26 terms) the reference solutions run ~115-560 tokens, median ~250, p90 ~490; a
 sample that slips into repeating lines runs on to the cap.
 
-Why the labels and the short lines. A line names its term's label, so finding the term is a lookup
-("where was ``c``, copy what followed": the induction mechanism small transformers learn first)
-rather than counting terms from the left, and nothing long is ever copied. Every label starts a
+Why the labels and the short lines. A line starts with its term exactly as the question wrote it,
+so finding the term is a lookup (forward: "where was the last line's term, copy the question line
+after it"; back: "where was this label, copy what followed", the induction mechanism small
+transformers learn first) rather than counting terms from the left, and nothing long is copied. Every label starts a
 line, in the question as in the solution, so it is the same token in both (after a space, Qwen2's
 pre-tokenizer would fold some letters into a different token, and the lookup would have nothing
 to match: measured, the warm model then did the arithmetic of each line right and picked the
@@ -111,9 +112,9 @@ def work_chain(start: int, ops: tuple[str, ...], terms: tuple[int, ...]) -> tupl
     lines = []
     for i, (op, term) in enumerate(zip(ops, terms, strict=True)):
         values.append(_apply(values[-1], op, term))
-        lines.append(f"{LABELS[i]}: {values[i]}{op}{term}={values[i + 1]}")
+        lines.append(f"{LABELS[i]}{op}{term}: {values[i]}{op}{term}={values[i + 1]}")
     for i in reversed(range(len(ops))):
-        line = f"{LABELS[i]}: {values[i + 1]}{_INVERSE[ops[i]]}{terms[i]}={values[i]}"
+        line = f"{LABELS[i]}{ops[i]}{terms[i]}: {values[i + 1]}{_INVERSE[ops[i]]}{terms[i]}={values[i]}"
         if i == len(ops) - 1:
             lines.append("Check:")
         lines.append(line)

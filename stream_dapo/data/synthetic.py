@@ -72,7 +72,7 @@ OPERATORS = ("+", "-", "*")
 # Bump when the generated text or row layout changes: it is part of the cache key, so old caches
 # are regenerated instead of silently reused.
 _FORMAT_VERSION = 2
-_CHAIN_FORMAT_VERSION = 2
+_CHAIN_FORMAT_VERSION = 3
 """The same for the chain task's text (its own, so that a change to it leaves arith caches alone)."""
 _MANIFEST = "manifest.json"
 

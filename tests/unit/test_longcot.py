@@ -21,13 +21,13 @@ def test_each_term_is_worked_forward_then_undone_back_to_the_start() -> None:
     problem = ChainProblem(3, ("+", "-", "+"), (5, 2, 7))
     assert problem.question == "Compute 3\na+5\nb-2\nc+7"
     assert problem.lines == (
-        "a: 3+5=8",
-        "b: 8-2=6",
-        "c: 6+7=13",
+        "a+5: 3+5=8",
+        "b-2: 8-2=6",
+        "c+7: 6+7=13",
         "Check:",
-        "c: 13-7=6",
-        "b: 6+2=8",
-        "a: 8-5=3",
+        "c+7: 13-7=6",
+        "b-2: 6+2=8",
+        "a+5: 8-5=3",
         "Back at 3.",
     )
     assert problem.solution.endswith("Back at 3.\nAnswer: 13")
@@ -56,6 +56,9 @@ def test_solution_length_grows_with_the_chain_two_lines_per_term() -> None:
         assert [line[0] for line in back] == list(reversed(LABELS[:n]))
         # the check lands on the start, and each line starts from the previous line's result
         assert back[-1].endswith(f"={problem.start}") and problem.lines[-1] == f"Back at {problem.start}."
+        question_lines = problem.question.splitlines()[1:]
+        for i, line in enumerate(forward):
+            assert line.split(": ")[0] == question_lines[i], "a line starts with its term as asked"
         for prev, line in zip(forward, forward[1:], strict=False):
             assert line.split(": ")[1].startswith(prev.split("=")[1])
 
@@ -125,7 +128,7 @@ def test_the_longcot_recipe_loads_and_its_context_fits_the_tiny_model() -> None:
     assert spec.max_position_embeddings == 2048
     check_context(cfg, spec)
     short = load_config([recipe], ["warmup.context_len=512"], environ={})
-    with pytest.raises(ConfigError, match="set warmup.context_len >= 704"):
+    with pytest.raises(ConfigError, match="set warmup.context_len >= 832"):
         check_context(short, tiny_spec(short))
 
 
