@@ -523,6 +523,12 @@ EXTERNAL = (
         "python bench/longcot.py --json docs/results/longcot_task.json",
     ),
     (
+        "Long chain-of-thought: `stream-dapo run` on the recipe",
+        "longcot_run.json",
+        "stream-dapo run --config configs/tiny-longcot-cpu.toml && cp runs/tiny-longcot-cpu/summary.json "
+        "docs/results/longcot_run.json",
+    ),
+    (
         "Long chain-of-thought: async vs sync, end to end",
         "async_vs_sync_longcot.json",
         "python bench/async_vs_sync.py --config configs/tiny-longcot-cpu.toml --json "
