@@ -394,6 +394,23 @@ def wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout
     raise AssertionError(f"buffer not ready after {timeout_s} s:\n{log_path.read_text()}")
 
 
+def kill_and_restart(
+    proc: subprocess.Popen[bytes], args: list[str], port: int, log_path: Path
+) -> subprocess.Popen[bytes]:
+    """SIGKILL the buffer (nothing flushed, nothing drained), start it again on the same state and
+    wait until it serves."""
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    proc = start_buffer(args, log_path)
+    try:
+        wait_ready(proc, port, log_path)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
+
+
 def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
     items = overrides(tmp_path)
     cfg = load_config(overrides=items, environ={})
@@ -415,11 +432,7 @@ def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
             assert [g.group_id for g in m.groups_from_body(leased.body)] == ["g0", "g1"]
         finally:
             peers.close()
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=10) == -signal.SIGKILL
-
-        proc = start_buffer(args, log_path)
-        wait_ready(proc, cfg.metrics.buffer_port, log_path)
+        proc = kill_and_restart(proc, args, cfg.metrics.buffer_port, log_path)
         peers = Peers(cfg)
         try:
             # The generator cannot tell what survived, so it resends everything: all duplicates.
@@ -466,11 +479,7 @@ def test_a_credit_grant_journaled_before_a_crash_is_granted_again_to_its_repeate
             assert peers.ask(peers.gen, m.credit_request("gen-0", 6), request_id=900).body["granted"] == 6
         finally:
             peers.close()
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=10) == -signal.SIGKILL
-
-        proc = start_buffer(args, log_path)
-        wait_ready(proc, cfg.metrics.buffer_port, log_path)
+        proc = kill_and_restart(proc, args, cfg.metrics.buffer_port, log_path)
         peers = Peers(cfg)
         try:
             repeat = peers.ask(peers.gen, m.credit_request("gen-0", 6), request_id=900)
