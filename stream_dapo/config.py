@@ -62,9 +62,10 @@ class ModelConfig(_Section):
 class SyntheticTaskConfig(_Section):
     kind: Literal["arith", "chain"] = "arith"
     """arith: an expression with 1-8 operations and precedence, one short line per operation (the
-    embedded default; ~20-60 tokens). chain: a long +/- chain whose worked solution rewrites the
-    remaining expression after every operation, so length grows with the square of the chain and
-    is long-tailed (the long chain-of-thought recipe, configs/tiny-longcot-cpu.toml)."""
+    embedded default; ~20-60 tokens). chain: a long labelled +/- chain worked forward one line per
+    term and then checked back term by term (~21 tokens per term; the number of terms is drawn
+    log-uniformly, so lengths are long-tailed): the long chain-of-thought recipe,
+    configs/tiny-longcot-cpu.toml, and stream_dapo/data/longcot.py."""
     num_train: int = Field(20000, ge=1)
     """Number of training problems generated."""
     num_eval: int = Field(200, ge=1)

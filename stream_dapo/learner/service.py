@@ -109,6 +109,9 @@ class LearnerService:
         self._last_published = -1
         self._started = time.time()
         self._last_wait_s = 0.0
+        self._last_prepare_s = 0.0
+        self._last_proximal_s = 0.0
+        self._last_publish_s = 0.0
         self.learner: Any = None
         self.health: Health | None = None
         self.rank, self.world_size = 0, 1
@@ -137,9 +140,12 @@ class LearnerService:
     def _train_rollout(self, groups: list[m.Group]) -> bool:
         """Proximal log-probs once, then one step per mini-batch. False when told to stop."""
         size = self.groups_per_version
+        t0 = time.perf_counter()
         batches = [self.learner.prepare(groups[i : i + size]) for i in range(0, len(groups), size)]
+        t1 = time.perf_counter()
         decoupled = self.cfg.algo.ratio_mode == "decoupled"
         prox = [self.learner.compute_logprobs(b.micro_batches) if decoupled else None for b in batches]
+        self._last_prepare_s, self._last_proximal_s = t1 - t0, time.perf_counter() - t1
         for batch, batch_prox in zip(batches, prox, strict=True):
             metrics = self.learner.train_step(batch, batch_prox)
             self._after_step(metrics, batch.group_ids)
@@ -159,9 +165,11 @@ class LearnerService:
         publish = v % self.cfg.learner.sync_every == 0
         checkpoint = v % self.cfg.learner.checkpoint_every == 0
         if publish or checkpoint:
+            t0 = time.perf_counter()
             state_dict = self.learner.gather_state_dict()  # collective; once for both
             if publish:
                 self._publish(state_dict)
+                self._last_publish_s = time.perf_counter() - t0
             if checkpoint:
                 self._checkpoint(state_dict)
         if self.health is not None:
@@ -459,6 +467,10 @@ class LearnerService:
             "wall_time": round(time.time(), 3),
             "elapsed_s": round(time.time() - self._started, 3),
             "batch_wait_seconds": round(self._last_wait_s, 4),
+            # Per rollout batch (repeated on each of its steps): packing and the proximal pass.
+            "prepare_seconds": round(self._last_prepare_s, 4),
+            "proximal_seconds": round(self._last_proximal_s, 4),
+            "publish_seconds": round(self._last_publish_s, 4),  # the previous publication
         }
         _append_jsonl(self.metrics_log, row)
         log.info(
