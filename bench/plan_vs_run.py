@@ -9,7 +9,9 @@ the launcher's `metrics.jsonl`, `summary.json` and the generators' final metrics
 - generator tokens/s: response tokens generated / (training seconds - seconds spent loading
   weights), per replica. This is the run's average, not the engine-full rate the planner asks for:
   where credits or the admission line starved the engine, it understates that rate;
-- learner tokens/s: tokens trained / seconds inside optimizer steps (waits for data excluded);
+- learner tokens/s: tokens trained / seconds the learner had data (waits for a batch and weight
+  publications excluded; the proximal pass, packing and checkpoints included), which is what
+  `stream-dapo plan --from-prometheus` measures;
 - mean response length (all generated responses), prompt length (trained tokens that are not loss
   tokens, per sample), the kept fraction of dynamic sampling, and the mean weight load time.
 
@@ -17,7 +19,8 @@ The planner's model (`stream_dapo.planner.plan`) is fed those rates and the run'
 prediction is printed next to the measurement:
 
 - seconds per optimizer step (steady part: from the learner's first step to its last);
-- learner utilisation: seconds inside optimizer steps / wall seconds of that span;
+- learner utilisation: 1 - (waits for a batch) / wall seconds of that span (and, for reference,
+  the share spent inside optimizer steps);
 - mean token staleness at the gradient step (token-weighted, from the learner's staleness counts);
 - kept groups waiting in the buffer (the launcher's 5-second samples, mean over the same span).
 
@@ -63,6 +66,17 @@ def _generator_totals(run_dir: Path) -> dict[str, float]:
     return totals
 
 
+def _learner_tps(steps: list[dict[str, Any]], per_rollout: int) -> float:
+    """Tokens trained per second the learner had data (as the planner's Prometheus measurement):
+    wall time from the first step's end to the last's, less the waits for a batch (one per rollout
+    batch, repeated on its steps) and the weight publications."""
+    span = steps[-1]["elapsed_s"] - steps[0]["elapsed_s"]
+    later = steps[1:]
+    waiting = sum(r["batch_wait_seconds"] for r in later) / per_rollout
+    publishing = sum(r.get("publish_seconds", 0.0) for r in later)
+    return sum(r["tokens"] for r in later) / max(span - waiting - publishing, 1e-9)
+
+
 def measure(run_dir: Path) -> dict[str, Any]:
     """Rates and outcomes of one finished run, as the module docstring defines them."""
     cfg = load_config([run_dir / "config.toml"])
@@ -79,7 +93,7 @@ def measure(run_dir: Path) -> dict[str, Any]:
     filtered = summary["groups_filtered"]
     rates = Rates(
         gen_tps=gen["tokens_total"] / replicas / max(train_s - load_s, 1e-9),
-        learn_tps=sum(r["tokens"] for r in steps) / sum(r["step_seconds"] for r in steps),
+        learn_tps=_learner_tps(steps, cfg.admission.steps_per_rollout),
         mean_response_len=gen["response_length_tokens_sum"] / gen["response_length_tokens_count"],
         prompt_len=sum(r["tokens"] - r["loss_tokens"] for r in steps) / sum(r["samples"] for r in steps),
         keep_fraction=kept / (kept + filtered) if cfg.algo.dynamic_sampling else 1.0,
@@ -96,13 +110,15 @@ def measure(run_dir: Path) -> dict[str, Any]:
     total_tokens = sum(stale_tokens.values())
     t0 = launcher[0]["t"]
     start_t = next((r["t"] for r in launcher if r["step"] >= 1), t0)
-    waiting = [r["buffer_waiting"] for r in launcher if r["t"] >= start_t and r["step"] < last["version"]]
+    queued = [r["buffer_waiting"] for r in launcher if r["t"] >= start_t and r["step"] < last["version"]]
+    waiting = sum(r["batch_wait_seconds"] for r in steps[1:]) / cfg.admission.steps_per_rollout
     measured = {
         "step_s": span / (len(steps) - 1),
-        "learner_busy": inside / span,
+        "learner_busy": 1.0 - waiting / span,
+        "learner_inside_steps": inside / span,
         "staleness_mean": sum(v * c for v, c in stale_tokens.items()) / max(total_tokens, 1),
         "staleness_max": max(stale_tokens) if stale_tokens else 0,
-        "waiting_groups": statistics.fmean(waiting) if waiting else 0.0,
+        "waiting_groups": statistics.fmean(queued) if queued else 0.0,
     }
     p = plan(Recipe.from_config(cfg), rates)
     predicted = {
@@ -149,6 +165,7 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"  {label:22s} {pred:10.3f} {meas:10.3f} {off:>8s}")
     parts = ", ".join(f"{k} {v:.2f}" for k, v in p["staleness_parts"].items())
     print(f"  predicted bottleneck: {p['bottleneck']}; staleness parts: {parts}; measured max {m['staleness_max']}")
+    print(f"  measured: share of wall time inside optimizer steps {m['learner_inside_steps']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -138,13 +138,18 @@ class LearnerService:
         return 0
 
     def _train_rollout(self, groups: list[m.Group]) -> bool:
-        """Proximal log-probs once, then one step per mini-batch. False when told to stop."""
+        """Proximal log-probs once (for every mini-batch but the first), then one step per mini-batch.
+        False when told to stop."""
         size = self.groups_per_version
         t0 = time.perf_counter()
         batches = [self.learner.prepare(groups[i : i + size]) for i in range(0, len(groups), size)]
         t1 = time.perf_counter()
         decoupled = self.cfg.algo.ratio_mode == "decoupled"
-        prox = [self.learner.compute_logprobs(b.micro_batches) if decoupled else None for b in batches]
+        # The first mini-batch trains on the weights the rollout batch starts from, so its forward
+        # gives its proximal log-probs (None); only the later ones need a pass before the first step.
+        prox = [None] + [
+            self.learner.compute_logprobs(b.micro_batches) if decoupled else None for b in batches[1:]
+        ]
         self._last_prepare_s, self._last_proximal_s = t1 - t0, time.perf_counter() - t1
         for batch, batch_prox in zip(batches, prox, strict=True):
             metrics = self.learner.train_step(batch, batch_prox)

@@ -547,8 +547,9 @@ class Learner:
         """One optimizer step on a mini-batch (collective): accumulate gradients, then update.
 
         ``prox``: proximal log-probs aligned with ``batch.micro_batches`` (from `compute_logprobs`
-        before the first step of the rollout batch). In decoupled mode ``None`` computes them now,
-        which is right only for the first mini-batch of a rollout batch.
+        before the first step of the rollout batch). In decoupled mode ``None`` means "the current
+        weights", which is right only for the first mini-batch of a rollout batch: they are then
+        the training forward's own log-probs, detached, so that mini-batch costs no extra pass.
         """
         if not isinstance(batch, MiniBatch):
             batch = self.prepare(batch)
@@ -558,8 +559,6 @@ class Learner:
     def accumulate_gradients(self, batch: MiniBatch, prox: Sequence[Tensor] | None = None) -> AccumulatedStep:
         """Forward/backward of every micro-batch; gradients add up in the engine (collective)."""
         acc = AccumulatedStep()
-        if self.loss_params.ratio_mode == "decoupled" and prox is None:
-            prox = self.compute_logprobs(batch.micro_batches)
         if prox is not None and len(prox) != len(batch.micro_batches):
             raise ValueError(
                 f"prox has {len(prox)} entries for {len(batch.micro_batches)} micro-batches; compute it with "
@@ -589,6 +588,11 @@ class Learner:
     def _micro_batch_loss(self, mb: MicroBatch, prox: Tensor | None, batch: MiniBatch) -> tuple[Tensor, dict]:
         logits = self._logits(self.engine, mb)
         logp = token_logprobs(logits, mb.targets)
+        if prox is None and self.loss_params.ratio_mode == "decoupled":
+            # The weights have not moved since this rollout batch began: the proximal policy is the
+            # current one, whose log-probs this forward just computed (the same values a separate
+            # no-grad pass would give, at no extra cost).
+            prox = logp.detach()
         if self.loss_params.entropy_coef > 0:
             entropy = token_entropy(logits)
         else:

@@ -121,6 +121,25 @@ def test_a_few_steps_change_every_parameter_and_record_staleness(tmp_path: Path)
     assert unchanged == []
 
 
+def test_first_mini_batch_takes_its_proximal_logprobs_from_its_own_forward(tmp_path: Path) -> None:
+    """prox=None (the service's first mini-batch of a rollout batch) must train exactly as a separate
+    no-grad proximal pass on the same weights would: same loss, IS weights and updated parameters."""
+    cfg = make_cfg(tmp_path)
+    groups = make_groups(5, version=0)
+    reused = Learner(cfg, tiny_model(0), source_dir=tmp_path)
+    separate = Learner(cfg, tiny_model(0), source_dir=tmp_path)
+    batch_a, batch_b = reused.prepare(groups), separate.prepare(groups)
+    a = reused.train_step(batch_a, None)
+    b = separate.train_step(batch_b, separate.compute_logprobs(batch_b.micro_batches))
+    assert a.loss == pytest.approx(b.loss, rel=1e-6, abs=1e-9)
+    assert a.is_weight_mean == pytest.approx(b.is_weight_mean, rel=1e-6)
+    assert a.ratio_mean == pytest.approx(1.0, abs=1e-6)  # ratio to the current weights is 1
+    pa, pb = params_of(reused.engine.module), params_of(separate.engine.module)
+    for name in pa:
+        torch.testing.assert_close(pa[name], pb[name], rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(pa[n], params_of(tiny_model(0))[n]) for n in pa)  # it did train
+
+
 def test_checkpoint_resume_continues_bit_identically(tmp_path: Path) -> None:
     cfg = make_cfg(tmp_path)
     first = Learner(cfg, tiny_model(0), source_dir=tmp_path)
