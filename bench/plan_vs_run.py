@@ -52,8 +52,13 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _generator_totals(run_dir: Path) -> dict[str, float]:
-    keys = ("tokens_total", "weight_sync_seconds_sum", "weight_sync_seconds_count",
-            "response_length_tokens_sum", "response_length_tokens_count")
+    keys = (
+        "tokens_total",
+        "weight_sync_seconds_sum",
+        "weight_sync_seconds_count",
+        "response_length_tokens_sum",
+        "response_length_tokens_count",
+    )
     totals = dict.fromkeys(keys, 0.0)
     files = sorted((run_dir / "final-metrics").glob("generator-*.json"))
     if not files:
@@ -164,7 +169,9 @@ def print_report(result: dict[str, Any]) -> None:
         off = f"{(pred - meas) / meas:+.0%}" if meas else "n/a"
         print(f"  {label:22s} {pred:10.3f} {meas:10.3f} {off:>8s}")
     parts = ", ".join(f"{k} {v:.2f}" for k, v in p["staleness_parts"].items())
-    print(f"  predicted bottleneck: {p['bottleneck']}; staleness parts: {parts}; measured max {m['staleness_max']}")
+    print(
+        f"  predicted bottleneck: {p['bottleneck']}; staleness parts: {parts}; measured max {m['staleness_max']}"
+    )
     print(f"  measured: share of wall time inside optimizer steps {m['learner_inside_steps']:.2f}")
 
 

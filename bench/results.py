@@ -518,21 +518,10 @@ EXTERNAL = (
         "python bench/verifier_agreement.py --json docs/results/verifier_agreement.json",
     ),
     (
-        "Long chain-of-thought task: the warm model's samples, μ vs π",
-        "longcot_task.json",
-        "python bench/longcot.py --json docs/results/longcot_task.json",
-    ),
-    (
-        "Long chain-of-thought: `stream-dapo run` on the recipe",
-        "longcot_run.json",
-        "stream-dapo run --config configs/tiny-longcot-cpu.toml && cp runs/tiny-longcot-cpu/summary.json "
-        "docs/results/longcot_run.json",
-    ),
-    (
-        "Long chain-of-thought: async vs sync, end to end",
-        "async_vs_sync_longcot.json",
-        "python bench/async_vs_sync.py --config configs/tiny-longcot-cpu.toml --json "
-        "docs/results/async_vs_sync_longcot.json",
+        "Long chain-of-thought (configs/tiny-longcot-cpu.toml)",
+        "longcot.md",
+        "python bench/longcot.py, bench/async_vs_sync.py --config configs/tiny-longcot-cpu.toml, "
+        "bench/gradient_snr.py and bench/plan_vs_run.py (each figure names its command and JSON)",
     ),
 )
 
