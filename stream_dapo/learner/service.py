@@ -9,8 +9,9 @@ Main loop, per rollout step: collect ``learner.rollout_batch_prompts`` groups fr
 (waiting with back-off while it answers ``empty``), split them into mini-batches of
 ``mini_batch_samples / group_size`` groups, compute the proximal log-probs of all of them once with
 the current weights, then take one optimizer step per mini-batch. After each step: one line in
-``learner/trained_groups.jsonl`` and ``learner/metrics.jsonl``, Prometheus metrics, weights published
-every ``sync_every`` steps, a checkpoint every ``checkpoint_every`` steps followed by ``commit``.
+``learner/trained_groups.jsonl``, weights published every ``sync_every`` steps, a checkpoint every
+``checkpoint_every`` steps followed by ``commit``, Prometheus metrics and one tracked row on rank 0
+(`stream_dapo.tracking`: ``learner/metrics.jsonl``, W&B, TensorBoard, as ``tracking.backends`` says).
 
 Checkpoints: ``checkpoints/step_{v:06d}/`` holds the DeepSpeed state (``deepspeed/``), an HF export
 (``hf/``), ``learner_state.json`` and the trained-group log as of that version; written under a temporary name, renamed, then ``latest`` is
@@ -62,6 +63,7 @@ from stream_dapo.transport.sockets import (
 if TYPE_CHECKING:  # torch and DeepSpeed load in start(), so `stream-dapo learner --help` is instant
     from transformers import PreTrainedModel
 
+    from stream_dapo.tracking import Tracker
     from stream_dapo.weights.base import WeightPublisher
 
 __all__ = ["LearnerService", "add_arguments", "run"]
@@ -109,6 +111,8 @@ class LearnerService:
         self._last_published = -1
         self._started = time.time()
         self._last_wait_s = 0.0
+        self._last_sync_s: float | None = None
+        self.tracker: Tracker | None = None
         self.learner: Any = None
         self.health: Health | None = None
         self.rank, self.world_size = 0, 1
@@ -155,15 +159,17 @@ class LearnerService:
                 self.trained_log,
                 {"version": v, "group_ids": group_ids, "max_staleness": metrics.max_staleness},
             )
-            self._record_metrics(metrics)
         publish = v % self.cfg.learner.sync_every == 0
         checkpoint = v % self.cfg.learner.checkpoint_every == 0
+        self._last_sync_s = None
         if publish or checkpoint:
             state_dict = self.learner.gather_state_dict()  # collective; once for both
             if publish:
                 self._publish(state_dict)
             if checkpoint:
                 self._checkpoint(state_dict)
+        if self.rank == 0:  # after the publish, so the row has its time
+            self._record_metrics(metrics)
         if self.health is not None:
             self.health.detail["version"] = v
             self.health.beat()
@@ -200,6 +206,10 @@ class LearnerService:
             self._start_publishers()
         self.learner = Learner(self.cfg, self._model)
         state = self._resume()
+        if self.rank == 0:  # one writer per run
+            from stream_dapo.tracking import Tracker
+
+            self.tracker = Tracker.start(self.cfg)
         self._publish(self.learner.gather_state_dict())
         if self.rank == 0:
             self._hello(state)
@@ -398,6 +408,7 @@ class LearnerService:
             self._publisher.publish(payload, state_dict)
             seconds = time.perf_counter() - t0
             self.metrics.weight_sync_seconds.observe(seconds)
+            self._last_sync_s = seconds
             self.metrics.weight_sync_bytes.inc(payload.total_bytes)
             self.metrics.policy_version.set(v)
             log.info(
@@ -459,8 +470,10 @@ class LearnerService:
             "wall_time": round(time.time(), 3),
             "elapsed_s": round(time.time() - self._started, 3),
             "batch_wait_seconds": round(self._last_wait_s, 4),
+            "weight_sync_seconds": round(self._last_sync_s, 4) if self._last_sync_s is not None else None,
         }
-        _append_jsonl(self.metrics_log, row)
+        if self.tracker is not None:
+            self.tracker.log(s.version, row)
         log.info(
             "step %d loss %.4f reward %.3f acc %.3f grad %.3f stale<=%d %.0f tok/s",
             s.version,
@@ -475,6 +488,9 @@ class LearnerService:
     # ------------------------------------------------------------------ shutdown
 
     def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
         if self._publisher is not None:
             self._publisher.close()
         if self._buffer is not None:
