@@ -3,8 +3,8 @@
 The launcher is a supervisor, not a trainer: it prepares the run directory and the model, starts
 each service as a child process (the same commands systemd or Kubernetes would run), shows a live
 view scraped from their /metrics endpoints, and, when the learner finishes, stops the rest and
-writes `summary.json`. Every child runs in its own session so that a stop (or Ctrl-C) takes its
-whole process tree — vLLM's engine processes included — with it: no orphans.
+writes `summary.json` and the run's `report.md` with its plots (`stream_dapo.report`). Every child
+runs in its own session so that a stop (or Ctrl-C) takes its whole process tree — vLLM's engine processes included — with it: no orphans.
 """
 
 from __future__ import annotations
@@ -623,6 +623,9 @@ def run(args: argparse.Namespace) -> int:
     summary["wall_seconds"] = round(time.monotonic() - t0, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
+    from stream_dapo.report import write_run_report
+
+    write_run_report(run_dir)  # report.md + report/*.png; never fails the run
     return code
 
 
