@@ -281,12 +281,17 @@ class LiveView:
         snap = self.endpoints.snapshot()
         if any(snap.values()):
             self.last = {k: v or self.last.get(k, {}) for k, v in snap.items()}
-        elapsed = time.monotonic() - self.t0
-        row = self.row(self.last, elapsed)
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        row = self.record(self.last)
         if not self.quiet:
             self.show(format_status(row, self.cfg.learner.total_steps))
+        return row
+
+    def record(self, snap: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
+        """Append the row of `snap` to metrics.jsonl (also the services' final metrics at the end,
+        so that the last learner steps have a row)."""
+        row = self.row(snap, time.monotonic() - self.t0)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
         return row
 
     def row(self, snap: Mapping[str, Mapping[str, float]], elapsed: float) -> dict[str, Any]:
@@ -568,7 +573,9 @@ def train(cfg: Config, config_path: Path, run_dir: Path, summary: dict[str, Any]
         train_seconds = time.monotonic() - t0
         view.finish()
         sup.stop_all()
-        summary.update(build_summary(final_snapshot(view.last, run_dir), run_dir, train_seconds))
+        final = final_snapshot(view.last, run_dir)
+        view.record(final)
+        summary.update(build_summary(final, run_dir, train_seconds))
 
 
 def resolve_config(args: argparse.Namespace) -> Config:

@@ -484,6 +484,8 @@ def _plot_eval(runs: Sequence[RunData], path: Path) -> bool:
     for i, run in enumerate(have):
         colour = colours[runs.index(run) % len(colours)]
         for j, (when, result) in enumerate((("before", run.eval_before), ("after", run.eval_after))):
+            if not result:
+                continue
             offset = (2 * i + j - len(have) + 0.5) * width
             values = [100 * float(result.get(m, float("nan"))) for m in metrics]
             xs = [k + offset for k in range(len(metrics))]

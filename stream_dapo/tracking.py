@@ -87,7 +87,7 @@ INSTALL_HINT = {
 }
 
 
-def staleness_quantiles(counts: Mapping[str | int, int]) -> dict[str, float]:
+def staleness_quantiles(counts: Mapping[str, int] | Mapping[int, int]) -> dict[str, float]:
     """Token-weighted p50 / p95 / max of staleness from {staleness: trained tokens}.
 
     A quantile q is the smallest staleness s with at least q of the tokens at s or below (no

@@ -108,6 +108,7 @@ def test_the_run_writes_its_report_with_the_generator_side_plots(tracked_run: Pa
     assert "Not recorded in these runs" not in report.split("## Weight synchronisation")[1]
     live = [json.loads(line) for line in (tracked_run / "metrics.jsonl").read_text().splitlines()]
     assert any(row["generator_tokens_per_s"] > 0 for row in live)
+    assert live[-1]["step"] == STEPS  # the final metrics give the last steps a row
     assert json.loads((tracked_run / "learner" / "config.json").read_text())["tracking"]["tags"] == [
         "test",
         "tiny",
