@@ -383,7 +383,8 @@ class TrackingConfig(_Section):
     backends: list[Literal["jsonl", "wandb", "tensorboard"]] = ["jsonl"]
     """Where the learner (rank 0 only: one writer per run) logs the resolved config once and, against
     the learner version, every step's training metrics and the rollout statistics of the groups it
-    trained. jsonl: `run.out_dir/learner/metrics.jsonl` (what `stream-dapo report` reads). wandb:
+    trained. jsonl: `run.out_dir/learner/metrics.jsonl` (what `stream-dapo report` and `ablate` read:
+keep it). wandb:
     Weights & Biases (`pip install -e '.[wandb]'`; it honours its own environment, e.g.
     WANDB_MODE=offline, WANDB_API_KEY, WANDB_ENTITY). tensorboard: event files under `dir`
     (`pip install -e '.[tensorboard]'`). A backend that fails is reported once and dropped; training

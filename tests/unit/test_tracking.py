@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,22 @@ def test_tracking_config_refuses_a_backend_listed_twice_and_an_unknown_one() -> 
         load_config(overrides=['tracking.backends=["jsonl", "jsonl"]'], environ={})
     with pytest.raises(ConfigError, match="tracking.backends.0"):
         load_config(overrides=['tracking.backends=["mlflow"]'], environ={})
+
+
+def test_real_wandb_with_a_bad_api_key_is_reported_once_and_training_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("wandb")
+    for name in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_API_KEY", "bad")  # W&B refuses it before any network call
+    cfg = make_cfg(tmp_path, 'tracking.backends=["wandb", "jsonl"]')
+    tracker = Tracker.start(cfg)
+    for v in (1, 2):
+        tracker.log(v, row(v))
+    tracker.close()
+    (message,) = errors(caplog)
+    assert "tracking backend wandb failed while starting (AuthenticationError" in message
+    assert "WANDB_API_KEY" in message
+    assert len((tmp_path / "run" / "learner" / "metrics.jsonl").read_text().splitlines()) == 2
