@@ -286,20 +286,25 @@ class LiveView:
             self.show(format_status(row, self.cfg.learner.total_steps))
         return row
 
-    def record(self, snap: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
-        """Append the row of `snap` to metrics.jsonl (also the services' final metrics at the end,
-        so that the last learner steps have a row)."""
-        row = self.row(snap, time.monotonic() - self.t0)
+    def record(self, snap: Mapping[str, Mapping[str, float]], step: int | None = None) -> dict[str, Any]:
+        """Append the row of `snap` to metrics.jsonl. At the end: the services' final metrics with
+        the learner's last version (`step`; the learner may have taken its last steps between two
+        scrapes), so that the run's last steps have a row."""
+        row = self.row(snap, time.monotonic() - self.t0, step)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         return row
 
-    def row(self, snap: Mapping[str, Mapping[str, float]], elapsed: float) -> dict[str, Any]:
-        """One metrics.jsonl row from a scrape; rates are over the time since the previous row."""
+    def row(
+        self, snap: Mapping[str, Mapping[str, float]], elapsed: float, step: int | None = None
+    ) -> dict[str, Any]:
+        """One metrics.jsonl row from a scrape; rates are over the time since the previous row.
+        `step` overrides the learner step the scrape shows."""
         gen = generator_totals(snap)
         lrn, buf = snap.get("learner", {}), snap.get("buffer", {})
         lm, bm = catalogue(LearnerMetrics), catalogue(BufferMetrics)
-        step = metric_sum(lrn, sample_name(lm.step))
+        if step is None:
+            step = int(metric_sum(lrn, sample_name(lm.step)))
         finished = gen["groups_kept"] + gen["groups_all_correct"] + gen["groups_all_wrong"]
         prev_t, prev = self._prev if self._prev is not None else (0.0, dict.fromkeys(gen, 0.0))
         dt = elapsed - prev_t
@@ -574,7 +579,7 @@ def train(cfg: Config, config_path: Path, run_dir: Path, summary: dict[str, Any]
         view.finish()
         sup.stop_all()
         final = final_snapshot(view.last, run_dir)
-        view.record(final)
+        view.record(final, step=learner_log_stats(run_dir)["final_version"])
         summary.update(build_summary(final, run_dir, train_seconds))
 
 

@@ -232,10 +232,18 @@ FIGURES: tuple[Figure, ...] = (
                 "reward per sample (+1 / -1, overlong shaping)",
                 (Line("reward", _learner("reward_mean")),),
             ),
-            Panel("Accuracy", "% of samples correct", (Line("accuracy", _learner("accuracy", 100)),)),
+            Panel(
+                "Accuracy",
+                "% of samples correct",
+                (
+                    Line("trained samples", _learner("accuracy", 100)),
+                    Line("generators, all groups", _learner("gen_accuracy", 100), "--"),
+                ),
+            ),
         ),
         "Over the samples of each optimizer step (groups kept by dynamic sampling, so accuracy is "
-        "never 0 % or 100 % for a whole group).",
+        "never 0 % or 100 % for a whole group); dashed: every group the generators finished since "
+        "the previous rollout batch, the filtered ones included (newer runs).",
     ),
     Figure(
         "entropy",
@@ -248,14 +256,25 @@ FIGURES: tuple[Figure, ...] = (
         "length_truncation",
         "Response length and truncation",
         (
-            Panel("Mean response length", "tokens", (Line("length", _learner("response_len_mean")),)),
+            Panel(
+                "Mean response length",
+                "tokens",
+                (
+                    Line("trained samples", _learner("response_len_mean")),
+                    Line("generators, all samples", _learner("gen_response_len_mean"), "--"),
+                ),
+            ),
             Panel(
                 "Truncated responses",
                 "% of samples at algo.max_response_len",
-                (Line("truncated", _learner("truncation_rate", 100)),),
+                (
+                    Line("trained samples", _learner("truncation_rate", 100)),
+                    Line("generators, all samples", _learner("gen_truncation_rate", 100), "--"),
+                ),
             ),
         ),
-        "Over the samples of each step.",
+        "Over the samples of each step; dashed: every sample the generators finished since the "
+        "previous rollout batch (newer runs).",
     ),
     Figure(
         "filtered_groups",
@@ -263,10 +282,10 @@ FIGURES: tuple[Figure, ...] = (
         (
             Panel(
                 "Filtered-group share",
-                "% of finished groups (since the last step)",
+                "% of the groups finished in the window",
                 (
-                    Line("all wrong", lambda run: run.filtered_share("all_wrong")),
-                    Line("all correct", lambda run: run.filtered_share("all_correct"), "--"),
+                    Line("all wrong", lambda run: _filtered(run, "all_wrong")),
+                    Line("all correct", lambda run: _filtered(run, "all_correct"), "--"),
                     Line(
                         "all reasons, cumulative from the start (older runs)",
                         lambda run: _older_filtered(run),
@@ -276,8 +295,9 @@ FIGURES: tuple[Figure, ...] = (
                 ),
             ),
         ),
-        "From the generators' counters (launcher scrape, last scrape of each learner step): groups "
-        "whose samples were all wrong or all correct carry no gradient and are not sent.",
+        "Groups whose samples were all wrong or all correct carry no gradient and are not sent. "
+        "Window: the groups the generators finished since the previous rollout batch (the learner's "
+        "tracking); for runs without it, since the previous learner step (launcher scrapes).",
     ),
     Figure(
         "staleness",
@@ -374,6 +394,12 @@ FIGURES: tuple[Figure, ...] = (
         "fetch and swap in a new version.",
     ),
 )
+
+
+def _filtered(run: RunData, reason: str) -> tuple[list[float], list[float]]:
+    """The learner's window (tracked), else the launcher's scrapes between learner steps."""
+    tracked = run.learner(f"gen_filtered_share_{reason}", 100)
+    return tracked if tracked[0] else run.filtered_share(reason)
 
 
 def _older_filtered(run: RunData) -> tuple[list[float], list[float]]:

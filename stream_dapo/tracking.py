@@ -31,6 +31,7 @@ from stream_dapo.config import Config, config_to_toml
 __all__ = [
     "Backend",
     "Tracker",
+    "rollout_window",
     "staleness_quantiles",
     "tracked_scalars",
     "tracking_dir",
@@ -67,6 +68,14 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "staleness_p95",
         "staleness_max",
     ),
+    "generators": (
+        "gen_filtered_share_all_wrong",
+        "gen_filtered_share_all_correct",
+        "gen_accuracy",
+        "gen_truncation_rate",
+        "gen_response_len_mean",
+        "gen_groups",
+    ),
     "perf": (
         "tokens_per_second",
         "step_seconds",
@@ -79,7 +88,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "elapsed_s",
     ),
 }
-"""The scalars W&B and TensorBoard get, by section: `train/loss`, `rollout/accuracy`, `perf/...`."""
+"""The scalars W&B and TensorBoard get, by section: `train/loss`, `rollout/accuracy`, `perf/...`;
+`generators/accuracy` is the row's `gen_accuracy` (the `gen_` prefix is the section's name)."""
 
 INSTALL_HINT = {
     "wandb": "pip install -e '.[wandb]'",
@@ -119,7 +129,34 @@ def tracked_scalars(row: Mapping[str, Any]) -> dict[str, float]:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             if math.isfinite(value):
-                out[f"{section}/{key}"] = float(value)
+                out[f"{section}/{key.removeprefix('gen_')}"] = float(value)
+    return out
+
+
+def rollout_window(
+    before: Mapping[str, int] | None, after: Mapping[str, int], group_size: int
+) -> dict[str, float]:
+    """The generators' rollout statistics between two tallies of the buffer's `batch` replies
+    (`stream_dapo.buffer.rollout_tally`): every group they finished in that window, the ones dynamic
+    sampling dropped included, unlike the learner's own statistics of what it trained.
+
+    Keys: gen_groups (finished), gen_filtered_share_all_wrong / _all_correct (of those),
+    gen_accuracy (correct / (groups x group_size)), gen_truncation_rate and gen_response_len_mean
+    (per sample). Nothing for a window without groups or samples."""
+    base = before or {}
+    d = {k: int(after[k]) - int(base.get(k, 0)) for k in after}
+    if any(v < 0 for v in d.values()):  # the buffer restarted: its tally counts from 0 again
+        d = {k: int(v) for k, v in after.items()}
+    out: dict[str, float] = {}
+    groups = d["mixed"] + d["all_correct"] + d["all_wrong"]
+    if groups > 0:
+        out["gen_groups"] = float(groups)
+        out["gen_filtered_share_all_wrong"] = d["all_wrong"] / groups
+        out["gen_filtered_share_all_correct"] = d["all_correct"] / groups
+        out["gen_accuracy"] = d["correct"] / (groups * group_size)
+    if d["samples"] > 0:
+        out["gen_truncation_rate"] = d["truncated"] / d["samples"]
+        out["gen_response_len_mean"] = d["response_tokens"] / d["samples"]
     return out
 
 

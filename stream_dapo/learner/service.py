@@ -112,6 +112,9 @@ class LearnerService:
         self._started = time.time()
         self._last_wait_s = 0.0
         self._last_sync_s: float | None = None
+        self._rollouts_latest: dict[str, int] | None = None
+        self._rollouts_at_batch: dict[str, int] | None = None
+        self._rollout_window: dict[str, float] = {}
         self.tracker: Tracker | None = None
         self.learner: Any = None
         self.health: Health | None = None
@@ -351,6 +354,7 @@ class LearnerService:
             delay = min(delay * 2, BATCH_BACKOFF_S[1])
         self._last_wait_s = time.monotonic() - t0
         self.metrics.batch_wait_seconds.observe(self._last_wait_s)
+        self._window_rollouts()
         return self._broadcast_groups(groups)
 
     def _request_groups(self, n: int) -> list[m.Group]:
@@ -359,6 +363,8 @@ class LearnerService:
         except TransportTimeout:  # only when stopping: nothing was leased that a hello will not requeue
             return []
         if reply.type == m.BATCH:
+            if "rollouts" in reply.body:
+                self._rollouts_latest = dict(reply.body["rollouts"])
             if reply.body["dropped_stale"]:
                 log.warning("buffer dropped %d stale groups for this batch", reply.body["dropped_stale"])
             return m.groups_from_body(reply.body)
@@ -367,6 +373,18 @@ class LearnerService:
                 f"buffer answered batch_request with {reply.type!r}; expected batch or empty"
             )
         return []
+
+    def _window_rollouts(self) -> None:
+        """The generators' rollout statistics since the previous rollout batch (rank 0: the one
+        that talks to the buffer), logged with each step of this batch."""
+        from stream_dapo.tracking import rollout_window
+
+        latest = self._rollouts_latest
+        if latest is None:
+            self._rollout_window = {}
+            return
+        self._rollout_window = rollout_window(self._rollouts_at_batch, latest, self.cfg.algo.group_size)
+        self._rollouts_at_batch = latest
 
     def _sync_status(self, status: int) -> tuple[int, bool]:
         """Rank 0's status and whether any rank was asked to stop (one all-reduce)."""
@@ -471,6 +489,7 @@ class LearnerService:
             "elapsed_s": round(time.time() - self._started, 3),
             "batch_wait_seconds": round(self._last_wait_s, 4),
             "weight_sync_seconds": round(self._last_sync_s, 4) if self._last_sync_s is not None else None,
+            **{k: round(v, 6) for k, v in self._rollout_window.items()},
         }
         if self.tracker is not None:
             self.tracker.log(s.version, row)

@@ -77,6 +77,17 @@ def test_tensorboard_event_files_hold_the_jsonl_steps_and_values(tracked_run: Pa
         assert [e.step for e in events] == [r["version"] for r in rows], tag
         # TensorBoard stores float32.
         assert [e.value for e in events] == pytest.approx([r[key] for r in rows], rel=1e-6, abs=1e-7), tag
+    # The generators' rollout window (every group finished, the filtered ones included).
+    tracked = [r for r in rows if "gen_groups" in r]
+    assert tracked, "no step carried the generators' rollout window"
+    assert all(
+        0 <= r["gen_filtered_share_all_wrong"] + r["gen_filtered_share_all_correct"] <= 1 for r in tracked
+    )
+    share = acc.Scalars("generators/filtered_share_all_wrong")
+    assert [e.step for e in share] == [r["version"] for r in tracked]
+    assert [e.value for e in share] == pytest.approx(
+        [r["gen_filtered_share_all_wrong"] for r in tracked], abs=1e-6
+    )
     stale = acc.Scalars("rollout/staleness_max")
     assert [e.value for e in stale] == [
         staleness_quantiles(r["staleness_counts"])["staleness_max"] for r in rows
