@@ -314,6 +314,7 @@ class LiveView:
             "step": int(step),
             "version_generators": int(gen["policy_version_min"]),
             "samples_per_s": round(gen["samples"] / elapsed, 2) if elapsed > 0 else 0.0,
+            "generator_tokens": int(gen["tokens"]),
             "generator_tokens_per_s": round((gen["tokens"] - prev["tokens"]) / dt, 1) if dt > 0 else 0.0,
             "reward": round(metric_sum(lrn, sample_name(lm.reward)), 3),
             "accuracy": round(metric_sum(lrn, sample_name(lm.accuracy)), 3),
@@ -327,6 +328,8 @@ class LiveView:
                 if updates > 0
                 else None
             ),
+            "generator_weight_loads": int(gen["weight_updates"]),
+            "generator_weight_load_seconds_total": round(gen["weight_sync_seconds"], 4),
             "buffer_waiting": int(metric_sum(buf, sample_name(bm.depth), state="waiting")),
             "dropped_stale": int(metric_sum(buf, sample_name(bm.dropped_stale))),
         }

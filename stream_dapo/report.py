@@ -166,6 +166,20 @@ class RunData:
                 ys.append(float(value) * scale)
         return xs, ys
 
+    def per_step_ratio(self, num: str, den: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
+        """d(num) / d(den) between the last scrapes of consecutive learner steps, from cumulative
+        launcher fields (den "t": a rate per second); steps where den did not move are left out."""
+        xs, ys = [], []
+        prev: dict[str, Any] | None = None
+        for row in self.per_step_live():
+            if num not in row or den not in row:
+                return [], []
+            if prev is not None and float(row[den]) > float(prev[den]):
+                xs.append(float(row["step"]))
+                ys.append(scale * (float(row[num]) - float(prev[num])) / (float(row[den]) - float(prev[den])))
+            prev = row
+        return xs, ys
+
     def filtered_share(self, reason: str) -> tuple[list[float], list[float]]:
         """% of the groups finished since the previous learner step that dynamic sampling dropped for
         `reason` (all_wrong / all_correct); needs the by-reason counts of newer runs' metrics.jsonl."""
@@ -369,11 +383,12 @@ FIGURES: tuple[Figure, ...] = (
             Panel(
                 "Generators",
                 "response tokens/s, all generators",
-                (Line("generators", _live("generator_tokens_per_s")),),
+                (Line("generators", lambda run: _generator_tokens_per_second(run)),),
             ),
         ),
-        "Learner: per optimizer step. Generators: between the launcher's scrapes (every 5 s), at the "
-        "last scrape of each learner step.",
+        "Learner: per optimizer step. Generators: response tokens over the window between two rollout "
+        "batches (the learner's tracking), or between the launcher's last scrapes of two learner "
+        "steps for runs without it.",
     ),
     Figure(
         "weight_sync",
@@ -386,14 +401,28 @@ FIGURES: tuple[Figure, ...] = (
             ),
             Panel(
                 "Generators: load a version",
-                "seconds (mean over loads between scrapes)",
-                (Line("load", _live("generator_weight_sync_seconds")),),
+                "seconds per load (mean over each learner step)",
+                (
+                    Line(
+                        "load",
+                        lambda run: run.per_step_ratio(
+                            "generator_weight_load_seconds_total", "generator_weight_loads"
+                        ),
+                    ),
+                ),
             ),
         ),
         "Publish time on the learner (every learner.sync_every steps) and the generators' time to "
-        "fetch and swap in a new version.",
+        "fetch and swap in a new version (launcher scrapes: loads between the last scrapes of two "
+        "learner steps).",
     ),
 )
+
+
+def _generator_tokens_per_second(run: RunData) -> tuple[list[float], list[float]]:
+    """The learner's window (tracked), else the launcher's scrapes between learner steps."""
+    tracked = run.learner("gen_tokens_per_second")
+    return tracked if tracked[0] else run.per_step_ratio("generator_tokens", "t")
 
 
 def _filtered(run: RunData, reason: str) -> tuple[list[float], list[float]]:

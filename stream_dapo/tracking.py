@@ -74,6 +74,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "gen_accuracy",
         "gen_truncation_rate",
         "gen_response_len_mean",
+        "gen_tokens_per_second",
         "gen_groups",
     ),
     "perf": (
@@ -134,7 +135,7 @@ def tracked_scalars(row: Mapping[str, Any]) -> dict[str, float]:
 
 
 def rollout_window(
-    before: Mapping[str, int] | None, after: Mapping[str, int], group_size: int
+    before: Mapping[str, int] | None, after: Mapping[str, int], group_size: int, seconds: float = 0.0
 ) -> dict[str, float]:
     """The generators' rollout statistics between two tallies of the buffer's `batch` replies
     (`stream_dapo.buffer.rollout_tally`): every group they finished in that window, the ones dynamic
@@ -142,7 +143,8 @@ def rollout_window(
 
     Keys: gen_groups (finished), gen_filtered_share_all_wrong / _all_correct (of those),
     gen_accuracy (correct / (groups x group_size)), gen_truncation_rate and gen_response_len_mean
-    (per sample). Nothing for a window without groups or samples."""
+    (per sample), gen_tokens_per_second (response tokens over `seconds`, the window's length).
+    Nothing for a window without groups or samples."""
     base = before or {}
     d = {k: int(after[k]) - int(base.get(k, 0)) for k in after}
     if any(v < 0 for v in d.values()):  # the buffer restarted: its tally counts from 0 again
@@ -157,6 +159,8 @@ def rollout_window(
     if d["samples"] > 0:
         out["gen_truncation_rate"] = d["truncated"] / d["samples"]
         out["gen_response_len_mean"] = d["response_tokens"] / d["samples"]
+    if seconds > 0:
+        out["gen_tokens_per_second"] = d["response_tokens"] / seconds
     return out
 
 

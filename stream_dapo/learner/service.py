@@ -114,6 +114,7 @@ class LearnerService:
         self._last_sync_s: float | None = None
         self._rollouts_latest: dict[str, int] | None = None
         self._rollouts_at_batch: dict[str, int] | None = None
+        self._rollouts_at_time: float | None = None
         self._rollout_window: dict[str, float] = {}
         self.tracker: Tracker | None = None
         self.learner: Any = None
@@ -383,8 +384,12 @@ class LearnerService:
         if latest is None:
             self._rollout_window = {}
             return
-        self._rollout_window = rollout_window(self._rollouts_at_batch, latest, self.cfg.algo.group_size)
-        self._rollouts_at_batch = latest
+        now = time.monotonic()
+        seconds = now - self._rollouts_at_time if self._rollouts_at_time is not None else 0.0
+        self._rollout_window = rollout_window(
+            self._rollouts_at_batch, latest, self.cfg.algo.group_size, seconds
+        )
+        self._rollouts_at_batch, self._rollouts_at_time = latest, now
 
     def _sync_status(self, status: int) -> tuple[int, bool]:
         """Rank 0's status and whether any rank was asked to stop (one all-reduce)."""

@@ -52,8 +52,10 @@ def make_run(root: Path, name: str, steps: int = 4, eval_after: float = 0.5) -> 
         {"t": 25.0, "step": 3, "groups_kept": 9, "groups_all_wrong": 7, "groups_all_correct": 0},
         {"t": 30.0, "step": 4, "groups_kept": 12, "groups_all_wrong": 8, "groups_all_correct": 1},
     ]
-    for row in live:
-        row.update(generator_tokens_per_s=500.0, generator_weight_sync_seconds=0.01)
+    for i, row in enumerate(live):  # 100 response tokens/s; one 0.02 s weight load per scrape
+        row.update(
+            generator_tokens=500 * i, generator_weight_loads=i, generator_weight_load_seconds_total=0.02 * i
+        )
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in live))
     evals = {"k": 4, "num_prompts": 50}
     (run / "summary.json").write_text(
@@ -83,6 +85,14 @@ def test_filtered_share_is_over_the_groups_finished_since_the_previous_step(tmp_
     # Deltas: 12 finished / 6 wrong; 4 / 1; none (step 3 is left out); 5 / 1 wrong, 1 correct.
     assert run.filtered_share("all_wrong") == ([1.0, 2.0, 4.0], [50.0, 25.0, 20.0])
     assert run.filtered_share("all_correct") == ([1.0, 2.0, 4.0], [0.0, 0.0, 20.0])
+
+
+def test_generator_rates_are_over_each_learner_step_from_the_cumulative_counters(tmp_path: Path) -> None:
+    run = RunData.load(make_run(tmp_path, "a"), "a")
+    # Last scrapes of steps 1..4 at t = 15, 20, 25, 30 s with 1000, 1500, 2000, 2500 tokens.
+    assert run.per_step_ratio("generator_tokens", "t") == ([2.0, 3.0, 4.0], [100.0, 100.0, 100.0])
+    xs, ys = run.per_step_ratio("generator_weight_load_seconds_total", "generator_weight_loads")
+    assert xs == [2.0, 3.0, 4.0] and ys == pytest.approx([0.02] * 3)
 
 
 def test_staleness_quantiles_pool_the_tokens_of_each_window(tmp_path: Path) -> None:

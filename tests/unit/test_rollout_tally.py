@@ -56,6 +56,8 @@ def test_the_learner_window_is_the_increase_between_two_batches() -> None:
         }
     )
     assert tracked_scalars(window)["generators/filtered_share_all_wrong"] == pytest.approx(0.3)
+    # Over a 12 s window: 2400 response tokens -> 200 tokens/s.
+    assert rollout_window(before, after, 4, seconds=12.0)["gen_tokens_per_second"] == pytest.approx(200.0)
     assert rollout_window(after, after, group_size=4) == {}  # nothing finished in between
     # A restarted buffer counts from 0: the new tally is the window.
     assert rollout_window(after, tally(mixed=1, samples=4, correct=2), 4)["gen_accuracy"] == 0.5
