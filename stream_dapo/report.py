@@ -471,6 +471,7 @@ def _plot_figure(fig_spec: Figure, runs: Sequence[RunData], path: Path) -> list[
     with_data: set[str] = set()
     smoothed = False
     for ax, panel in zip(axes[0], fig_spec.panels, strict=True):
+        limits: set[float] = set()
         for i, run in enumerate(runs):
             for j, line in enumerate(panel.lines):
                 # One run: a colour per line. Several: a colour per run, a line style per line.
@@ -494,16 +495,9 @@ def _plot_figure(fig_spec: Figure, runs: Sequence[RunData], path: Path) -> list[
             if panel.limit is not None and run.label in with_data:
                 name, value_of = panel.limit
                 value = value_of(run)
-                if value is not None:
-                    label = name if len(runs) == 1 else f"{run.label} · {name}"
-                    ax.axhline(
-                        value,
-                        color=colours[i % len(colours)] if len(runs) > 1 else "grey",
-                        linestyle="-.",
-                        linewidth=1,
-                        alpha=0.7,
-                        label=f"{label} = {value:g}",
-                    )
+                if value is not None and value not in limits:  # one line per distinct setting
+                    limits.add(value)
+                    ax.axhline(value, color="grey", linestyle="-.", linewidth=1, label=f"{name} = {value:g}")
         ys_all = [y for ln in ax.lines for y in ln.get_ydata()]
         if ys_all and min(ys_all) >= 0:
             ax.set_ylim(bottom=0, top=None if max(ys_all) > 0 else 1)
