@@ -386,9 +386,10 @@ class TrackingConfig(_Section):
     trained. jsonl: `run.out_dir/learner/metrics.jsonl` (what `stream-dapo report` and `ablate` read:
 keep it). wandb:
     Weights & Biases (`pip install -e '.[wandb]'`; it honours its own environment, e.g.
-    WANDB_MODE=offline, WANDB_API_KEY, WANDB_ENTITY). tensorboard: event files under `dir`
-    (`pip install -e '.[tensorboard]'`). A backend that fails is reported once and dropped; training
-    goes on."""
+    WANDB_MODE=offline, WANDB_API_KEY, WANDB_ENTITY; WANDB_PROJECT, WANDB_NAME, WANDB_TAGS and
+    WANDB_DIR, when set, win over project, run_name, tags and dir below). tensorboard: event files
+    under `dir` (`pip install -e '.[tensorboard]'`). A backend that fails is reported once and
+    dropped; training goes on."""
     project: str = Field("stream-dapo", min_length=1)
     """W&B project (TensorBoard: the first level of directories under `dir`)."""
     run_name: str | None = None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -222,13 +223,15 @@ class WandbBackend:
         import wandb
 
         root = tracking_dir(cfg)
-        root.mkdir(parents=True, exist_ok=True)
         t = cfg.tracking
+        env = os.environ  # W&B's own variables win over the config: None lets wandb read them
+        if "WANDB_DIR" not in env:
+            root.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
-            project=t.project,
-            name=tracking_run_name(cfg),
-            tags=list(t.tags) or None,
-            dir=str(root),
+            project=None if "WANDB_PROJECT" in env else t.project,
+            name=None if "WANDB_NAME" in env else tracking_run_name(cfg),
+            tags=None if "WANDB_TAGS" in env else (list(t.tags) or None),
+            dir=None if "WANDB_DIR" in env else str(root),
             config=cfg.model_dump(mode="json"),
         )
         log.info("W&B run %s (%s), files in %s", self.run.name, self.run.settings.mode, self.run.dir)

@@ -15,6 +15,17 @@ from stream_dapo.config import ConfigError, load_config
 from stream_dapo.tracking import JsonlBackend, Tracker, staleness_quantiles, tracked_scalars
 
 
+@pytest.fixture
+def fresh_wandb(monkeypatch: pytest.MonkeyPatch):
+    """Real W&B with none of this machine's WANDB_ variables, torn down afterwards (wandb keeps its
+    settings in a process-wide singleton)."""
+    wandb = pytest.importorskip("wandb")
+    for name in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(name)
+    yield wandb
+    wandb.teardown()
+
+
 def make_cfg(tmp_path: Path, *extra: str):
     return load_config(overrides=[f"run.out_dir={json.dumps(str(tmp_path / 'run'))}", *extra], environ={})
 
@@ -150,11 +161,8 @@ def test_tracking_config_refuses_a_backend_listed_twice_and_an_unknown_one() -> 
 
 
 def test_real_wandb_with_a_bad_api_key_is_reported_once_and_training_goes_on(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, fresh_wandb
 ) -> None:
-    pytest.importorskip("wandb")
-    for name in [k for k in os.environ if k.startswith("WANDB_")]:
-        monkeypatch.delenv(name)
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setenv("WANDB_API_KEY", "bad")  # W&B refuses it before any network call
     cfg = make_cfg(tmp_path, 'tracking.backends=["wandb", "jsonl"]')
@@ -166,3 +174,27 @@ def test_real_wandb_with_a_bad_api_key_is_reported_once_and_training_goes_on(
     assert "tracking backend wandb failed while starting (AuthenticationError" in message
     assert "WANDB_API_KEY" in message
     assert len((tmp_path / "run" / "learner" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_real_wandb_offline_takes_the_config_and_lets_its_own_variables_win(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_wandb
+) -> None:
+    from tests.integration.wandb_files import read_offline_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "from-the-environment")
+    cfg = make_cfg(tmp_path, 'tracking.backends=["wandb"]', 'tracking.tags=["x"]', 'tracking.run_name="r1"')
+    tracker = Tracker.start(cfg)
+    for v in (1, 2):
+        tracker.log(v, row(v, staleness_counts={"0": 3, "1": 1}))
+    tracker.close()
+    assert tracker.failed == {}
+    (run_dir,) = (tmp_path / "run" / "tracking" / "wandb").glob("offline-run-*")
+    run = read_offline_run(run_dir)
+    assert (run["project"], run["name"], run["tags"]) == ("from-the-environment", "r1", ["x"])
+    assert run["config"]["tracking"]["run_name"] == "r1"
+    history = [h for h in run["history"] if "train/loss" in h]
+    assert [(h["_step"], h["train/loss"], h["rollout/staleness_p95"]) for h in history] == [
+        (1, 0.1, 1.0),
+        (2, 0.2, 1.0),
+    ]
