@@ -1,7 +1,7 @@
 """The generators' rollout tally, summed by the buffer and handed to the learner for tracking.
 
 Each generator sends its running tally (groups finished by dynamic-sampling outcome, samples,
-correct samples, truncated samples, response tokens) with every heartbeat. The buffer adds up the
+correct samples, truncated samples, response tokens) with every heartbeat and `groups` message. The buffer adds up the
 increases per generator, so generators that join, leave or restart (their tally starts again from 0
 after a hello) are counted once, and every `batch` reply carries the sum. The learner, the one
 tracking writer, turns the increase between two batches into the generators' filtered-group share,

@@ -5,7 +5,7 @@ It binds two ROUTER sockets and serves both from one poll loop:
     samples  tcp://{transport.host}:{transport.samples_port}   generators
         hello{generator_id, policy_version}        -> credit{granted=0, learner_version}
         credit_request{generator_id, want}         -> credit{granted, learner_version}
-        groups{generator_id, groups, filtered_total}  -> ack{accepted, duplicates, rejected}
+        groups{generator_id, groups, filtered_total, rollouts}  -> ack{accepted, duplicates, rejected}
         heartbeat{generator_id, filtered_total, rollouts}  -> lease{credits, expired, learner_version}
     batches  tcp://{transport.host}:{transport.batches_port}   the learner
         learner_hello{learner_version, committed_through}  -> empty{reason="ready"}
@@ -332,6 +332,8 @@ class BufferService:
     def _on_groups(self, body: Body, rid: int | None) -> Outgoing:
         groups = m.groups_from_body(body)
         result = self.buffer.add_groups(body["generator_id"], groups, body.get("filtered_total"))
+        if "rollouts" in body:
+            self.rollouts.observe(body["generator_id"], body["rollouts"])
         return m.ack(result.accepted, result.duplicates, result.rejected)
 
     def _on_heartbeat(self, body: Body, rid: int | None) -> Outgoing:

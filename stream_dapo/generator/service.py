@@ -558,7 +558,11 @@ class GeneratorService:
             self._send_groups([])
 
     def _send_groups(self, groups: list[Group]) -> None:
-        self._send(*m.groups(self.generator_id, groups, filtered_total=self.credits.filtered_total))
+        self._send(
+            *m.groups(
+                self.generator_id, groups, filtered_total=self.credits.filtered_total, rollouts=self._rollouts
+            )
+        )
         self._filtered_sent = self.credits.filtered_total
 
     def _count_outcome(self, outcome: GroupOutcome) -> None:

@@ -338,12 +338,14 @@ SCHEMAS: dict[str, Struct] = {
             "generator_id": ID,
             "groups": ListOf(GROUP),
             "filtered_total": Int(min=0, max=MAX_FILTERED_TOTAL),
+            "rollouts": ROLLOUTS,
         },
-        optional=frozenset({"filtered_total"}),
+        optional=frozenset({"filtered_total", "rollouts"}),
     ),
     # Every generator.heartbeat_s: the generator is alive, so its credits stay leased to it.
-    # `rollouts` (optional): the generator's running rollout tally since its hello (statistics for
-    # tracking, not state: the buffer sums the increases and hands the sum to the learner).
+    # `rollouts` (optional, also in `groups`): the generator's running rollout tally since its
+    # hello (statistics for tracking, not state: the buffer sums the increases and hands the sum to
+    # the learner).
     HEARTBEAT: Struct(
         HEARTBEAT,
         {"generator_id": ID, "filtered_total": Int(min=0, max=MAX_FILTERED_TOTAL), "rollouts": ROLLOUTS},
@@ -635,12 +637,20 @@ def credit_request(generator_id: str, want: int) -> Outgoing:
     return CREDIT_REQUEST, {"generator_id": generator_id, "want": want}
 
 
-def groups(generator_id: str, items: Sequence[Group], filtered_total: int = 0) -> Outgoing:
+def groups(
+    generator_id: str,
+    items: Sequence[Group],
+    filtered_total: int = 0,
+    rollouts: Mapping[str, int] | None = None,
+) -> Outgoing:
     """`filtered_total`: credits spent without a group since the generator's hello (a running
-    total; each new one gives back a credit); sent only when non-zero."""
+    total; each new one gives back a credit); sent only when non-zero. `rollouts`: the generator's
+    rollout tally (as in `heartbeat`)."""
     body: Body = {"generator_id": generator_id, "groups": [g.to_wire() for g in items]}
     if filtered_total:
         body["filtered_total"] = filtered_total
+    if rollouts is not None:
+        body["rollouts"] = dict(rollouts)
     return GROUPS, body
 
 

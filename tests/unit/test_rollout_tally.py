@@ -69,6 +69,9 @@ def test_heartbeat_and_batch_carry_the_tally_and_refuse_a_bad_one() -> None:
     SCHEMAS[kind].check(body, kind)
     assert body["rollouts"] == t
     SCHEMAS[m.HEARTBEAT].check(m.heartbeat("g0", 3)[1], kind)  # optional: older generators
+    kind, body = m.groups("g0", [], 2, t)
+    SCHEMAS[kind].check(body, kind)
+    assert body["rollouts"] == t
     kind, body = m.batch([], 0, t)
     SCHEMAS[kind].check(body, kind)
     with pytest.raises(SchemaError, match="missing field"):

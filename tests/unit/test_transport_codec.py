@@ -146,7 +146,9 @@ rollout_tallies = st.none() | st.fixed_dictionaries(
 STRATEGIES: dict[str, st.SearchStrategy[tuple[str, dict[str, Any]]]] = {
     "hello": st.builds(m.hello, ids, versions),
     "credit_request": st.builds(m.credit_request, ids, counts),
-    "groups": st.builds(m.groups, ids, st.lists(groups(), max_size=3), st.integers(0, m.MAX_FILTERED_TOTAL)),
+    "groups": st.builds(
+        m.groups, ids, st.lists(groups(), max_size=3), st.integers(0, m.MAX_FILTERED_TOTAL), rollout_tallies
+    ),
     "heartbeat": st.builds(m.heartbeat, ids, st.integers(0, m.MAX_FILTERED_TOTAL), rollout_tallies),
     "credit": st.builds(m.credit, counts, versions),
     "lease": st.builds(m.lease, counts, st.booleans(), versions),
