@@ -78,7 +78,7 @@ def _learner_tps(steps: list[dict[str, Any]], per_rollout: int) -> float:
     span = steps[-1]["elapsed_s"] - steps[0]["elapsed_s"]
     later = steps[1:]
     waiting = sum(r["batch_wait_seconds"] for r in later) / per_rollout
-    publishing = sum(r.get("publish_seconds", 0.0) for r in later)
+    publishing = sum(r.get("weight_sync_seconds") or 0.0 for r in later)
     return sum(r["tokens"] for r in later) / max(span - waiting - publishing, 1e-9)
 
 

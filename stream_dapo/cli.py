@@ -30,10 +30,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "keys": ("stream_dapo.keys_cli", "generate CurveZMQ key pairs for authenticated sockets"),
     "ablate": ("stream_dapo.ablation", "run the paper's Table 1 preset ladder over seeds; table and plots"),
     "plan": ("stream_dapo.planner", "size generator replicas against the learner from measured rates"),
+    "report": ("stream_dapo.report", "report.md with plots of one run, or several overlaid"),
 }
 
 # Commands that do not take --config/--set (they need no configuration).
-_NO_CONFIG = {"verify", "keys"}
+_NO_CONFIG = {"verify", "keys", "report"}
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:

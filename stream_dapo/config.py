@@ -380,6 +380,34 @@ class WarmupConfig(_Section):
     threads on two cores run several times slower than one. The weights do not depend on it."""
 
 
+class TrackingConfig(_Section):
+    backends: list[Literal["jsonl", "wandb", "tensorboard"]] = ["jsonl"]
+    """Where the learner (rank 0 only: one writer per run) logs the resolved config once and, against
+    the learner version, every step's training metrics and the rollout statistics of the groups it
+    trained. jsonl: `run.out_dir/learner/metrics.jsonl` (what `stream-dapo report` and `ablate` read:
+keep it). wandb:
+    Weights & Biases (`pip install -e '.[wandb]'`; it honours its own environment, e.g.
+    WANDB_MODE=offline, WANDB_API_KEY, WANDB_ENTITY; WANDB_PROJECT, WANDB_NAME, WANDB_TAGS and
+    WANDB_DIR, when set, win over project, run_name, tags and dir below). tensorboard: event files
+    under `dir` (`pip install -e '.[tensorboard]'`). A backend that fails is reported once and
+    dropped; training goes on."""
+    project: str = Field("stream-dapo", min_length=1)
+    """W&B project (TensorBoard: the first level of directories under `dir`)."""
+    run_name: str | None = None
+    """Name of the run in W&B and of its TensorBoard directory (default: the name of run.out_dir)."""
+    tags: list[str] = []
+    """W&B tags, e.g. ["dapo", "tiny"] (TensorBoard records them with the config)."""
+    dir: str | None = None
+    """Directory of the tracking backends' files: W&B's `wandb/` run folders and TensorBoard's
+    `tensorboard/<project>/<run_name>/` event files (default: run.out_dir/tracking)."""
+
+    @model_validator(mode="after")
+    def _unique(self) -> TrackingConfig:
+        if len(set(self.backends)) != len(self.backends):
+            raise ValueError(f"tracking.backends lists a backend twice ({self.backends}); list each once")
+        return self
+
+
 class RunConfig(_Section):
     out_dir: str = "runs/tiny-cpu"
     """Run directory: resolved config, metrics, checkpoints, summary.json."""
@@ -418,6 +446,8 @@ class Config(_Section):
     """Supervised warm-up of the tiny default model."""
     run: RunConfig = RunConfig()
     """The run as a whole."""
+    tracking: TrackingConfig = TrackingConfig()
+    """Experiment tracking (metrics.jsonl, Weights & Biases, TensorBoard)."""
 
     @model_validator(mode="after")
     def _cross_section(self) -> Config:

@@ -3,8 +3,8 @@
 The launcher is a supervisor, not a trainer: it prepares the run directory and the model, starts
 each service as a child process (the same commands systemd or Kubernetes would run), shows a live
 view scraped from their /metrics endpoints, and, when the learner finishes, stops the rest and
-writes `summary.json`. Every child runs in its own session so that a stop (or Ctrl-C) takes its
-whole process tree — vLLM's engine processes included — with it: no orphans.
+writes `summary.json` and the run's `report.md` with its plots (`stream_dapo.report`). Every child
+runs in its own session so that a stop (or Ctrl-C) takes its whole process tree — vLLM's engine processes included — with it: no orphans.
 """
 
 from __future__ import annotations
@@ -206,58 +206,151 @@ def generator_totals(snap: Mapping[str, Mapping[str, float]]) -> dict[str, float
         "groups_all_correct": sum(metric_sum(g, groups, outcome="all_correct") for g in gens),
         "groups_all_wrong": sum(metric_sum(g, groups, outcome="all_wrong") for g in gens),
         "weight_updates": sum(metric_sum(g, sample_name(gm.weight_sync_seconds, "_count")) for g in gens),
+        "weight_sync_seconds": sum(metric_sum(g, sample_name(gm.weight_sync_seconds, "_sum")) for g in gens),
         "policy_version_min": min((metric_sum(g, sample_name(gm.policy_version)) for g in gens), default=0.0),
     }
 
 
-class LiveView:
-    """One status line every few seconds, and the same figures appended to metrics.jsonl."""
+def format_duration(seconds: float | None) -> str:
+    """3725 -> '1h02m05s', 125 -> '2m05s', 7 -> '7s', None -> '?'."""
+    if seconds is None:
+        return "?"
+    total = max(0, round(seconds))
+    h, rest = divmod(total, 3600)
+    m, sec = divmod(rest, 60)
+    if h:
+        return f"{h}h{m:02d}m{sec:02d}s"
+    return f"{m}m{sec:02d}s" if m else f"{sec}s"
 
-    def __init__(self, cfg: Config, endpoints: Endpoints, run_dir: Path, quiet: bool) -> None:
+
+def format_status(row: Mapping[str, Any], total_steps: int) -> str:
+    """The live view's status line from one metrics.jsonl row of the launcher."""
+    step = row["step"]
+    pct = 100 * step / total_steps if total_steps else 0.0
+    stale = row["staleness_p95"]
+    tok_s = row.get("generator_tokens_per_s")
+    return (
+        f"step {step}/{total_steps} ({pct:.0f}%) gen-v {row['version_generators']} | "
+        f"{row['samples_per_s']:.1f} samples/s {tok_s if tok_s is not None else 0:.0f} tok/s | "
+        f"reward {row['reward']:+.3f} acc {row['accuracy']:.3f} | "
+        f"stale-p95 {'-' if stale is None else f'{stale:g}'} filtered {row['filtered_frac']:.0%} "
+        f"buffer {row['buffer_waiting']} | {format_duration(row['t'])} elapsed, ETA {format_duration(row['eta_s'])}"
+    )
+
+
+def rewrites_in_place(stream: IO[str]) -> bool:
+    """A terminal gets one status line rewritten in place; logs and pipes get a line per update."""
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):  # closed or not a real stream
+        return False
+    return tty and os.environ.get("TERM", "") != "dumb"
+
+
+def status_text(line: str, in_place: bool, width: int) -> str:
+    """What to write for one update: in place, return to the line start, clear it and cut the line to
+    the terminal's width (a wrapped line cannot be rewritten); otherwise the line and a newline."""
+    if not in_place:
+        return line + "\n"
+    if len(line) > width - 1:
+        line = line[: max(width - 2, 0)] + "…"
+    return "\r\x1b[2K" + line
+
+
+class LiveView:
+    """A status line every few seconds, and the same figures appended to metrics.jsonl.
+
+    On a terminal the one line is rewritten in place (`rewrites_in_place`); to a log or a pipe
+    each update is a line of its own."""
+
+    def __init__(
+        self, cfg: Config, endpoints: Endpoints, run_dir: Path, quiet: bool, stream: IO[str] | None = None
+    ) -> None:
         self.cfg = cfg
         self.endpoints = endpoints
         self.path = run_dir / "metrics.jsonl"
         self.quiet = quiet
+        self.stream = stream if stream is not None else sys.stdout
+        self.in_place = rewrites_in_place(self.stream)
+        self._drawn = False
         self.t0 = time.monotonic()
         self.last: dict[str, dict[str, float]] = {}
+        self._prev: tuple[float, dict[str, float]] | None = None
 
     def update(self) -> dict[str, Any]:
         snap = self.endpoints.snapshot()
         if any(snap.values()):
             self.last = {k: v or self.last.get(k, {}) for k, v in snap.items()}
-        snap = self.last
+        row = self.record(self.last)
+        if not self.quiet:
+            self.show(format_status(row, self.cfg.learner.total_steps))
+        return row
+
+    def record(self, snap: Mapping[str, Mapping[str, float]], step: int | None = None) -> dict[str, Any]:
+        """Append the row of `snap` to metrics.jsonl. At the end: the services' final metrics with
+        the learner's last version (`step`; the learner may have taken its last steps between two
+        scrapes), so that the run's last steps have a row."""
+        row = self.row(snap, time.monotonic() - self.t0, step)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        return row
+
+    def row(
+        self, snap: Mapping[str, Mapping[str, float]], elapsed: float, step: int | None = None
+    ) -> dict[str, Any]:
+        """One metrics.jsonl row from a scrape; rates are over the time since the previous row.
+        `step` overrides the learner step the scrape shows."""
         gen = generator_totals(snap)
         lrn, buf = snap.get("learner", {}), snap.get("buffer", {})
         lm, bm = catalogue(LearnerMetrics), catalogue(BufferMetrics)
-        elapsed = time.monotonic() - self.t0
-        step = metric_sum(lrn, sample_name(lm.step))
+        if step is None:
+            step = int(metric_sum(lrn, sample_name(lm.step)))
         finished = gen["groups_kept"] + gen["groups_all_correct"] + gen["groups_all_wrong"]
+        prev_t, prev = self._prev if self._prev is not None else (0.0, dict.fromkeys(gen, 0.0))
+        dt = elapsed - prev_t
+        updates = gen["weight_updates"] - prev["weight_updates"]
         row = {
             "t": round(elapsed, 1),
             "step": int(step),
             "version_generators": int(gen["policy_version_min"]),
             "samples_per_s": round(gen["samples"] / elapsed, 2) if elapsed > 0 else 0.0,
+            "generator_tokens": int(gen["tokens"]),
+            "generator_tokens_per_s": round((gen["tokens"] - prev["tokens"]) / dt, 1) if dt > 0 else 0.0,
             "reward": round(metric_sum(lrn, sample_name(lm.reward)), 3),
             "accuracy": round(metric_sum(lrn, sample_name(lm.accuracy)), 3),
             "staleness_p95": histogram_quantile(lrn, sample_name(lm.staleness), 0.95),
             "filtered_frac": round(1 - gen["groups_kept"] / finished, 3) if finished else 0.0,
+            "groups_kept": int(gen["groups_kept"]),
+            "groups_all_correct": int(gen["groups_all_correct"]),
+            "groups_all_wrong": int(gen["groups_all_wrong"]),
+            "generator_weight_sync_seconds": (
+                round((gen["weight_sync_seconds"] - prev["weight_sync_seconds"]) / updates, 4)
+                if updates > 0
+                else None
+            ),
+            "generator_weight_loads": int(gen["weight_updates"]),
+            "generator_weight_load_seconds_total": round(gen["weight_sync_seconds"], 4),
             "buffer_waiting": int(metric_sum(buf, sample_name(bm.depth), state="waiting")),
             "dropped_stale": int(metric_sum(buf, sample_name(bm.dropped_stale))),
         }
         total = self.cfg.learner.total_steps
         eta = (elapsed / step * (total - step)) if step > 0 else None
         row["eta_s"] = round(eta) if eta is not None else None
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        if not self.quiet:
-            print(
-                f"[{elapsed:6.0f}s] step {row['step']}/{total} gen-v {row['version_generators']} "
-                f"samples/s {row['samples_per_s']:.1f} reward {row['reward']:+.3f} acc {row['accuracy']:.3f} "
-                f"stale-p95 {row['staleness_p95']} filtered {row['filtered_frac']:.2f} "
-                f"buffer {row['buffer_waiting']} ETA {row['eta_s'] if eta is not None else '?'}s",
-                flush=True,
-            )
+        self._prev = (elapsed, gen)
         return row
+
+    def show(self, line: str) -> None:
+        width = shutil.get_terminal_size().columns if self.in_place else 0
+        self.stream.write(status_text(line, self.in_place, width))
+        self.stream.flush()
+        self._drawn = True
+
+    def finish(self) -> None:
+        """End the rewritten line, so that what is printed next starts on a line of its own."""
+        if self.in_place and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+        self._drawn = False
 
 
 # --------------------------------------------------------------------------------------------------
@@ -486,8 +579,11 @@ def train(cfg: Config, config_path: Path, run_dir: Path, summary: dict[str, Any]
         supervise(sup, view)
     finally:
         train_seconds = time.monotonic() - t0
+        view.finish()
         sup.stop_all()
-        summary.update(build_summary(final_snapshot(view.last, run_dir), run_dir, train_seconds))
+        final = final_snapshot(view.last, run_dir)
+        view.record(final, step=learner_log_stats(run_dir)["final_version"])
+        summary.update(build_summary(final, run_dir, train_seconds))
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
@@ -542,6 +638,9 @@ def run(args: argparse.Namespace) -> int:
     summary["wall_seconds"] = round(time.monotonic() - t0, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
+    from stream_dapo.report import write_run_report
+
+    write_run_report(run_dir)  # report.md + report/*.png; never fails the run
     return code
 
 

@@ -5,12 +5,12 @@ It binds two ROUTER sockets and serves both from one poll loop:
     samples  tcp://{transport.host}:{transport.samples_port}   generators
         hello{generator_id, policy_version}        -> credit{granted=0, learner_version}
         credit_request{generator_id, want}         -> credit{granted, learner_version}
-        groups{generator_id, groups, filtered_total}  -> ack{accepted, duplicates, rejected}
-        heartbeat{generator_id, filtered_total}    -> lease{credits, expired, learner_version}
+        groups{generator_id, groups, filtered_total, rollouts}  -> ack{accepted, duplicates, rejected}
+        heartbeat{generator_id, filtered_total, rollouts}  -> lease{credits, expired, learner_version}
     batches  tcp://{transport.host}:{transport.batches_port}   the learner
         learner_hello{learner_version, committed_through}  -> empty{reason="ready"}
         batch_request{learner_version, max_groups, max_tokens}
-                                                   -> batch{groups, dropped_stale} or empty{reason}
+                                                   -> batch{groups, dropped_stale, rollouts} or empty{reason}
         commit{learner_version, group_ids}         -> empty{reason="committed"}
 
 Every valid request gets exactly one reply, so clients can use `transport.request`. A message
@@ -37,6 +37,7 @@ import zmq
 
 from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
+from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.config import Config
 from stream_dapo.exit_codes import ExitCode
 from stream_dapo.metrics import BufferMetrics, start_metrics
@@ -106,6 +107,7 @@ class BufferService:
         self._auth: Any = None
         self._stop = threading.Event()
         self.metrics_server: Any = None
+        self.rollouts = RolloutTally()
         try:
             self.buffer = self._restore(policy, clock)
             self._bind_sockets()
@@ -319,6 +321,7 @@ class BufferService:
 
     def _on_hello(self, body: Body, rid: int | None) -> Outgoing:
         version = self.buffer.generator_hello(body["generator_id"])
+        self.rollouts.restart(body["generator_id"])
         log.info("generator %s connected (policy version %d)", body["generator_id"], body["policy_version"])
         return m.credit(0, version)
 
@@ -329,10 +332,14 @@ class BufferService:
     def _on_groups(self, body: Body, rid: int | None) -> Outgoing:
         groups = m.groups_from_body(body)
         result = self.buffer.add_groups(body["generator_id"], groups, body.get("filtered_total"))
+        if "rollouts" in body:
+            self.rollouts.observe(body["generator_id"], body["rollouts"])
         return m.ack(result.accepted, result.duplicates, result.rejected)
 
     def _on_heartbeat(self, body: Body, rid: int | None) -> Outgoing:
         credits, expired = self.buffer.heartbeat(body["generator_id"], body["filtered_total"])
+        if "rollouts" in body:
+            self.rollouts.observe(body["generator_id"], body["rollouts"])
         if expired:
             log.warning(
                 "generator %s is back after its lease expired: it drops the credits it held",
@@ -365,7 +372,7 @@ class BufferService:
         for stale in result.staleness:
             self.metrics.staleness.observe(stale)
         if result.groups:
-            return m.batch(result.groups, len(result.dropped_stale))
+            return m.batch(result.groups, len(result.dropped_stale), self.rollouts.totals)
         return m.empty("all_stale" if result.dropped_stale else "no_waiting_groups")
 
     def _on_commit(self, body: Body, rid: int | None) -> Outgoing:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from stream_dapo.generator.threads import BackgroundThread
@@ -183,8 +183,8 @@ class Heartbeat(BackgroundThread):
     """Keeps the generator's credit lease on a thread of its own, so that a main loop that is busy
     (a long weight load, a slow engine step) does not lose its credits.
 
-    Every ``every_s`` it sends ``heartbeat{generator_id, filtered_total}`` on its own connection to
-    the buffer and reads the ``lease`` replies: ``expired`` is set when one says the buffer had taken
+    Every ``every_s`` it sends ``heartbeat{generator_id, filtered_total, rollouts}`` (``rollouts``:
+    the generator's rollout tally, for tracking) on its own connection to the buffer and reads the ``lease`` replies: ``expired`` is set when one says the buffer had taken
     the credits back, and ``last_answer`` is when the buffer last replied (readiness). It stops
     renewing while ``progressing()`` is false (the main loop made no progress for its liveness
     bound), so a hung generator loses its credits like a dead one.
@@ -199,12 +199,14 @@ class Heartbeat(BackgroundThread):
         every_s: float,
         filtered_total: Callable[[], int],
         progressing: Callable[[], bool],
+        rollouts: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self._connect = connect
         self.generator_id = generator_id
         self.every_s = every_s
         self._filtered_total = filtered_total
         self._progressing = progressing
+        self._rollouts = rollouts
         self.expired = threading.Event()
         self.last_answer = time.monotonic()
         self.sent = 0
@@ -216,7 +218,8 @@ class Heartbeat(BackgroundThread):
             while not self._stop.is_set():
                 if self._progressing():
                     try:
-                        endpoint.send(*m.heartbeat(self.generator_id, self._filtered_total()))
+                        tally = self._rollouts() if self._rollouts is not None else None
+                        endpoint.send(*m.heartbeat(self.generator_id, self._filtered_total(), tally))
                         self.sent += 1
                     except TransportTimeout:  # the queue to a hung buffer is full: try again later
                         pass

@@ -166,6 +166,8 @@ class GeneratorService:
         self._heartbeat: Heartbeat | None = None
         self._warnings = RateLimitedWarnings(log)
         self._filtered_sent = 0
+        self._rollouts = dict.fromkeys(m.ROLLOUT_FIELDS, 0)
+        """Running rollout tally since start (the heartbeat sends it; the learner tracks it)."""
         self._tokens_counted = 0
         self._closed = False
         self.engine: RolloutEngine | None = engine
@@ -466,6 +468,7 @@ class GeneratorService:
             self.cfg.generator.heartbeat_s,
             filtered_total=lambda: self.credits.filtered_total,
             progressing=lambda: time.monotonic() - health.last_progress < health.stall_after_s,
+            rollouts=lambda: dict(self._rollouts),
         ).start()
 
     def _check_lease(self) -> None:
@@ -532,6 +535,9 @@ class GeneratorService:
 
     def _count_finished(self, group: FinishedGroup) -> None:
         for s in group.samples:
+            self._rollouts["samples"] += 1
+            self._rollouts["response_tokens"] += len(s)
+            self._rollouts["truncated"] += int(s.truncated)
             self.metrics.samples.inc()
             self.metrics.response_length.observe(len(s))
             self.metrics.prefix_cache_hit_tokens.inc(s.cached_prompt_tokens)
@@ -552,12 +558,18 @@ class GeneratorService:
             self._send_groups([])
 
     def _send_groups(self, groups: list[Group]) -> None:
-        self._send(*m.groups(self.generator_id, groups, filtered_total=self.credits.filtered_total))
+        self._send(
+            *m.groups(
+                self.generator_id, groups, filtered_total=self.credits.filtered_total, rollouts=self._rollouts
+            )
+        )
         self._filtered_sent = self.credits.filtered_total
 
     def _count_outcome(self, outcome: GroupOutcome) -> None:
         mx = self.metrics
         mx.groups.labels(outcome=outcome.decision.reason.value).inc()
+        self._rollouts[outcome.decision.reason.value] += 1
+        self._rollouts["correct"] += outcome.decision.num_correct
         mx.verifier_latency.observe(outcome.verify_seconds)
         for r in outcome.results:
             mx.verifier_results.labels(reason=r.reason).inc()

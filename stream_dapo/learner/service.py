@@ -9,8 +9,9 @@ Main loop, per rollout step: collect ``learner.rollout_batch_prompts`` groups fr
 (waiting with back-off while it answers ``empty``), split them into mini-batches of
 ``mini_batch_samples / group_size`` groups, compute the proximal log-probs of all of them once with
 the current weights, then take one optimizer step per mini-batch. After each step: one line in
-``learner/trained_groups.jsonl`` and ``learner/metrics.jsonl``, Prometheus metrics, weights published
-every ``sync_every`` steps, a checkpoint every ``checkpoint_every`` steps followed by ``commit``.
+``learner/trained_groups.jsonl``, weights published every ``sync_every`` steps, a checkpoint every
+``checkpoint_every`` steps followed by ``commit``, Prometheus metrics and one tracked row on rank 0
+(`stream_dapo.tracking`: ``learner/metrics.jsonl``, W&B, TensorBoard, as ``tracking.backends`` says).
 
 Checkpoints: ``checkpoints/step_{v:06d}/`` holds the DeepSpeed state (``deepspeed/``), an HF export
 (``hf/``), ``learner_state.json`` and the trained-group log as of that version; written under a temporary name, renamed, then ``latest`` is
@@ -62,6 +63,7 @@ from stream_dapo.transport.sockets import (
 if TYPE_CHECKING:  # torch and DeepSpeed load in start(), so `stream-dapo learner --help` is instant
     from transformers import PreTrainedModel
 
+    from stream_dapo.tracking import Tracker
     from stream_dapo.weights.base import WeightPublisher
 
 __all__ = ["LearnerService", "add_arguments", "run"]
@@ -111,7 +113,12 @@ class LearnerService:
         self._last_wait_s = 0.0
         self._last_prepare_s = 0.0
         self._last_proximal_s = 0.0
-        self._last_publish_s = 0.0
+        self._last_sync_s: float | None = None
+        self._rollouts_latest: dict[str, int] | None = None
+        self._rollouts_at_batch: dict[str, int] | None = None
+        self._rollouts_at_time: float | None = None
+        self._rollout_window: dict[str, float] = {}
+        self.tracker: Tracker | None = None
         self.learner: Any = None
         self.health: Health | None = None
         self.rank, self.world_size = 0, 1
@@ -166,17 +173,17 @@ class LearnerService:
                 self.trained_log,
                 {"version": v, "group_ids": group_ids, "max_staleness": metrics.max_staleness},
             )
-            self._record_metrics(metrics)
         publish = v % self.cfg.learner.sync_every == 0
         checkpoint = v % self.cfg.learner.checkpoint_every == 0
+        self._last_sync_s = None
         if publish or checkpoint:
-            t0 = time.perf_counter()
             state_dict = self.learner.gather_state_dict()  # collective; once for both
             if publish:
                 self._publish(state_dict)
-                self._last_publish_s = time.perf_counter() - t0
             if checkpoint:
                 self._checkpoint(state_dict)
+        if self.rank == 0:  # after the publish, so the row has its time
+            self._record_metrics(metrics)
         if self.health is not None:
             self.health.detail["version"] = v
             self.health.beat()
@@ -213,6 +220,10 @@ class LearnerService:
             self._start_publishers()
         self.learner = Learner(self.cfg, self._model)
         state = self._resume()
+        if self.rank == 0:  # one writer per run
+            from stream_dapo.tracking import Tracker
+
+            self.tracker = Tracker.start(self.cfg)
         self._publish(self.learner.gather_state_dict())
         if self.rank == 0:
             self._hello(state)
@@ -354,6 +365,7 @@ class LearnerService:
             delay = min(delay * 2, BATCH_BACKOFF_S[1])
         self._last_wait_s = time.monotonic() - t0
         self.metrics.batch_wait_seconds.observe(self._last_wait_s)
+        self._window_rollouts()
         return self._broadcast_groups(groups)
 
     def _request_groups(self, n: int) -> list[m.Group]:
@@ -362,6 +374,8 @@ class LearnerService:
         except TransportTimeout:  # only when stopping: nothing was leased that a hello will not requeue
             return []
         if reply.type == m.BATCH:
+            if "rollouts" in reply.body:
+                self._rollouts_latest = dict(reply.body["rollouts"])
             if reply.body["dropped_stale"]:
                 log.warning("buffer dropped %d stale groups for this batch", reply.body["dropped_stale"])
             return m.groups_from_body(reply.body)
@@ -370,6 +384,22 @@ class LearnerService:
                 f"buffer answered batch_request with {reply.type!r}; expected batch or empty"
             )
         return []
+
+    def _window_rollouts(self) -> None:
+        """The generators' rollout statistics since the previous rollout batch (rank 0: the one
+        that talks to the buffer), logged with each step of this batch."""
+        from stream_dapo.tracking import rollout_window
+
+        latest = self._rollouts_latest
+        if latest is None:
+            self._rollout_window = {}
+            return
+        now = time.monotonic()
+        seconds = now - self._rollouts_at_time if self._rollouts_at_time is not None else 0.0
+        self._rollout_window = rollout_window(
+            self._rollouts_at_batch, latest, self.cfg.algo.group_size, seconds
+        )
+        self._rollouts_at_batch, self._rollouts_at_time = latest, now
 
     def _sync_status(self, status: int) -> tuple[int, bool]:
         """Rank 0's status and whether any rank was asked to stop (one all-reduce)."""
@@ -411,6 +441,7 @@ class LearnerService:
             self._publisher.publish(payload, state_dict)
             seconds = time.perf_counter() - t0
             self.metrics.weight_sync_seconds.observe(seconds)
+            self._last_sync_s = seconds
             self.metrics.weight_sync_bytes.inc(payload.total_bytes)
             self.metrics.policy_version.set(v)
             log.info(
@@ -475,9 +506,11 @@ class LearnerService:
             # Per rollout batch (repeated on each of its steps): packing and the proximal pass.
             "prepare_seconds": round(self._last_prepare_s, 4),
             "proximal_seconds": round(self._last_proximal_s, 4),
-            "publish_seconds": round(self._last_publish_s, 4),  # the previous publication
+            "weight_sync_seconds": round(self._last_sync_s, 4) if self._last_sync_s is not None else None,
+            **{k: round(v, 6) for k, v in self._rollout_window.items()},
         }
-        _append_jsonl(self.metrics_log, row)
+        if self.tracker is not None:
+            self.tracker.log(s.version, row)
         log.info(
             "step %d loss %.4f reward %.3f acc %.3f grad %.3f stale<=%d %.0f tok/s",
             s.version,
@@ -492,6 +525,9 @@ class LearnerService:
     # ------------------------------------------------------------------ shutdown
 
     def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
         if self._publisher is not None:
             self._publisher.close()
         if self._buffer is not None:

@@ -269,6 +269,11 @@ def _chunk_count(manifest: Mapping[str, Any]) -> str | None:
     return None
 
 
+ROLLOUT_FIELDS = ("mixed", "all_correct", "all_wrong", "samples", "correct", "truncated", "response_tokens")
+"""A generator's rollout tally: groups finished by dynamic-sampling outcome (`FilterReason` values),
+then samples, correct samples, truncated samples and response tokens."""
+ROLLOUTS = Struct("rollouts", dict.fromkeys(ROLLOUT_FIELDS, Int(min=0, max=MAX_FILTERED_TOTAL)))
+
 SAMPLE = Struct(
     "Sample",
     {
@@ -333,11 +338,19 @@ SCHEMAS: dict[str, Struct] = {
             "generator_id": ID,
             "groups": ListOf(GROUP),
             "filtered_total": Int(min=0, max=MAX_FILTERED_TOTAL),
+            "rollouts": ROLLOUTS,
         },
-        optional=frozenset({"filtered_total"}),
+        optional=frozenset({"filtered_total", "rollouts"}),
     ),
     # Every generator.heartbeat_s: the generator is alive, so its credits stay leased to it.
-    HEARTBEAT: Struct(HEARTBEAT, {"generator_id": ID, "filtered_total": Int(min=0, max=MAX_FILTERED_TOTAL)}),
+    # `rollouts` (optional, also in `groups`): the generator's running rollout tally since its
+    # hello (statistics for tracking, not state: the buffer sums the increases and hands the sum to
+    # the learner).
+    HEARTBEAT: Struct(
+        HEARTBEAT,
+        {"generator_id": ID, "filtered_total": Int(min=0, max=MAX_FILTERED_TOTAL), "rollouts": ROLLOUTS},
+        optional=frozenset({"rollouts"}),
+    ),
     # buffer -> generator
     CREDIT: Struct(CREDIT, {"granted": COUNT, "learner_version": VERSION}),
     # The answer to a heartbeat: credits the buffer counts as this generator's, and whether they
@@ -358,7 +371,12 @@ SCHEMAS: dict[str, Struct] = {
     ),
     COMMIT: Struct(COMMIT, {"learner_version": VERSION, "group_ids": ListOf(ID)}),
     # buffer -> learner
-    BATCH: Struct(BATCH, {"groups": ListOf(GROUP), "dropped_stale": COUNT}),
+    # `rollouts` (optional): every generator's rollout tally summed since the buffer started.
+    BATCH: Struct(
+        BATCH,
+        {"groups": ListOf(GROUP), "dropped_stale": COUNT, "rollouts": ROLLOUTS},
+        optional=frozenset({"rollouts"}),
+    ),
     EMPTY: Struct(EMPTY, {"reason": REASON}),
     # generator <-> learner weights
     WEIGHTS_QUERY: Struct(WEIGHTS_QUERY, {"have_version": VERSION}),
@@ -619,17 +637,28 @@ def credit_request(generator_id: str, want: int) -> Outgoing:
     return CREDIT_REQUEST, {"generator_id": generator_id, "want": want}
 
 
-def groups(generator_id: str, items: Sequence[Group], filtered_total: int = 0) -> Outgoing:
+def groups(
+    generator_id: str,
+    items: Sequence[Group],
+    filtered_total: int = 0,
+    rollouts: Mapping[str, int] | None = None,
+) -> Outgoing:
     """`filtered_total`: credits spent without a group since the generator's hello (a running
-    total; each new one gives back a credit); sent only when non-zero."""
+    total; each new one gives back a credit); sent only when non-zero. `rollouts`: the generator's
+    rollout tally (as in `heartbeat`)."""
     body: Body = {"generator_id": generator_id, "groups": [g.to_wire() for g in items]}
     if filtered_total:
         body["filtered_total"] = filtered_total
+    if rollouts is not None:
+        body["rollouts"] = dict(rollouts)
     return GROUPS, body
 
 
-def heartbeat(generator_id: str, filtered_total: int) -> Outgoing:
-    return HEARTBEAT, {"generator_id": generator_id, "filtered_total": filtered_total}
+def heartbeat(generator_id: str, filtered_total: int, rollouts: Mapping[str, int] | None = None) -> Outgoing:
+    body: Body = {"generator_id": generator_id, "filtered_total": filtered_total}
+    if rollouts is not None:
+        body["rollouts"] = dict(rollouts)
+    return HEARTBEAT, body
 
 
 def lease(credits: int, expired: bool, learner_version: int) -> Outgoing:
@@ -671,8 +700,11 @@ def commit(learner_version: int, group_ids: Sequence[str]) -> Outgoing:
     return COMMIT, {"learner_version": learner_version, "group_ids": list(group_ids)}
 
 
-def batch(items: Sequence[Group], dropped_stale: int) -> Outgoing:
-    return BATCH, {"groups": [g.to_wire() for g in items], "dropped_stale": dropped_stale}
+def batch(items: Sequence[Group], dropped_stale: int, rollouts: Mapping[str, int] | None = None) -> Outgoing:
+    body: Body = {"groups": [g.to_wire() for g in items], "dropped_stale": dropped_stale}
+    if rollouts is not None:
+        body["rollouts"] = dict(rollouts)
+    return BATCH, body
 
 
 def empty(reason: str) -> Outgoing:

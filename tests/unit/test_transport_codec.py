@@ -139,19 +139,24 @@ def groups(draw: st.DrawFn) -> Group:
 
 
 hex_digests = st.binary(min_size=32, max_size=32).map(bytes.hex)
+rollout_tallies = st.none() | st.fixed_dictionaries(
+    {field: st.integers(0, m.MAX_FILTERED_TOTAL) for field in m.ROLLOUT_FIELDS}
+)
 
 STRATEGIES: dict[str, st.SearchStrategy[tuple[str, dict[str, Any]]]] = {
     "hello": st.builds(m.hello, ids, versions),
     "credit_request": st.builds(m.credit_request, ids, counts),
-    "groups": st.builds(m.groups, ids, st.lists(groups(), max_size=3), st.integers(0, m.MAX_FILTERED_TOTAL)),
-    "heartbeat": st.builds(m.heartbeat, ids, st.integers(0, m.MAX_FILTERED_TOTAL)),
+    "groups": st.builds(
+        m.groups, ids, st.lists(groups(), max_size=3), st.integers(0, m.MAX_FILTERED_TOTAL), rollout_tallies
+    ),
+    "heartbeat": st.builds(m.heartbeat, ids, st.integers(0, m.MAX_FILTERED_TOTAL), rollout_tallies),
     "credit": st.builds(m.credit, counts, versions),
     "lease": st.builds(m.lease, counts, st.booleans(), versions),
     "ack": st.builds(m.ack, st.lists(ids), st.lists(ids), st.lists(st.tuples(ids, reasons))),
     "learner_hello": st.builds(m.learner_hello, versions, versions),
     "batch_request": st.builds(m.batch_request, versions, st.integers(1, 10_000), counts),
     "commit": st.builds(m.commit, versions, st.lists(ids)),
-    "batch": st.builds(m.batch, st.lists(groups(), max_size=3), counts),
+    "batch": st.builds(m.batch, st.lists(groups(), max_size=3), counts, rollout_tallies),
     "empty": st.builds(m.empty, reasons),
     "weights_query": st.builds(m.weights_query, versions),
     "weights_manifest": st.builds(
