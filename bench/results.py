@@ -518,6 +518,11 @@ EXTERNAL = (
         "python bench/verifier_agreement.py --json docs/results/verifier_agreement.json",
     ),
     (
+        "Behaviour log-probs: μ vs π_prox in float32 and bfloat16, and the correction modes",
+        "logprob_precision.json",
+        "python bench/logprob_precision.py --json docs/results/logprob_precision.json",
+    ),
+    (
         "Long chain-of-thought task: the warm model's samples, μ vs π",
         "longcot_task.json",
         "python bench/longcot.py --json docs/results/longcot_task.json",
