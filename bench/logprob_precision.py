@@ -14,6 +14,9 @@ generator's) recomputes every sampled token's proximal log-prob with `compute_lo
 
 - mean and max |d|, the share of tokens whose ratio π_prox/μ leaves [0.9, 1.1] and [0.5, 2], the
   largest and smallest ratio;
+- the same with the learner at temperature 1 without truncation on the truncated setting's samples
+  (what the learner computed before μ and π were defined alike; what a learner whose generator.*
+  settings differ from the generators' computes);
 - what the loss's behaviour weight does with these ratios (``stream_dapo.core.loss.IS_MODES``):
   ``is_mode = "mask"`` keeps the tokens inside [1/C, C], ``"truncate"`` keeps every token and
   caps the weight at C; for C in 1.2, 1.5, 2 (the default) and 5, the share kept / capped and the
@@ -31,6 +34,7 @@ token answers), or the effect on training (no run here compares the correction m
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -60,6 +64,9 @@ SETTINGS = {
     "T0.7 top-p 0.9 top-k 20": SamplingPolicy(temperature=0.7, top_p=0.9, top_k=20),
 }
 DTYPES = ("float32", "bfloat16")
+MISMATCH = "T1.0 untruncated (mismatch)"
+"""The learner's policy before this bench's fix: what a learner whose generator.* settings differ
+from the generators' computes (the case StreamDapoBehaviourLogprobMismatch is for)."""
 CAPS = (1.2, 1.5, 2.0, 5.0)
 
 
@@ -127,6 +134,7 @@ def gap_figures(d: np.ndarray) -> dict[str, Any]:
         "outside_0.5_2": outside(BAND_WIDE),
         "max_ratio": float(ratio.max()),
         "min_ratio": float(ratio.min()),
+        "zero_ratio": float((ratio == 0).mean()),
     }
 
 
@@ -194,8 +202,15 @@ def run(prompts: int, seeds: list[int]) -> dict[str, Any]:
             finally:
                 engine.close()
             for name, groups in sampled.items():
-                for learner_dtype, learner in learners.items():
-                    learner.sampling = SETTINGS[name]
+                policies = {"generator's": SETTINGS[name]}
+                if not SETTINGS[name].is_identity:
+                    policies[MISMATCH] = SamplingPolicy()
+                for (learner_dtype, learner), (policy_name, policy) in itertools.product(
+                    learners.items(), policies.items()
+                ):
+                    if policy_name == MISMATCH and learner_dtype != gen_dtype:
+                        continue
+                    learner.sampling = policy
                     d = prox_minus_mu(learner, groups)
                     rows.append(
                         {
@@ -203,6 +218,7 @@ def run(prompts: int, seeds: list[int]) -> dict[str, Any]:
                             "generator": gen_dtype,
                             "learner": learner_dtype,
                             "setting": name,
+                            "learner_policy": policy_name,
                             **gap_figures(d),
                             "correction": correction_figures(d),
                         }
@@ -223,22 +239,22 @@ def _spread(values: list[float], fmt: str) -> str:
 
 def print_report(out: dict[str, Any]) -> None:
     rows = out["rows"]
-    keys = sorted(
-        {(r["setting"], r["generator"], r["learner"]) for r in rows}, key=lambda k: (k[0], k[1], k[2])
-    )
+    keys = sorted({(r["setting"], r["generator"], r["learner"], r["learner_policy"]) for r in rows})
     print(
         f"\n{out['prompts']} prompts x {out['group_size']} samples, seeds {out['seeds']} (ranges over seeds)"
     )
     print(
-        "| setting | generator | learner | tokens | mean abs(d) | max abs(d) | outside [0.9, 1.1] | outside [0.5, 2] | max ratio |"
+        "| setting | generator | learner | learner policy | tokens | mean abs(d) | max abs(d) | "
+        "outside [0.9, 1.1] | outside [0.5, 2] | ratio 0 | max ratio |"
     )
-    print("| :-- | :-- | :-- | --: | --: | --: | --: | --: | --: |")
+    print("| :-- | :-- | :-- | :-- | --: | --: | --: | --: | --: | --: | --: |")
     for key in keys:
-        sel = [r for r in rows if (r["setting"], r["generator"], r["learner"]) == key]
+        sel = [r for r in rows if (r["setting"], r["generator"], r["learner"], r["learner_policy"]) == key]
         print(
-            f"| {key[0]} | {key[1]} | {key[2]} | {_spread([r['tokens'] for r in sel], ',')} | "
+            f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {_spread([r['tokens'] for r in sel], ',')} | "
             f"{_spread([r['mean_abs'] for r in sel], '.1e')} | {_spread([r['max_abs'] for r in sel], '.1e')} | "
             f"{_spread([r['outside_0.9_1.1'] for r in sel], '.2%')} | {_spread([r['outside_0.5_2'] for r in sel], '.2%')} | "
+            f"{_spread([r['zero_ratio'] for r in sel], '.2%')} | "
             f"{_spread([r['max_ratio'] for r in sel], '.3f')} |"
         )
     print(
@@ -248,7 +264,12 @@ def print_report(out: dict[str, Any]) -> None:
     print("| :-- | :-- | --: | --: | --: | --: | --: | --: |")
     for setting in SETTINGS:
         for dtype in DTYPES:
-            sel = [r for r in rows if (r["setting"], r["generator"], r["learner"]) == (setting, dtype, dtype)]
+            sel = [
+                r
+                for r in rows
+                if (r["setting"], r["generator"], r["learner"], r["learner_policy"])
+                == (setting, dtype, dtype, "generator's")
+            ]
             if not sel:
                 continue
 
