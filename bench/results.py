@@ -518,6 +518,11 @@ EXTERNAL = (
         "python bench/verifier_agreement.py --json docs/results/verifier_agreement.json",
     ),
     (
+        "Behaviour log-probs: μ vs π_prox in float32 and bfloat16, and the correction modes",
+        "logprob_precision.json",
+        "python bench/logprob_precision.py --json docs/results/logprob_precision.json",
+    ),
+    (
         "Long chain-of-thought (configs/tiny-longcot-cpu.toml)",
         "longcot.md",
         "python bench/longcot.py, bench/async_vs_sync.py --config configs/tiny-longcot-cpu.toml, "

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 if TYPE_CHECKING:  # imported where used: stream_dapo.core's package imports torch
     from stream_dapo.core.admission import AdmissionRule
+    from stream_dapo.core.sampling import SamplingPolicy
 
 ENV_PREFIX = "STREAM_DAPO__"
 
@@ -206,9 +207,17 @@ class GeneratorConfig(_Section):
     join and leave at any time (credits are leases). Only weights.method = "nccl" needs it fixed:
     its process group has 1 + num_generators x tensor_parallel_size ranks."""
     temperature: float = Field(1.0, ge=0.0)
-    """Sampling temperature for training rollouts."""
+    """Sampling temperature of training rollouts (> 0: greedy rollouts are refused). The learner
+    divides its logits by the same temperature, so pi and the behaviour log-probs mu describe the
+    same distribution (vLLM returns the log-probs of the distribution it sampled from)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling for training rollouts."""
+    """Nucleus sampling of training rollouts (1: off). Like top_k and min_p, the learner applies the
+    same truncation to its own logits and renormalises, so it trains the distribution the
+    generators sample (see stream_dapo.core.sampling)."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling of training rollouts: keep the k most likely tokens (0: off)."""
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    """Min-p sampling of training rollouts: drop tokens below min_p x the top probability (0: off)."""
     max_groups_in_flight: int = Field(16, ge=1)
     """Most prompts (groups) a generator keeps in its engine at once; credits bound it further."""
     max_num_seqs: int = Field(128, ge=1)
@@ -230,6 +239,27 @@ class GeneratorConfig(_Section):
     buffer.generator_lease_s; a buffer that stops answering makes /readyz fail)."""
     seed: int = 0
     """Sampling seed (each generator adds its index)."""
+
+    @model_validator(mode="after")
+    def _samples_a_policy(self) -> GeneratorConfig:
+        from stream_dapo.core.sampling import GREEDY_TEMPERATURE
+
+        if self.temperature < GREEDY_TEMPERATURE:
+            raise ValueError(
+                f"generator.temperature = {self.temperature:g} is greedy decoding: the G samples of a group "
+                "are identical (dynamic sampling drops every group) and vLLM's log-probs are then those of "
+                "the untempered logits, not of what it sampled; set generator.temperature > 0 (DAPO: 1.0). "
+                "Greedy evaluation is eval.temperature = 0"
+            )
+        return self
+
+    def sampling_policy(self) -> SamplingPolicy:
+        """The distribution rollouts are sampled from, which the learner's log-probs must describe."""
+        from stream_dapo.core.sampling import SamplingPolicy
+
+        return SamplingPolicy(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p
+        )
 
 
 class BufferConfig(_Section):
@@ -341,7 +371,12 @@ class EvalConfig(_Section):
     temperature: float = Field(1.0, ge=0.0)
     """Eval sampling temperature (the paper: 1.0)."""
     top_p: float = Field(0.7, gt=0.0, le=1.0)
-    """Eval nucleus sampling (the paper: 0.7)."""
+    """Eval nucleus sampling (the paper: 0.7). Eval sampling is independent of generator.*: it
+    samples without log-probs and trains nothing."""
+    top_k: int = Field(0, ge=0)
+    """Eval top-k sampling (0: off)."""
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    """Eval min-p sampling (0: off)."""
     max_prompts: int = Field(200, ge=1)
     """Evaluate at most this many prompts of the eval set."""
 

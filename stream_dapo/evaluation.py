@@ -10,7 +10,8 @@
   drawn per prompt, the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` is used (Chen et al. 2021);
 - truncation_rate: fraction of samples that hit ``max_tokens`` before EOS.
 
-Defaults come from ``[eval]`` (the paper: k=32, temperature 1.0, top-p 0.7). Every request carries
+Defaults come from ``[eval]`` (the paper: k=32, temperature 1.0, top-p 0.7), which is independent of
+the training rollouts' ``[generator]`` sampling settings. Every request carries
 its own seed, so the numbers do not depend on how vLLM batches the requests.
 """
 
@@ -61,6 +62,8 @@ def evaluate(
     top_p: float,
     max_tokens: int,
     seed: int,
+    top_k: int = 0,
+    min_p: float = 0.0,
     n: int | None = None,
     verifier: VerifierPool | None = None,
 ) -> dict[str, Any]:
@@ -91,6 +94,8 @@ def evaluate(
             n=1,
             temperature=temperature,
             top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
             max_tokens=max_tokens,
             seed=_request_seed(seed, i, n) + j,
         )
@@ -146,6 +151,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=None, help="samples drawn per prompt, n >= k (default: k)")
     parser.add_argument("--temperature", type=float, default=None, help="default: eval.temperature")
     parser.add_argument("--top-p", type=float, default=None, help="default: eval.top_p")
+    parser.add_argument("--top-k", type=int, default=None, help="0: off (default: eval.top_k)")
+    parser.add_argument("--min-p", type=float, default=None, help="0: off (default: eval.min_p)")
     parser.add_argument("--max-prompts", type=int, default=None, help="default: eval.max_prompts")
     parser.add_argument(
         "--max-tokens", type=int, default=None, help="response budget (default: algo.max_response_len)"
@@ -207,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
                 n=args.n,
                 temperature=_pick(args.temperature, cfg.eval.temperature),
                 top_p=_pick(args.top_p, cfg.eval.top_p),
+                top_k=_pick(args.top_k, cfg.eval.top_k),
+                min_p=_pick(args.min_p, cfg.eval.min_p),
                 max_tokens=max_tokens,
                 seed=args.seed,
                 verifier=pool,

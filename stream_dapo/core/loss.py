@@ -97,7 +97,8 @@ def token_entropy(logits: Tensor) -> Tensor:
     """Entropy of the next-token distribution at every position, H = lse(z) - sum_v p_v z_v.
 
     Args:
-        logits: [B, T, V].
+        logits: [B, T, V]; entries at -inf (tokens a truncated sampling distribution excludes,
+            ``stream_dapo.core.sampling.sampling_logits``) have probability 0.
 
     Returns:
         [B, T] entropies in nats, float32 (or float64 for float64 logits).
@@ -107,7 +108,10 @@ def token_entropy(logits: Tensor) -> Tensor:
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     lse = torch.logsumexp(logits, dim=-1)
     probs = torch.exp(logits - lse.unsqueeze(-1))
-    return lse - (probs * logits).sum(dim=-1)
+    # Tokens a truncated sampling distribution masks to -inf have p = 0 and add nothing; zero their
+    # logits first, or 0 * -inf would be NaN (in the value and in the gradient).
+    finite_logits = logits.masked_fill(torch.isneginf(logits), 0.0)
+    return lse - (probs * finite_logits).sum(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -380,7 +384,7 @@ def policy_loss(
     kl_ref: Tensor | None = None
     if ref_logprobs is not None:
         ref = ref_logprobs.detach().to(dtype)
-        kl_keep = keep & torch.isfinite(ref)
+        kl_keep = keep & torch.isfinite(ref) & torch.isfinite(logprobs.detach())
         diff = torch.where(kl_keep, ref - logprobs, 0.0).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
         k3 = torch.where(kl_keep, torch.exp(diff) - diff - 1.0, 0.0)
         kl_ref = aggregate(k3, norm_mask, tokens, seqs)

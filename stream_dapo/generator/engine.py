@@ -250,7 +250,9 @@ class GroupAssembler:
 
 
 def _sampled_logprobs(token_ids: list[int], logprobs: Any, group_id: str) -> list[float]:
-    """The sampled token's log-prob at each new position (``SamplingParams(logprobs=0)``)."""
+    """The sampled token's log-prob at each new position (``SamplingParams(logprobs=0)``): with the
+    engine's ``logprobs_mode="processed_logprobs"`` (``vllm_utils``), under the tempered, truncated
+    distribution it was sampled from."""
     if logprobs is None or len(logprobs) != len(token_ids):
         got = None if logprobs is None else len(logprobs)
         raise RuntimeError(
@@ -296,6 +298,8 @@ class RolloutEngine:
         max_response_len: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
         version: int = 0,
         kv_on_update: KvOnUpdate = "recompute",
         rpc_timeout_s: float = 600.0,
@@ -312,6 +316,8 @@ class RolloutEngine:
         self.max_response_len = max_response_len
         self.temperature = temperature
         self.top_p = top_p
+        self.top_k = top_k
+        self.min_p = min_p
         self.kv_on_update: KvOnUpdate = kv_on_update
         self.rpc_timeout_s = rpc_timeout_s
         self.startup_seconds = startup_seconds
@@ -370,6 +376,8 @@ class RolloutEngine:
             max_response_len=cfg.algo.max_response_len,
             temperature=cfg.generator.temperature if temperature is None else temperature,
             top_p=cfg.generator.top_p,
+            top_k=cfg.generator.top_k,
+            min_p=cfg.generator.min_p,
             version=version,
             kv_on_update=kv_on_update,
             startup_seconds=seconds,
@@ -403,6 +411,8 @@ class RolloutEngine:
             max_tokens=self.max_response_len,
             temperature=self.temperature,
             top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
             logprobs=0,
             output_kind=RequestOutputKind.DELTA,
         )

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -152,6 +153,7 @@ class LearnerService:
         batches = [self.learner.prepare(groups[i : i + size]) for i in range(0, len(groups), size)]
         t1 = time.perf_counter()
         decoupled = self.cfg.algo.ratio_mode == "decoupled"
+        prox_version = self.learner.version
         # The first mini-batch trains on the weights the rollout batch starts from, so its forward
         # gives its proximal log-probs (None); only the later ones need a pass before the first step.
         prox = [None] + [
@@ -159,7 +161,7 @@ class LearnerService:
         ]
         self._last_prepare_s, self._last_proximal_s = t1 - t0, time.perf_counter() - t1
         for batch, batch_prox in zip(batches, prox, strict=True):
-            metrics = self.learner.train_step(batch, batch_prox)
+            metrics = self.learner.train_step(batch, batch_prox, prox_version)
             self._after_step(metrics, batch.group_ids)
             if self.learner.version >= self.total_steps or self._agree_to_stop():
                 return self.learner.version >= self.total_steps
@@ -486,6 +488,12 @@ class LearnerService:
         mx.is_weight.labels(stat="mean").set(s.is_weight_mean)
         mx.is_weight.labels(stat="max").set(s.is_weight_max)
         mx.approx_kl.set(s.approx_kl_behaviour)
+        for tokens in ("all", "fresh"):
+            gap = s.behaviour_gap.get(tokens)
+            mx.behaviour_abs_diff.labels(tokens=tokens).set(gap["mean_abs"] if gap else math.nan)
+            for band in ("0.9_1.1", "0.5_2"):
+                share = gap[f"outside_{band}"] if gap else math.nan
+                mx.behaviour_out_of_range.labels(tokens=tokens, band=band.replace("_", "-")).set(share)
         mx.grad_norm.set(s.grad_norm)
         mx.lr.set(s.lr)
         mx.reward.set(s.reward_mean)

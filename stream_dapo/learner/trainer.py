@@ -18,6 +18,11 @@ micro-batches changes every step, so the boundary is simply the ``step()`` call.
 
 The proximal log-probs of the decoupled loss come from ``compute_logprobs`` on the same packed
 micro-batches before any step of the rollout batch (the service does that once per rollout batch).
+
+Every log-prob and entropy here is of the generators' sampling distribution (``generator.temperature``,
+``top_p``, ``top_k``, ``min_p``; ``stream_dapo.core.sampling``), the one vLLM returns mu for, so
+pi_prox / mu is 1 at staleness 0 whatever the settings. Each step also reports how far mu is from
+pi_prox (``StepMetrics.behaviour_gap``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from torch import Tensor
 
 from stream_dapo.config import Config, ConfigError
 from stream_dapo.core.loss import PolicyLossParams, policy_loss, token_entropy, token_logprobs
+from stream_dapo.core.sampling import BehaviourGap, behaviour_gap, sampling_logits
 from stream_dapo.learner import distributed
 from stream_dapo.learner.checkpoints import DS_TAG, LEARNER_STATE_FILE
 from stream_dapo.learner.packing import (
@@ -313,6 +319,10 @@ class StepMetrics:
     """Largest (version at this step - behaviour version) over trained tokens; -1 if none."""
     staleness_counts: dict[int, int] = field(default_factory=dict)
     """Trained tokens per staleness value."""
+    behaviour_gap: dict[str, dict[str, float]] = field(default_factory=dict)
+    """log pi_prox - log mu over the step's trained tokens (decoupled mode): ``"all"`` of them and
+    the ``"fresh"`` ones, sampled by the weights the proximal pass ran with (staleness 0 there, so
+    any gap is numerics or a sampling mismatch); each ``BehaviourGap.summary()``, absent if empty."""
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -347,6 +357,9 @@ class AccumulatedStep:
     given: float = 0.0
     is_weight_max: float = 0.0
     staleness: Counter[int] = field(default_factory=Counter)
+    gap: dict[str, BehaviourGap] = field(
+        default_factory=lambda: {"all": BehaviourGap(), "fresh": BehaviourGap()}
+    )
     has_kl: bool = False
     started: float = field(default_factory=time.perf_counter)
 
@@ -386,6 +399,10 @@ class Learner:
         self._ds_config = deepspeed_config(cfg, self.world_size) if make_engine is None else None
         self._ds = _import_deepspeed() if make_engine is None else None
         self.loss_params = loss_params_from_config(cfg)
+        self.sampling = cfg.generator.sampling_policy()
+        """The distribution the generators sample; every log-prob here is of it."""
+        if not self.sampling.is_identity:
+            log.info("log-probs are of the generators' sampling distribution: %s", self.sampling.describe())
         self.source_dir = Path(source_dir if source_dir is not None else cfg.model.path)
         torch.manual_seed(cfg.learner.seed)
         dtype = getattr(torch, cfg.model.dtype)
@@ -513,13 +530,15 @@ class Learner:
     # ------------------------------------------------------------------ forward passes
 
     def _logits(self, model: Any, mb: MicroBatch) -> Tensor:
-        """[B, W, V] logits of the micro-batch's window.
+        """[B, W, V] logits of the micro-batch's window, of the sampling distribution: divided by
+        the generators' temperature, truncated tokens at -inf (``sampling_logits``; the raw logits
+        themselves at temperature 1 without truncation).
 
         No attention mask is passed: rows are right-padded and attention is causal, so real tokens
         never see padding, and padding rows stay finite (a fully masked query row would not).
         """
         out = model(input_ids=mb.input_ids, logits_to_keep=mb.logits_to_keep, use_cache=False)
-        return out.logits[:, :-1]
+        return sampling_logits(out.logits[:, :-1], self.sampling)
 
     @torch.no_grad()
     def compute_logprobs(self, micro_batches: Sequence[MicroBatch]) -> list[Tensor]:
@@ -542,7 +561,10 @@ class Learner:
     # ------------------------------------------------------------------ the step
 
     def train_step(
-        self, batch: MiniBatch | Sequence[Group], prox: Sequence[Tensor] | None = None
+        self,
+        batch: MiniBatch | Sequence[Group],
+        prox: Sequence[Tensor] | None = None,
+        prox_version: int | None = None,
     ) -> StepMetrics:
         """One optimizer step on a mini-batch (collective): accumulate gradients, then update.
 
@@ -550,15 +572,20 @@ class Learner:
         before the first step of the rollout batch). In decoupled mode ``None`` means "the current
         weights", which is right only for the first mini-batch of a rollout batch: they are then
         the training forward's own log-probs, detached, so that mini-batch costs no extra pass.
+        ``prox_version``: the version the proximal log-probs are of (default: the current one), for
+        the fresh-token gap.
         """
         if not isinstance(batch, MiniBatch):
             batch = self.prepare(batch)
-        acc = self.accumulate_gradients(batch, prox)
+        acc = self.accumulate_gradients(batch, prox, prox_version)
         return self.apply_update(batch, acc)
 
-    def accumulate_gradients(self, batch: MiniBatch, prox: Sequence[Tensor] | None = None) -> AccumulatedStep:
+    def accumulate_gradients(
+        self, batch: MiniBatch, prox: Sequence[Tensor] | None = None, prox_version: int | None = None
+    ) -> AccumulatedStep:
         """Forward/backward of every micro-batch; gradients add up in the engine (collective)."""
         acc = AccumulatedStep()
+        prox_version = self.version if prox_version is None else prox_version
         if prox is not None and len(prox) != len(batch.micro_batches):
             raise ValueError(
                 f"prox has {len(prox)} entries for {len(batch.micro_batches)} micro-batches; compute it with "
@@ -580,12 +607,21 @@ class Learner:
                 raise ValueError(
                     f"prox[{k}] has shape {tuple(p.shape)}, micro-batch {k} needs {tuple(mb.mask.shape)}"
                 )
-            loss, metrics = self._micro_batch_loss(mb, p, batch)
+            loss, metrics, p = self._micro_batch_loss(mb, p, batch)
             self.engine.backward(loss * dp_scale, scale_wrt_gas=False)
             self._record(acc, loss, metrics, mb)
+            if p is not None:
+                trained = mb.mask > 0
+                acc.gap["all"].add(behaviour_gap(p, mb.behaviour_logprobs, trained))
+                acc.gap["fresh"].add(
+                    behaviour_gap(p, mb.behaviour_logprobs, trained & (mb.versions == prox_version))
+                )
         return acc
 
-    def _micro_batch_loss(self, mb: MicroBatch, prox: Tensor | None, batch: MiniBatch) -> tuple[Tensor, dict]:
+    def _micro_batch_loss(
+        self, mb: MicroBatch, prox: Tensor | None, batch: MiniBatch
+    ) -> tuple[Tensor, dict, Tensor | None]:
+        """The micro-batch's loss and metrics, and the proximal log-probs it used."""
         logits = self._logits(self.engine, mb)
         logp = token_logprobs(logits, mb.targets)
         if prox is None and self.loss_params.ratio_mode == "decoupled":
@@ -599,7 +635,7 @@ class Learner:
             with torch.no_grad():  # metric only
                 entropy = token_entropy(logits.detach())
         ref = self._ref_logprobs(mb) if self.ref_model is not None else None
-        return policy_loss(
+        loss, metrics = policy_loss(
             logp,
             mb.behaviour_logprobs,
             mb.advantages,
@@ -611,6 +647,7 @@ class Learner:
             global_tokens=max(batch.global_tokens, 1),
             global_seqs=max(batch.global_seqs, 1),
         )
+        return loss, metrics, prox
 
     def _record(
         self, acc: AccumulatedStep, loss: Tensor, metrics: Mapping[str, float], mb: MicroBatch
@@ -650,6 +687,7 @@ class Learner:
         hist = np.zeros(_MAX_TRACKED_STALENESS + 2)  # slot 0: negative (generator ahead after a rollback)
         for value, count in acc.staleness.items():
             hist[min(max(value, -1), _MAX_TRACKED_STALENESS) + 1] += count
+        gap_sums = [x for gap in acc.gap.values() for x in gap.sums()]
         sums = self._all_reduce(
             [
                 *acc.sums.values(),
@@ -658,10 +696,25 @@ class Learner:
                 acc.given,
                 float(acc.has_kl),
                 *hist,
+                *gap_sums,
             ],
             "sum",
         )
-        maxes = self._all_reduce([acc.is_weight_max, max(acc.staleness, default=-(2**31))], "max")
+        maxes = self._all_reduce(
+            [
+                acc.is_weight_max,
+                max(acc.staleness, default=-(2**31)),
+                *(gap.max_abs for gap in acc.gap.values()),
+            ],
+            "max",
+        )
+        width = len(gap_sums) // len(acc.gap)
+        gap_reduced = sums[len(sums) - len(gap_sums) :]
+        sums = sums[: len(sums) - len(gap_sums)]
+        gaps = {
+            name: BehaviourGap.from_reduced(gap_reduced[i * width : (i + 1) * width], maxes[2 + i])
+            for i, name in enumerate(acc.gap)
+        }
         n_sum = len(_SUM_METRICS)
         reduced = dict(zip(_SUM_METRICS, sums[:n_sum], strict=True))
         weighted = dict(zip(_MEAN_METRICS, sums[n_sum : n_sum + len(_MEAN_METRICS)], strict=True))
@@ -694,6 +747,7 @@ class Learner:
             micro_batches=len(batch.micro_batches),
             max_staleness=max_stale if max_stale > -(2**31) else -1,
             staleness_counts={i - 1: int(c) for i, c in enumerate(counts) if c},
+            behaviour_gap={name: summary for name, gap in gaps.items() if (summary := gap.summary())},
         )
 
     # ------------------------------------------------------------------ weights

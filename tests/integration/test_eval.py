@@ -126,6 +126,8 @@ def test_eval_cli_prints_one_json_object(llm, warm, monkeypatch, capsys):
         n=None,
         temperature=None,
         top_p=None,
+        top_k=None,
+        min_p=None,
         max_prompts=5,
         max_tokens=None,
         seed=0,
@@ -151,7 +153,7 @@ def test_eval_cli_names_the_fix_for_a_missing_model(tmp_path):
     cfg = reduced_config(tmp_path)
     args = argparse.Namespace(
         cfg=cfg, model=str(tmp_path / "none"), data=None, k=None, n=None, temperature=None,
-        top_p=None, max_prompts=None, max_tokens=None, seed=0,
+        top_p=None, top_k=None, min_p=None, max_prompts=None, max_tokens=None, seed=0,
     )  # fmt: skip
     with pytest.raises(FileNotFoundError, match="stream-dapo warmup"):
         evaluation.run(args)

@@ -78,6 +78,8 @@ def test_every_query_uses_only_exported_metric_names() -> None:
         "stream_dapo_buffer_credits_outstanding",
         "stream_dapo_generator_weight_sync_seconds_bucket",
         "stream_dapo_generator_verifier_latency_seconds_bucket",
+        "stream_dapo_learner_behaviour_logprob_abs_diff",
+        "stream_dapo_learner_behaviour_ratio_out_of_range_ratio",
     ],
 )
 def test_dashboard_shows(metric: str) -> None:

@@ -77,6 +77,8 @@ def test_env_typo_is_rejected_too() -> None:
         (["data.synthetic.min_ops=5", "data.synthetic.max_ops=2"], "set data.synthetic.max_ops >= min_ops"),
         (["transport.batches_port=5555"], "ports must differ"),
         (["algo.group_size=1"], "greater than or equal to 2"),
+        (["generator.temperature=0"], r"greedy decoding.*set generator.temperature > 0"),
+        (["generator.top_k=-1"], "greater than or equal to 0"),
     ],
 )
 def test_cross_field_errors_name_the_fix(overrides: list[str], message: str) -> None:
@@ -143,3 +145,15 @@ def test_a_preset_shadowed_by_explicit_keys_warns_naming_them(caplog) -> None:  
     with caplog.at_level(logging.WARNING, logger="stream_dapo.config"):
         load_config(overrides=["algo.preset=naive-grpo"], environ={})
     assert caplog.text == ""
+
+
+def test_rollout_sampling_settings_become_the_learners_policy_and_leave_eval_alone() -> None:
+    cfg = load_config(
+        overrides=["generator.temperature=0.7", "generator.top_p=0.9", "generator.top_k=20"], environ={}
+    )
+    policy = cfg.generator.sampling_policy()
+    assert (policy.temperature, policy.top_p, policy.top_k, policy.min_p) == (0.7, 0.9, 20, 0.0)
+    assert policy.truncates and not policy.is_identity
+    # Evaluation samples with its own settings (the paper: temperature 1.0, top-p 0.7).
+    assert (cfg.eval.temperature, cfg.eval.top_p, cfg.eval.top_k, cfg.eval.min_p) == (1.0, 0.7, 0, 0.0)
+    assert load_config(environ={}).generator.sampling_policy().is_identity
