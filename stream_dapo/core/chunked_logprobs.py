@@ -1,0 +1,157 @@
+"""Log-probs of the sampled tokens and entropies without the full [N, V] logits.
+
+The loss needs two numbers per token: log p(token) and the entropy of the next-token distribution.
+Computing them from the full logits keeps N x V values alive (in float32: 20,480 x 151,936 x 4
+bytes = 12 GiB for one of the paper's responses), plus a probability tensor for the entropy, plus
+their gradients. `chunked_logprobs_entropy` instead projects the hidden states through the lm_head
+weight ``chunk`` tokens at a time, keeps only the two [N] results, and in the backward pass
+recomputes each chunk's logits to form its gradient. Peak memory of the loss path is then a few
+``chunk x V`` tensors, whatever N is; the price is a second lm_head matmul per chunk (the forward
+one, redone in backward).
+
+Why a custom autograd function and not a fused kernel: the fused linear + cross-entropy kernels
+in the field (Liger's, Apple's cut-cross-entropy) are Triton/CUDA kernels that compute the gradient
+in the forward pass, for a loss whose upstream gradient is known there; ours is not (the DAPO
+surrogate's gradient depends on clipping decided after the log-probs), they do not give the
+entropy, and none runs on the pinned CPU stack (torch 2.13 CPU, no Triton). Plain torch per chunk
+runs everywhere the learner does.
+
+Gradients, per row with logits z, p = softmax(z), target y:
+    d log p_y / dz = onehot(y) - p
+    d H / dz      = -p * (log p + H)          (H = logsumexp(z) - sum p z)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+__all__ = ["chunked_logprobs_entropy", "compute_dtype"]
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Dtype of log-probs and entropies: float32 at least (float64 stays float64), like
+    `stream_dapo.core.loss.token_logprobs` on full logits."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The lm_head of one chunk in the model dtype (as the model computes it), then promoted."""
+    z = F.linear(hidden, weight, bias)
+    return z.to(compute_dtype(z.dtype))
+
+
+class _ChunkedLogprobsEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk: int
+    ) -> tuple[Tensor, Tensor]:
+        n = hidden.shape[0]
+        cd = compute_dtype(torch.promote_types(hidden.dtype, weight.dtype))
+        logp = hidden.new_empty(n, dtype=cd)
+        entropy = hidden.new_empty(n, dtype=cd)
+        for s in range(0, n, chunk):
+            z = _chunk_logits(hidden[s : s + chunk], weight, bias)
+            lse = torch.logsumexp(z, dim=-1)
+            logp[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lse
+            probs = torch.exp(z - lse[:, None])
+            entropy[s : s + chunk] = lse - (probs * z).sum(dim=-1)
+            del z, probs
+        ctx.save_for_backward(hidden, weight, bias, targets, entropy)
+        ctx.chunk = chunk
+        ctx.set_materialize_grads(False)  # an unused output (the entropy metric) gets None: skip its term
+        return logp, entropy
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, grad_logp: Tensor | None, grad_entropy: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        hidden, weight, bias, targets, entropy = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        # Accumulated over chunks in float32 at least, cast to the weight's dtype once at the end.
+        acc = compute_dtype(weight.dtype)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
+        if grad_logp is None and grad_entropy is None:
+            return grad_h, grad_w, grad_b, None, None
+        chunk = ctx.chunk
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s : s + chunk]
+            z = _chunk_logits(h, weight, bias)
+            lse = torch.logsumexp(z, dim=-1, keepdim=True)
+            logp_all = z - lse
+            del z
+            probs = torch.exp(logp_all)
+            grad_z = torch.zeros_like(probs)
+            if grad_logp is not None:
+                g = grad_logp[s : s + chunk, None]
+                grad_z -= probs * g
+                grad_z.scatter_add_(-1, targets[s : s + chunk, None], g)
+            if grad_entropy is not None:
+                logp_all += entropy[s : s + chunk, None]  # log p + H, in place
+                grad_z -= probs * logp_all * grad_entropy[s : s + chunk, None]
+            del probs, logp_all
+            # The gradient of the promotion casts back to the logits' dtype, as autograd would.
+            grad_z = grad_z.to(weight.dtype)
+            if grad_h is not None:
+                grad_h[s : s + chunk] = grad_z @ weight
+            if grad_w is not None:
+                grad_w += (grad_z.t() @ h).to(acc)
+            if grad_b is not None:
+                grad_b += grad_z.sum(dim=0).to(acc)
+            del grad_z
+        return (
+            grad_h,
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+            None,
+            None,
+        )
+
+
+def chunked_logprobs_entropy(
+    hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk_tokens: int, bias: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Log-prob of each target token and the entropy at each position, ``chunk_tokens`` at a time.
+
+    The same values and gradients as ``token_logprobs(F.linear(hidden, weight, bias), targets)`` and
+    ``token_entropy(...)`` of those logits, without ever holding more than a chunk of the logits.
+
+    Args:
+        hidden: [..., H] final hidden states (after the model's last norm), model dtype.
+        weight: [V, H] lm_head weight (the input embedding where the model ties them).
+        targets: [...] integer token ids in [0, V), aligned with ``hidden``.
+        chunk_tokens: rows projected at once (>= 1); peak memory of the loss path is about four
+            ``chunk_tokens x V`` float32 tensors, in backward.
+        bias: optional [V] lm_head bias.
+
+    Returns:
+        (logp, entropy), each shaped like ``targets``, float32 (float64 for float64 inputs). Both
+        carry gradients; an output that does not reach the loss costs nothing in backward.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"targets must have shape {tuple(hidden.shape[:-1])} to match hidden {tuple(hidden.shape)}, "
+            f"got {tuple(targets.shape)}"
+        )
+    if weight.ndim != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"weight must be [V, {hidden.shape[-1]}], got {tuple(weight.shape)}")
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+        raise TypeError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+    vocab = weight.shape[0]
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
+        raise ValueError(
+            f"token ids must lie in [0, {vocab}) (the lm_head's vocabulary size), got range "
+            f"[{int(targets.min())}, {int(targets.max())}]; check that tokenizer and model vocab sizes agree"
+        )
+    shape = targets.shape
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    flat_t = targets.reshape(-1).long()
+    logp, entropy = _ChunkedLogprobsEntropy.apply(flat_h, weight, bias, flat_t, int(chunk_tokens))
+    return logp.view(shape), entropy.view(shape)

@@ -1,0 +1,232 @@
+"""The chunked log-prob/entropy path gives today's full-logits values and gradients.
+
+Function level (float64): `chunked_logprobs_entropy` against `token_logprobs` / `token_entropy` of
+``F.linear(hidden, weight)``, for chunk sizes that divide, do not divide and exceed the row count.
+Learner level (float64): one accumulation of gradients over the same mini-batch with
+``learner.logprob_chunk_tokens = 0`` (full logits) and = 5, with the entropy bonus, the KL term to
+a frozen reference, tied and untied embeddings, and masked tokens (prompt columns, padding rows,
+an overlong-filtered sample); then DeepSpeed ZeRO-0 and ZeRO-3 (float32) give the same step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from stream_dapo.config import Config
+from stream_dapo.core.chunked_logprobs import chunked_logprobs_entropy
+from stream_dapo.core.loss import token_entropy, token_logprobs
+from stream_dapo.learner.lm_head import ChunkedLMHead
+from stream_dapo.learner.trainer import Learner
+from stream_dapo.transport.messages import Group, Sample
+from tests.helpers import tiny_qwen2
+
+
+def _inputs(n: int, h: int, v: int, seed: int, bias: bool) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {
+        "hidden": torch.randn(2, n, h, generator=g, dtype=torch.float64).requires_grad_(),
+        "weight": (0.5 * torch.randn(v, h, generator=g, dtype=torch.float64)).requires_grad_(),
+        "targets": torch.randint(0, v, (2, n), generator=g),
+    }
+    if bias:
+        out["bias"] = torch.randn(v, generator=g, dtype=torch.float64).requires_grad_()
+    return out
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_values_and_gradients_equal_the_full_logits_path(chunk: int, bias: bool) -> None:
+    x = _inputs(n=7, h=5, v=11, seed=chunk, bias=bias)
+    g = torch.Generator().manual_seed(100)
+    up_logp, up_ent = torch.randn(2, 7, generator=g, dtype=torch.float64), torch.randn(2, 7, generator=g)
+
+    logits = F.linear(x["hidden"], x["weight"], x.get("bias"))
+    ref_logp, ref_ent = token_logprobs(logits, x["targets"]), token_entropy(logits)
+    ref_grads = torch.autograd.grad(
+        (ref_logp * up_logp).sum() + (ref_ent * up_ent.double()).sum(), [t for t in x.values() if t.requires_grad]
+    )
+    logp, ent = chunked_logprobs_entropy(
+        x["hidden"], x["weight"], x["targets"], chunk_tokens=chunk, bias=x.get("bias")
+    )
+    assert logp.dtype == ent.dtype == torch.float64
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(
+        (logp * up_logp).sum() + (ent * up_ent.double()).sum(), [t for t in x.values() if t.requires_grad]
+    )
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_an_unused_entropy_adds_no_gradient_and_the_logprob_gradient_is_exact() -> None:
+    x = _inputs(n=6, h=4, v=9, seed=3, bias=False)
+    logits = F.linear(x["hidden"], x["weight"])
+    ref = torch.autograd.grad(token_logprobs(logits, x["targets"]).sum(), [x["hidden"], x["weight"]])
+    logp, _ = chunked_logprobs_entropy(x["hidden"], x["weight"], x["targets"], chunk_tokens=4)
+    got = torch.autograd.grad(logp.sum(), [x["hidden"], x["weight"]])
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_hand_computed_values_on_a_two_token_vocabulary() -> None:
+    # Zero hidden state: logits equal the bias, p = softmax([0, ln 3]) = [1/4, 3/4].
+    hidden = torch.zeros(1, 1, 2, dtype=torch.float64)
+    weight = torch.zeros(2, 2, dtype=torch.float64)
+    bias = torch.tensor([0.0, np.log(3.0)], dtype=torch.float64)
+    logp, ent = chunked_logprobs_entropy(hidden, weight, torch.tensor([[1]]), chunk_tokens=1, bias=bias)
+    assert float(logp) == pytest.approx(np.log(0.75), abs=1e-14)
+    assert float(ent) == pytest.approx(-(0.25 * np.log(0.25) + 0.75 * np.log(0.75)), abs=1e-14)
+
+
+def test_bad_targets_and_chunk_are_rejected_with_the_fix() -> None:
+    x = _inputs(n=3, h=4, v=5, seed=0, bias=False)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 5\)"):
+        chunked_logprobs_entropy(x["hidden"], x["weight"], x["targets"] + 5, chunk_tokens=2)
+    with pytest.raises(ValueError, match="chunk_tokens must be >= 1"):
+        chunked_logprobs_entropy(x["hidden"], x["weight"], x["targets"], chunk_tokens=0)
+    with pytest.raises(ValueError, match="targets must have shape"):
+        chunked_logprobs_entropy(x["hidden"], x["weight"], x["targets"][:, :2], chunk_tokens=2)
+
+
+def test_the_head_is_a_plain_linear_outside_scoring_and_shares_the_tied_weight() -> None:
+    model = tiny_qwen2(tied=True)
+    ids = torch.randint(0, 64, (1, 9))
+    before = model(input_ids=ids).logits
+    from stream_dapo.learner.lm_head import install_chunked_head
+
+    head = install_chunked_head(model)
+    assert isinstance(head, ChunkedLMHead) and head.weight is model.get_input_embeddings().weight
+    assert install_chunked_head(model) is head
+    assert sorted(model.state_dict()) == sorted(tiny_qwen2(tied=True).state_dict())
+    torch.testing.assert_close(model(input_ids=ids).logits, before)
+
+
+# --------------------------------------------------------------------------------------------------
+# Through the learner
+# --------------------------------------------------------------------------------------------------
+
+
+def _cfg(chunk: int, **algo: Any) -> Config:
+    return Config.model_validate(
+        {
+            "model": {"max_prompt_len": 8, "path": "unused"},
+            "algo": {"group_size": 3, "max_response_len": 32, "overlong_cache_len": 4, **algo},
+            "learner": {
+                "mini_batch_samples": 6,
+                "rollout_batch_prompts": 2,
+                "micro_batch_tokens": 96,
+                "logprob_chunk_tokens": chunk,
+            },
+        }
+    )
+
+
+def _groups(seed: int) -> list[Group]:
+    """Prompts of different lengths (masked prompt columns in the window), rows of different lengths
+    (padding), and one overlong-filtered sample (loss_weight 0)."""
+    rng = np.random.default_rng(seed)
+
+    def group(gid: str, prompt_len: int, lengths: list[int], adv: list[float], w: list[float]) -> Group:
+        samples = [
+            Sample(
+                tokens=rng.integers(0, 64, n).astype(np.int32),
+                logprobs=rng.uniform(-5.0, -3.5, n).astype(np.float32),
+                versions=np.zeros(n, np.int32),
+                reward=float(np.sign(a)),
+                correct=a > 0,
+                truncated=wt == 0,
+                advantage=a,
+                loss_weight=wt,
+            )
+            for n, a, wt in zip(lengths, adv, w, strict=True)
+        ]
+        return Group(
+            group_id=gid,
+            prompt_id=gid,
+            generator_id="g0",
+            gold="1",
+            prompt_tokens=rng.integers(0, 64, prompt_len).astype(np.int32),
+            created_at=0.0,
+            samples=samples,
+        )
+
+    return [
+        group("a", 7, [21, 17, 9], [1.2, -0.6, -0.6], [1.0, 1.0, 0.0]),
+        group("b", 3, [16, 12, 5], [-1.0, 0.5, 0.5], [1.0, 1.0, 1.0]),
+    ]
+
+
+class _BackwardOnlyEngine:
+    """What `Learner.accumulate_gradients` calls on an engine, on plain torch (no optimizer)."""
+
+    def __init__(self, model: torch.nn.Module, cfg: Config) -> None:
+        self.module, self.dp_world_size, self.device = model, 1, "cpu"
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self.module(**kwargs)
+
+    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = False) -> None:
+        loss.backward()
+
+
+def _float64_gradients(cfg: Config, tied: bool) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    learner = Learner(cfg, tiny_qwen2(seed=1, tied=tied), make_engine=_BackwardOnlyEngine)
+    learner.engine.module.double()  # in place: Parameters (and the tie) are kept
+    if learner.ref_model is not None:
+        learner.ref_model.double()
+        with torch.no_grad():  # a reference that differs from the policy, so the KL term is not 0
+            for p in learner.ref_model.parameters():
+                p.mul_(0.9)
+    batch = learner.prepare(_groups(seed=4))
+    acc = learner.accumulate_gradients(batch)
+    sums = {**acc.sums, **acc.weighted, "micro_batches": len(batch.micro_batches)}
+    return sums, {n: p.grad.clone() for n, p in learner.engine.module.named_parameters()}
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize(
+    "algo",
+    [
+        {},
+        {"entropy_coef": 0.01},
+        {"kl_coef": 0.1, "entropy_coef": 0.003, "ratio_mode": "behaviour"},
+    ],
+    ids=["plain", "entropy-bonus", "kl+entropy"],
+)
+def test_learner_gradients_with_chunks_equal_the_full_logits_path(tied: bool, algo: dict[str, Any]) -> None:
+    full_sums, full_grads = _float64_gradients(_cfg(0, **algo), tied)
+    sums, grads = _float64_gradients(_cfg(5, **algo), tied)
+    assert sums["micro_batches"] == full_sums["micro_batches"] >= 2
+    if algo.get("kl_coef"):
+        assert abs(full_sums["kl_ref"]) > 1e-6
+    for name, value in full_sums.items():
+        assert sums[name] == pytest.approx(value, rel=1e-11, abs=1e-13), name
+    assert sorted(grads) == sorted(full_grads)
+    for name, g in full_grads.items():
+        assert g.abs().max() > 0, name
+        torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-13, msg=f"grad of {name}")
+
+
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_deepspeed_step_with_chunks_equals_the_full_logits_step(zero_stage: int) -> None:
+    metrics = {}
+    for chunk in (0, 4):
+        cfg = _cfg(chunk, entropy_coef=0.01)
+        cfg.learner.zero_stage = zero_stage
+        learner = Learner(cfg, tiny_qwen2(seed=2), source_dir=".")
+        groups = _groups(seed=5)
+        metrics[chunk] = (learner.train_step(groups), learner.train_step(groups))
+        state = learner.gather_state_dict()
+        assert state is not None
+        metrics[chunk] += (state,)
+    for full, chunked in zip(metrics[0][:2], metrics[4][:2], strict=True):
+        assert chunked.loss == pytest.approx(full.loss, rel=1e-5, abs=1e-7)
+        assert chunked.entropy == pytest.approx(full.entropy, rel=1e-5)
+        assert chunked.grad_norm == pytest.approx(full.grad_norm, rel=1e-4)
+    for name, value in metrics[0][2].items():
+        torch.testing.assert_close(metrics[4][2][name], value, rtol=1e-5, atol=1e-6, msg=name)
