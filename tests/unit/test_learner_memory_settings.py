@@ -102,9 +102,9 @@ def test_gradient_checkpointing_recomputes_the_decoder_layers() -> None:
         cfg = _cfg(5)
         cfg.learner.gradient_checkpointing = on
         learner = Learner(cfg, tiny_qwen2(seed=1), make_engine=_BackwardOnlyEngine)
-        calls = [0]
+        calls: list[int] = []
         layer = learner.engine.module.model.layers[0]
-        layer.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        layer.register_forward_pre_hook(lambda *_, seen=calls: seen.append(1))
         batch = learner.prepare(_groups(seed=4))
         learner.accumulate_gradients(batch, prox=[torch.zeros_like(mb.mask) for mb in batch.micro_batches])
-        assert calls[0] == expected * len(batch.micro_batches)
+        assert len(calls) == expected * len(batch.micro_batches)
