@@ -48,7 +48,8 @@ def test_values_and_gradients_equal_the_full_logits_path(chunk: int, bias: bool)
     logits = F.linear(x["hidden"], x["weight"], x.get("bias"))
     ref_logp, ref_ent = token_logprobs(logits, x["targets"]), token_entropy(logits)
     ref_grads = torch.autograd.grad(
-        (ref_logp * up_logp).sum() + (ref_ent * up_ent.double()).sum(), [t for t in x.values() if t.requires_grad]
+        (ref_logp * up_logp).sum() + (ref_ent * up_ent.double()).sum(),
+        [t for t in x.values() if t.requires_grad],
     )
     logp, ent = chunked_logprobs_entropy(
         x["hidden"], x["weight"], x["targets"], chunk_tokens=chunk, bias=x.get("bias")

@@ -68,7 +68,9 @@ def test_cpu_optimizer_offload_trains_like_no_offload() -> None:
         m = learner.train_step(_groups(seed=6))
         results.append((m, learner.gather_state_dict()))
     (m0, s0), (m1, s1) = results
-    assert m1.loss == pytest.approx(m0.loss, rel=1e-6) and m1.grad_norm == pytest.approx(m0.grad_norm, rel=1e-5)
+    assert m1.loss == pytest.approx(m0.loss, rel=1e-6) and m1.grad_norm == pytest.approx(
+        m0.grad_norm, rel=1e-5
+    )
     assert s0 is not None and s1 is not None
     for name, value in s0.items():
         torch.testing.assert_close(s1[name], value, rtol=1e-5, atol=1e-6, msg=name)
