@@ -321,9 +321,18 @@ def _candidates(s: Settings) -> Iterable[tuple[str, Settings]]:
 
 
 def memory_plan(
-    shape: ModelShape, s: Settings, gpus: int, gpu_gib: float, reserve_gib: float = DEFAULT_RESERVE_GIB
+    shape: ModelShape,
+    s: Settings,
+    gpus: int,
+    gpu_gib: float,
+    reserve_gib: float = DEFAULT_RESERVE_GIB,
+    min_tokens: int = 64,
 ) -> dict[str, Any]:
-    """The estimate as configured, the largest micro_batch_tokens, and each candidate setting."""
+    """The estimate as configured, the largest micro_batch_tokens, and each candidate setting.
+
+    ``min_tokens``: the smallest micro_batch_tokens the recipe allows (one whole sequence,
+    model.max_prompt_len + algo.max_response_len); where nothing fits at the configured size, the
+    first setting whose largest size reaches it is the suggestion (``fits_smaller``)."""
     rows = []
     candidates = list(_candidates(s))
     if s.logprob_chunk_tokens > 0:  # what the chunked loss path saves, for comparison only
@@ -341,8 +350,12 @@ def memory_plan(
                 ),
             }
         )
-    first_fit = next((r["name"] for r in rows if r["fits"] and not r["name"].startswith("(")), None)
+    eligible = [r for r in rows if not r["name"].startswith("(")]
+    first_fit = next((r["name"] for r in eligible if r["fits"]), None)
+    smaller = next((r["name"] for r in eligible if r["largest_micro_batch_tokens"] >= min_tokens), None)
     return {
+        "min_tokens": min_tokens,
+        "fits_smaller": None if first_fit is not None else smaller,
         "gpus": gpus,
         "gpu_gib": gpu_gib,
         "reserve_gib": reserve_gib,
@@ -377,8 +390,19 @@ def format_memory_plan(result: dict[str, Any], source: str) -> str:
         "max T: the largest learner.micro_batch_tokens that fits; CPU: offloaded GiB per GPU (host RAM)."
     )
     first = result["first_fit"]
-    if first is None:
-        lines.append("nothing here fits: add GPUs (--gpus), or lower learner.micro_batch_tokens")
+    smaller = result["fits_smaller"]
+    if first is None and smaller is not None:
+        row = next(r for r in result["rows"] if r["name"] == smaller)
+        lines.append(
+            f"nothing fits at micro_batch_tokens = {result['micro_batch_tokens']}; {smaller} ({row['settings']}) "
+            f"fits with learner.micro_batch_tokens = {row['largest_micro_batch_tokens']} (one sequence needs "
+            f"{result['min_tokens']})"
+        )
+    elif first is None:
+        lines.append(
+            f"nothing here fits one sequence ({result['min_tokens']} tokens): add GPUs (--gpus) or use "
+            "larger ones (--gpu-gib)"
+        )
     else:
         row = next(r for r in result["rows"] if r["name"] == first)
         lines.append(f"fits: {first} ({row['settings']})")
@@ -411,7 +435,10 @@ def run(args: argparse.Namespace) -> int:
         if args.gpu_gib <= 0:
             raise MemoryPlanError(f"--gpu-gib must be > 0, got {args.gpu_gib:g}")
         shape, source = shape_for(cfg.model.path, args.model_shape)
-        result = memory_plan(shape, Settings.from_config(cfg), args.gpus, args.gpu_gib, args.reserve_gib)
+        min_tokens = cfg.model.max_prompt_len + cfg.algo.max_response_len
+        result = memory_plan(
+            shape, Settings.from_config(cfg), args.gpus, args.gpu_gib, args.reserve_gib, min_tokens
+        )
     except MemoryPlanError as exc:
         print(f"stream-dapo plan: {exc}", file=sys.stderr)
         return 2
@@ -419,4 +446,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result | {"shape_source": source}, indent=2))
     else:
         print(format_memory_plan(result, source))
-    return 0 if result["first_fit"] is not None else 1
+    return 0 if result["first_fit"] is not None or result["fits_smaller"] is not None else 1

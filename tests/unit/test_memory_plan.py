@@ -130,3 +130,24 @@ def test_cli_says_what_makes_the_32b_recipe_fit(capsys: pytest.CaptureFixture[st
     assert rc == 0 and "fits: + activation checkpointing" in out
     assert main(["plan", "--memory", "--model-shape", "nope"]) == 2
     assert "is not one of" in capsys.readouterr().err
+
+
+def test_cli_names_a_smaller_micro_batch_where_nothing_fits_at_the_configured_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = [
+        "plan",
+        "--memory",
+        "--config",
+        "configs/dapo-qwen2.5-32b.toml",
+        "--gpus",
+        "16",
+        "--gpu-gib",
+        "40",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "nothing fits at micro_batch_tokens = 32768; + optimizer offload to CPU" in out
+    assert "(one sequence needs 22528)" in out
+    assert main([*args[:-4], "--gpus", "1", "--gpu-gib", "16"]) == 1
+    assert "nothing here fits one sequence (22528 tokens)" in capsys.readouterr().out
