@@ -529,6 +529,11 @@ EXTERNAL = (
         "docs/results/longcot_run.json",
     ),
     (
+        "Learner memory at long context: full vs chunked log-probs, checkpointing",
+        "learner_memory.json",
+        "flock /tmp/stream-dapo-cpu.lock python bench/learner_memory.py",
+    ),
+    (
         "Long chain-of-thought: async vs sync, end to end",
         "async_vs_sync_longcot.json",
         "python bench/async_vs_sync.py --config configs/tiny-longcot-cpu.toml --json "
