@@ -18,6 +18,11 @@ micro-batches changes every step, so the boundary is simply the ``step()`` call.
 
 The proximal log-probs of the decoupled loss come from ``compute_logprobs`` on the same packed
 micro-batches before any step of the rollout batch (the service does that once per rollout batch).
+
+Memory at long context: log-probs and entropies come from the model's `ChunkedLMHead`
+(learner.logprob_chunk_tokens tokens at a time, recomputed in backward), so no [B, W, V] logits
+tensor exists; learner.gradient_checkpointing and the DeepSpeed offload switches are set up here
+too. ``stream-dapo plan --memory`` estimates what a recipe needs per GPU.
 """
 
 from __future__ import annotations
