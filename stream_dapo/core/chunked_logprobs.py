@@ -54,12 +54,14 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         logp = hidden.new_empty(n, dtype=cd)
         entropy = hidden.new_empty(n, dtype=cd)
         for s in range(0, n, chunk):
-            z = _chunk_logits(hidden[s : s + chunk], weight, bias)
-            lse = torch.logsumexp(z, dim=-1)
-            logp[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lse
-            probs = torch.exp(z - lse[:, None])
-            entropy[s : s + chunk] = lse - (probs * z).sum(dim=-1)
-            del z, probs
+            # Two chunk x V tensors at a time: the logits, turned into log-probs in place, and p.
+            logp_all = _chunk_logits(hidden[s : s + chunk], weight, bias)
+            lse = torch.logsumexp(logp_all, dim=-1, keepdim=True)
+            logp_all -= lse
+            logp[s : s + chunk] = logp_all.gather(-1, targets[s : s + chunk, None]).squeeze(-1)
+            probs = torch.exp(logp_all)
+            entropy[s : s + chunk] = -(probs.mul_(logp_all)).sum(dim=-1)
+            del logp_all, probs
         ctx.save_for_backward(hidden, weight, bias, targets, entropy)
         ctx.chunk = chunk
         ctx.set_materialize_grads(False)  # an unused output (the entropy metric) gets None: skip its term
@@ -81,20 +83,24 @@ class _ChunkedLogprobsEntropy(torch.autograd.Function):
         chunk = ctx.chunk
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s : s + chunk]
-            z = _chunk_logits(h, weight, bias)
-            lse = torch.logsumexp(z, dim=-1, keepdim=True)
-            logp_all = z - lse
-            del z
-            probs = torch.exp(logp_all)
-            grad_z = torch.zeros_like(probs)
-            if grad_logp is not None:
-                g = grad_logp[s : s + chunk, None]
-                grad_z -= probs * g
-                grad_z.scatter_add_(-1, targets[s : s + chunk, None], g)
+            # d loss / dz = -p * (g_logp + g_ent (log p + H)) + onehot(y) g_logp, built in place in
+            # two chunk x V tensors (log p, then the bracket; p, then the gradient).
+            bracket = _chunk_logits(h, weight, bias)
+            bracket -= torch.logsumexp(bracket, dim=-1, keepdim=True)  # log p
+            grad_z = torch.exp(bracket)  # p
             if grad_entropy is not None:
-                logp_all += entropy[s : s + chunk, None]  # log p + H, in place
-                grad_z -= probs * logp_all * grad_entropy[s : s + chunk, None]
-            del probs, logp_all
+                g_ent = grad_entropy[s : s + chunk, None]
+                bracket += entropy[s : s + chunk, None]
+                bracket *= g_ent
+                if grad_logp is not None:
+                    bracket += grad_logp[s : s + chunk, None]
+            else:
+                bracket = grad_logp[s : s + chunk, None].expand_as(grad_z)
+            grad_z *= bracket
+            grad_z.neg_()
+            del bracket
+            if grad_logp is not None:
+                grad_z.scatter_add_(-1, targets[s : s + chunk, None], grad_logp[s : s + chunk, None])
             # The gradient of the promotion casts back to the logits' dtype, as autograd would.
             grad_z = grad_z.to(weight.dtype)
             if grad_h is not None:
@@ -125,8 +131,8 @@ def chunked_logprobs_entropy(
         hidden: [..., H] final hidden states (after the model's last norm), model dtype.
         weight: [V, H] lm_head weight (the input embedding where the model ties them).
         targets: [...] integer token ids in [0, V), aligned with ``hidden``.
-        chunk_tokens: rows projected at once (>= 1); peak memory of the loss path is about four
-            ``chunk_tokens x V`` float32 tensors, in backward.
+        chunk_tokens: rows projected at once (>= 1); peak memory of the loss path is about two
+            ``chunk_tokens x V`` float32 tensors (three in the model dtype's matmul output, if lower).
         bias: optional [V] lm_head bias.
 
     Returns:

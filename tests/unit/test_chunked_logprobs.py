@@ -231,3 +231,13 @@ def test_deepspeed_step_with_chunks_equals_the_full_logits_step(zero_stage: int)
         assert chunked.grad_norm == pytest.approx(full.grad_norm, rel=1e-4)
     for name, value in metrics[0][2].items():
         torch.testing.assert_close(metrics[4][2][name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_gradient_through_the_entropy_alone_is_exact() -> None:
+    x = _inputs(n=5, h=4, v=9, seed=8, bias=True)
+    logits = F.linear(x["hidden"], x["weight"], x["bias"])
+    wrt = [x["hidden"], x["weight"], x["bias"]]
+    ref = torch.autograd.grad(token_entropy(logits).pow(2).sum(), wrt)
+    _, ent = chunked_logprobs_entropy(x["hidden"], x["weight"], x["targets"], chunk_tokens=3, bias=x["bias"])
+    for a, b in zip(torch.autograd.grad(ent.pow(2).sum(), wrt), ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
