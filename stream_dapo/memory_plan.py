@@ -22,9 +22,10 @@ hidden, I intermediate, K = key/value width, V vocabulary, c = learner.logprob_c
    assumed flash/memory-efficient (SDPA): no T^2 term.
 5. Loss path: full logits hold about b + 12 bytes per (token, vocabulary entry) at their peak
    (the logits, a float32 copy or its gradient, the entropy's probabilities, one temporary);
-   in float32 models the copy is the logits themselves: 12. Chunked: the same for c tokens, with
-   one more float32 tensor in backward (b + 16 per entry), plus the float32 lm_head gradient
-   buffer it accumulates, 4 V H.
+   in float32 models the copy is the logits themselves: 12. Chunked: two float32 tensors of c
+   tokens (log-probs and probabilities, then the bracket and the gradient, built in place) plus,
+   below float32, the matmul's output in the model dtype: 8 (+ b) per entry; plus the float32
+   lm_head gradient buffer it accumulates, 4 V H.
 6. Overhead: a fixed allowance for the CUDA context, NCCL buffers and allocator fragmentation
    (``--reserve-gib``).
 
@@ -253,7 +254,8 @@ def estimate(
     t = s.micro_batch_tokens
     c = s.logprob_chunk_tokens
     if c > 0:
-        loss = min(c, t) * shape.vocab * (s.dtype_bytes + 16) + 4.0 * shape.vocab * shape.hidden
+        per_entry = 8 + (s.dtype_bytes if s.dtype_bytes < 4 else 0)
+        loss = min(c, t) * shape.vocab * per_entry + 4.0 * shape.vocab * shape.hidden
     else:
         loss = t * full_loss
     return MemoryEstimate(

@@ -62,7 +62,9 @@ def test_checkpointing_keeps_layer_inputs_and_one_layer() -> None:
 def test_chunked_loss_path_is_flat_in_tokens() -> None:
     for tokens in (100, 1000):
         e = estimate(SHAPE, replace(FP32, logprob_chunk_tokens=10, micro_batch_tokens=tokens), 1, 0)
-        assert e.loss_path == 10 * 32 * (4 + 16) + 4 * 32 * 8
+        assert e.loss_path == 10 * 32 * 8 + 4 * 32 * 8
+    bf16 = estimate(SHAPE, replace(FP32, dtype_bytes=2, zero_stage=1, logprob_chunk_tokens=10), 1, 0)
+    assert bf16.loss_path == 10 * 32 * (8 + 2) + 4 * 32 * 8
 
 
 def test_bfloat16_zero3_partitions_and_offloads() -> None:
