@@ -157,9 +157,9 @@ def child(point: dict[str, Any], threads: int) -> dict[str, Any]:
     }
 
 
-def run_point(point: dict[str, Any], threads: int) -> dict[str, Any]:
-    est = estimate(SHAPE, settings(point), gpus=1, reserve_gib=0)
-    row: dict[str, Any] = dict(point)
+def with_estimate(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with the memory plan's current estimate of its point (float32, ZeRO-0, no reserve)."""
+    est = estimate(SHAPE, settings(row), gpus=1, reserve_gib=0)
     row["estimate_gib"] = est.total / GIB
     row["estimate_items_gib"] = {
         "weights": est.weights / GIB,
@@ -168,6 +168,21 @@ def run_point(point: dict[str, Any], threads: int) -> dict[str, Any]:
         "activations": est.activations / GIB,
         "loss_path": est.loss_path / GIB,
     }
+    return row
+
+
+def _commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + (
+        "+dirty" if git("status", "--porcelain", "stream_dapo") else ""
+    )
+
+
+def run_point(point: dict[str, Any], threads: int) -> dict[str, Any]:
+    row = with_estimate(dict(point))
+    row["commit"] = _commit()
     if row["estimate_gib"] > MAX_ESTIMATE_GIB:
         row["skipped"] = f"estimate {row['estimate_gib']:.1f} GiB > {MAX_ESTIMATE_GIB:g} GiB (shared machine)"
         print(f"  {_label(point)}: skipped, {row['skipped']}", flush=True)
@@ -228,6 +243,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--only",
+        metavar="T/CHUNK/CKPT,...",
+        help="run only these points (e.g. 1024/1024/off,2048/1024/on) and replace them in --out, keeping "
+        "the other rows; every row's estimate is recomputed with the current plan",
+    )
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child), args.threads)))
@@ -235,7 +256,27 @@ def main() -> None:
     lengths = LENGTHS[:2] if args.quick else LENGTHS
     print(f"learner memory: {SHAPE} ({SHAPE.params / 1e6:.0f}M parameters), float32, {args.threads} threads")
     started = time.time()
-    rows = [run_point(p, args.threads) for p in points(lengths)]
+    if args.only:
+        todo = []
+        for item in args.only.split(","):
+            t, c, ckpt = item.split("/")
+            todo.append({"tokens": int(t), "chunk": int(c), "checkpointing": ckpt == "on"})
+        old = json.loads(args.out.read_text())
+        fresh = [run_point(p, args.threads) for p in todo]
+        key = ("tokens", "chunk", "checkpointing")
+        rows = [r for r in old["rows"] if not any(all(r[k] == f[k] for k in key) for f in fresh)] + fresh
+        rows = [
+            with_estimate(r)
+            for r in sorted(rows, key=lambda r: (r["checkpointing"], r["tokens"], r["chunk"]))
+        ]
+        wall = old.get("wall_seconds", 0.0) + time.time() - started
+        command = old["command"] + f" && ... --only {args.only}"
+    else:
+        rows = [run_point(p, args.threads) for p in points(lengths)]
+        wall = time.time() - started
+        command = "flock /tmp/stream-dapo-cpu.lock .venv/bin/python bench/learner_memory.py" + (
+            " --quick" if args.quick else ""
+        )
     result = {
         "shape": SHAPE.__dict__,
         "params": SHAPE.params,
@@ -245,9 +286,8 @@ def main() -> None:
         "max_estimate_gib": MAX_ESTIMATE_GIB,
         "rows": rows,
         "summary": summarise(rows),
-        "wall_seconds": time.time() - started,
-        "command": "flock /tmp/stream-dapo-cpu.lock .venv/bin/python bench/learner_memory.py"
-        + (" --quick" if args.quick else ""),
+        "wall_seconds": wall,
+        "command": command,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
