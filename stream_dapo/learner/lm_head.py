@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from stream_dapo.config import ConfigError
 from stream_dapo.core.chunked_logprobs import chunked_logprobs_entropy
 
 __all__ = ["ChunkedLMHead", "install_chunked_head"]
@@ -66,14 +67,15 @@ def install_chunked_head(model: torch.nn.Module) -> ChunkedLMHead:
     """Swap the model's output projection for a `ChunkedLMHead` sharing its weights (idempotent).
 
     Raises:
-        TypeError: the model's output embedding is not an ``nn.Linear`` (nothing to swap).
+        ConfigError: the model's output embedding is not an ``nn.Linear`` (nothing to swap); the
+            message names the setting that avoids the swap.
     """
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
     if isinstance(head, ChunkedLMHead):
         return head
     if not isinstance(head, torch.nn.Linear):
-        raise TypeError(
+        raise ConfigError(
             f"{type(model).__name__}'s output embedding is {type(head).__name__}, not nn.Linear; set "
             "learner.logprob_chunk_tokens = 0 to compute log-probs from the full logits"
         )
