@@ -523,6 +523,11 @@ EXTERNAL = (
         "python bench/logprob_precision.py --json docs/results/logprob_precision.json",
     ),
     (
+        "Learner memory at long context: full vs chunked log-probs, checkpointing",
+        "learner_memory.json",
+        "flock /tmp/stream-dapo-cpu.lock python bench/learner_memory.py",
+    ),
+    (
         "Long chain-of-thought (configs/tiny-longcot-cpu.toml)",
         "longcot.md",
         "python bench/longcot.py, bench/async_vs_sync.py --config configs/tiny-longcot-cpu.toml, "

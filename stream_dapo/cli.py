@@ -29,7 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("stream_dapo.evaluation", "avg@k / pass@k of a model on an eval set with vLLM"),
     "keys": ("stream_dapo.keys_cli", "generate CurveZMQ key pairs for authenticated sockets"),
     "ablate": ("stream_dapo.ablation", "run the paper's Table 1 preset ladder over seeds; table and plots"),
-    "plan": ("stream_dapo.planner", "size generator replicas against the learner from measured rates"),
+    "plan": (
+        "stream_dapo.planner",
+        "size generator replicas against the learner; --memory: the learner's memory per GPU",
+    ),
     "report": ("stream_dapo.report", "report.md with plots of one run, or several overlaid"),
 }
 

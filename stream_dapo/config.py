@@ -296,6 +296,25 @@ class LearnerConfig(_Section):
     """Samples per optimizer step (one version)."""
     micro_batch_tokens: int = Field(8192, ge=64)
     """Token budget of one forward/backward micro-batch (sequences are length-sorted and packed)."""
+    logprob_chunk_tokens: int = Field(1024, ge=0)
+    """Log-probs and entropies are computed from the lm_head this many tokens at a time, and
+    recomputed chunk by chunk in backward, so the loss path never holds the full [tokens, vocab]
+    logits (about 4 x chunk x vocab float32 values at peak instead of several tokens x vocab
+    tensors). 0: the full-logits path. Same values and gradients either way; the chunked path
+    redoes the lm_head matmul once in backward."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing of every decoder layer (Hugging Face's, non-reentrant): only each
+    layer's input is kept for backward and the layer is recomputed there. Needed at long context;
+    costs about one extra forward of the decoder."""
+    offload_optimizer: Literal["none", "cpu", "nvme"] = "none"
+    """DeepSpeed ZeRO-Offload of the optimizer state (fp32 master weights, Adam moments): to CPU
+    memory, or to NVMe at offload_nvme_path. Needs learner.zero_stage >= 1; on GPU the step then
+    runs DeepSpeed's CPU Adam."""
+    offload_param: Literal["none", "cpu", "nvme"] = "none"
+    """DeepSpeed ZeRO-Infinity offload of the parameters (to CPU or NVMe; gathered layer by layer
+    for compute). Needs learner.zero_stage = 3."""
+    offload_nvme_path: str | None = None
+    """Directory on a local NVMe drive for offload_optimizer / offload_param = "nvme"."""
     total_steps: int = Field(40, ge=1)
     """Optimizer steps (versions) to train."""
     sync_every: int = Field(1, ge=1)
@@ -309,6 +328,32 @@ class LearnerConfig(_Section):
     """Intra-op threads of the learner process on CPU."""
     seed: int = 0
     """Learner seed."""
+
+    @model_validator(mode="after")
+    def _offload(self) -> LearnerConfig:
+        opt, par = self.offload_optimizer, self.offload_param
+        if opt != "none" and self.zero_stage == 0:
+            raise ValueError(
+                f'learner.offload_optimizer = "{opt}" needs ZeRO: set learner.zero_stage = 1, 2 or 3, or '
+                'learner.offload_optimizer = "none"'
+            )
+        if par != "none" and self.zero_stage != 3:
+            raise ValueError(
+                f'learner.offload_param = "{par}" needs partitioned parameters: set learner.zero_stage = 3 '
+                f'(it is {self.zero_stage}), or learner.offload_param = "none"'
+            )
+        nvme = [k for k, v in (("offload_optimizer", opt), ("offload_param", par)) if v == "nvme"]
+        if nvme and not self.offload_nvme_path:
+            raise ValueError(
+                f'learner.{nvme[0]} = "nvme" needs a directory on the NVMe drive: set '
+                'learner.offload_nvme_path = "/local_nvme/stream-dapo" (or offload to "cpu")'
+            )
+        if self.offload_nvme_path and not nvme:
+            raise ValueError(
+                f"learner.offload_nvme_path = {self.offload_nvme_path!r} is set but nothing offloads to "
+                'NVMe: set learner.offload_optimizer (or offload_param) = "nvme", or remove the path'
+            )
+        return self
 
 
 class WeightsConfig(_Section):

@@ -1,6 +1,9 @@
 """`stream-dapo plan`: how many generator replicas keep a learner busy, and what it costs in staleness.
 
     stream-dapo plan --config configs/dapo-qwen2.5-32b.toml --gen-tps 6000 --learn-tps 15000
+    stream-dapo plan --memory --config configs/dapo-qwen2.5-32b.toml --gpus 16 --gpu-gib 80
+
+(``--memory``: the learner's per-GPU memory instead, `stream_dapo.memory_plan`.)
     stream-dapo plan --config my.toml --from-prometheus http://prometheus:9090 --window 30m
 
 A steady-state fluid model of the asynchronous pipeline: averages only, no queueing variance, so
@@ -580,6 +583,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--weight-sync-seconds", type=float, help="seconds one weight publication pauses training (default 0)"
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    from stream_dapo import memory_plan
+
+    memory_plan.add_arguments(parser)
 
 
 def resolve_rates(args: argparse.Namespace, recipe: Recipe) -> tuple[Rates, dict[str, str]]:
@@ -726,6 +732,10 @@ def plan_to_json(p: Plan, sources: dict[str, str]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "memory", False):
+        from stream_dapo import memory_plan
+
+        return memory_plan.run(args)
     cfg: Config = args.cfg
     recipe = Recipe.from_config(cfg)
     try:

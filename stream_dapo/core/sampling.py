@@ -42,6 +42,7 @@ __all__ = [
     "SamplingPolicy",
     "behaviour_gap",
     "sampling_logits",
+    "truncation_mask",
 ]
 
 BAND_TIGHT = (0.9, 1.1)
@@ -102,7 +103,7 @@ class SamplingPolicy:
         return f"temperature {self.temperature:g}, top-p {self.top_p:g}, top-k {k}, min-p {self.min_p:g}"
 
 
-def _truncation_mask(z: Tensor, policy: SamplingPolicy) -> Tensor:
+def truncation_mask(z: Tensor, policy: SamplingPolicy) -> Tensor:
     """True where vLLM's sampler masks a token: [N, V] tempered float32 logits -> [N, V] bool.
 
     The same rule, order and comparisons as vLLM 0.32 (min-p on the tempered probabilities; top-k
@@ -160,7 +161,7 @@ def sampling_logits(logits: Tensor, policy: SamplingPolicy) -> Tensor:
     flat = z.detach().reshape(-1, z.shape[-1])
     rows = max(1, _MASK_CHUNK_ELEMENTS // max(1, z.shape[-1]))
     with torch.no_grad():
-        parts = [_truncation_mask(flat[i : i + rows], policy) for i in range(0, flat.shape[0], rows)]
+        parts = [truncation_mask(flat[i : i + rows], policy) for i in range(0, flat.shape[0], rows)]
     mask = torch.cat(parts) if parts else torch.zeros_like(flat, dtype=torch.bool)
     return z.masked_fill(mask.reshape(z.shape), -math.inf)
 

@@ -23,6 +23,12 @@ Every log-prob and entropy here is of the generators' sampling distribution (``g
 ``top_p``, ``top_k``, ``min_p``; ``stream_dapo.core.sampling``), the one vLLM returns mu for, so
 pi_prox / mu is 1 at staleness 0 whatever the settings. Each step also reports how far mu is from
 pi_prox (``StepMetrics.behaviour_gap``).
+
+Memory at long context: log-probs and entropies come from the model's `ChunkedLMHead`
+(learner.logprob_chunk_tokens tokens at a time, recomputed in backward, the sampling transform
+applied per chunk), so no [B, W, V] logits tensor exists; learner.gradient_checkpointing and the
+DeepSpeed offload switches are set up here too. ``stream-dapo plan --memory`` estimates what a
+recipe needs per GPU.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from stream_dapo.core.loss import PolicyLossParams, policy_loss, token_entropy, 
 from stream_dapo.core.sampling import BehaviourGap, behaviour_gap, sampling_logits
 from stream_dapo.learner import distributed
 from stream_dapo.learner.checkpoints import DS_TAG, LEARNER_STATE_FILE
+from stream_dapo.learner.lm_head import ChunkedLMHead, install_chunked_head
 from stream_dapo.learner.packing import (
     MicroBatch,
     TrainSequence,
@@ -72,6 +79,7 @@ __all__ = [
     "MiniBatch",
     "StepMetrics",
     "deepspeed_config",
+    "enable_gradient_checkpointing",
     "init_distributed",
     "loss_params_from_config",
 ]
@@ -171,7 +179,31 @@ def deepspeed_config(cfg: Config, world_size: int, *, on_gpu: bool | None = None
     }
     if dtype == "bfloat16":
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+    for key, device in (("offload_optimizer", lc.offload_optimizer), ("offload_param", lc.offload_param)):
+        if device != "none":
+            offload: dict[str, Any] = {"device": device, "pin_memory": on_gpu}
+            if device == "nvme":
+                offload["nvme_path"] = lc.offload_nvme_path
+            config["zero_optimization"][key] = offload
+    if lc.offload_optimizer != "none" and on_gpu:
+        # The optimizer step runs on the CPU: DeepSpeed's vectorised CPU Adam, not torch's.
+        config["optimizer"]["params"]["torch_adam"] = False
     return config
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Hugging Face activation checkpointing of every decoder layer, non-reentrant (works with
+    ZeRO-3's hooks and with inputs that need no gradient).
+
+    Raises:
+        ConfigError: the model class does not support it.
+    """
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(
+            f"learner.gradient_checkpointing = true, but {type(model).__name__} does not support activation "
+            "checkpointing; set learner.gradient_checkpointing = false"
+        )
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _free_port() -> int:
@@ -411,6 +443,11 @@ class Learner:
         model = model.to(dtype)
         model.config.use_cache = False
         model.train()
+        self.logprob_chunk_tokens = cfg.learner.logprob_chunk_tokens
+        if self.logprob_chunk_tokens > 0:
+            install_chunked_head(model)  # before DeepSpeed wraps the model (ZeRO-3 hooks every module)
+        if cfg.learner.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         # The frozen reference exists only for the KL ablation: a full copy of the weights.
         self.ref_model: torch.nn.Module | None = None
         if cfg.algo.kl_coef > 0:
@@ -530,15 +567,41 @@ class Learner:
     # ------------------------------------------------------------------ forward passes
 
     def _logits(self, model: Any, mb: MicroBatch) -> Tensor:
-        """[B, W, V] logits of the micro-batch's window, of the sampling distribution: divided by
-        the generators' temperature, truncated tokens at -inf (``sampling_logits``; the raw logits
-        themselves at temperature 1 without truncation).
+        """[B, W, V] logits of the micro-batch's window (the full-logits path), of the sampling
+        distribution: divided by the generators' temperature, truncated tokens at -inf
+        (``sampling_logits``; the raw logits themselves at temperature 1 without truncation).
 
         No attention mask is passed: rows are right-padded and attention is causal, so real tokens
         never see padding, and padding rows stay finite (a fully masked query row would not).
         """
         out = model(input_ids=mb.input_ids, logits_to_keep=mb.logits_to_keep, use_cache=False)
         return sampling_logits(out.logits[:, :-1], self.sampling)
+
+    def _token_stats(self, model: Any, mb: MicroBatch, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+        """[B, W] log-probs of the targets and [B, W] entropies of the micro-batch's window.
+
+        Chunked path (learner.logprob_chunk_tokens > 0): the model's `ChunkedLMHead` scores the
+        targets chunk by chunk inside the forward, so no [B, W, V] tensor exists. Full path: logits,
+        then `token_logprobs` / `token_entropy`. The entropy carries a gradient only if
+        ``entropy_grad`` (the entropy bonus); otherwise it is a metric.
+        """
+        chunk = self.logprob_chunk_tokens
+        if chunk == 0:
+            logits = self._logits(model, mb)
+            logp = token_logprobs(logits, mb.targets)
+            if entropy_grad:
+                return logp, token_entropy(logits)
+            with torch.no_grad():
+                return logp, token_entropy(logits.detach())
+        head = getattr(model, "module", model).get_output_embeddings()
+        assert isinstance(head, ChunkedLMHead), "the chunked head is installed at construction"
+        # The head sees logits_to_keep = W + 1 positions; the last one predicts nothing (target 0).
+        targets = torch.nn.functional.pad(mb.targets.long(), (0, 1))
+        with head.scoring(targets, chunk, self.sampling):
+            out = model(input_ids=mb.input_ids, logits_to_keep=mb.logits_to_keep, use_cache=False)
+        stats = out.logits[:, :-1]
+        logp, ent = stats[..., 0], stats[..., 1]
+        return logp, ent if entropy_grad else ent.detach()
 
     @torch.no_grad()
     def compute_logprobs(self, micro_batches: Sequence[MicroBatch]) -> list[Tensor]:
@@ -550,13 +613,13 @@ class Learner:
         out = []
         for mb in micro_batches:
             mb = mb.to(self.device)
-            out.append(token_logprobs(self._logits(self.engine, mb), mb.targets))
+            out.append(self._token_stats(self.engine, mb, entropy_grad=False)[0])
         return out
 
     @torch.no_grad()
     def _ref_logprobs(self, mb: MicroBatch) -> Tensor:
         assert self.ref_model is not None
-        return token_logprobs(self._logits(self.ref_model, mb), mb.targets)
+        return self._token_stats(self.ref_model, mb, entropy_grad=False)[0]
 
     # ------------------------------------------------------------------ the step
 
@@ -622,18 +685,12 @@ class Learner:
         self, mb: MicroBatch, prox: Tensor | None, batch: MiniBatch
     ) -> tuple[Tensor, dict, Tensor | None]:
         """The micro-batch's loss and metrics, and the proximal log-probs it used."""
-        logits = self._logits(self.engine, mb)
-        logp = token_logprobs(logits, mb.targets)
+        logp, entropy = self._token_stats(self.engine, mb, entropy_grad=self.loss_params.entropy_coef > 0)
         if prox is None and self.loss_params.ratio_mode == "decoupled":
             # The weights have not moved since this rollout batch began: the proximal policy is the
             # current one, whose log-probs this forward just computed (the same values a separate
             # no-grad pass would give, at no extra cost).
             prox = logp.detach()
-        if self.loss_params.entropy_coef > 0:
-            entropy = token_entropy(logits)
-        else:
-            with torch.no_grad():  # metric only
-                entropy = token_entropy(logits.detach())
         ref = self._ref_logprobs(mb) if self.ref_model is not None else None
         loss, metrics = policy_loss(
             logp,
