@@ -180,11 +180,11 @@ def _commit() -> str:
     )
 
 
-def run_point(point: dict[str, Any], threads: int) -> dict[str, Any]:
+def run_point(point: dict[str, Any], threads: int, max_gib: float = MAX_ESTIMATE_GIB) -> dict[str, Any]:
     row = with_estimate(dict(point))
     row["commit"] = _commit()
-    if row["estimate_gib"] > MAX_ESTIMATE_GIB:
-        row["skipped"] = f"estimate {row['estimate_gib']:.1f} GiB > {MAX_ESTIMATE_GIB:g} GiB (shared machine)"
+    if row["estimate_gib"] > max_gib:
+        row["skipped"] = f"estimate {row['estimate_gib']:.1f} GiB > {max_gib:g} GiB (--max-gib)"
         print(f"  {_label(point)}: skipped, {row['skipped']}", flush=True)
         return row
     cmd = [sys.executable, __file__, "--child", json.dumps(point), "--threads", str(threads)]
@@ -244,6 +244,12 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
+        "--max-gib",
+        type=float,
+        default=MAX_ESTIMATE_GIB,
+        help=f"skip points whose estimate exceeds this (default {MAX_ESTIMATE_GIB:g}: a shared machine)",
+    )
+    parser.add_argument(
         "--only",
         metavar="T/CHUNK/CKPT,...",
         help="run only these points (e.g. 1024/1024/off,2048/1024/on) and replace them in --out, keeping "
@@ -262,7 +268,7 @@ def main() -> None:
             t, c, ckpt = item.split("/")
             todo.append({"tokens": int(t), "chunk": int(c), "checkpointing": ckpt == "on"})
         old = json.loads(args.out.read_text())
-        fresh = [run_point(p, args.threads) for p in todo]
+        fresh = [run_point(p, args.threads, args.max_gib) for p in todo]
         key = ("tokens", "chunk", "checkpointing")
         rows = [r for r in old["rows"] if not any(all(r[k] == f[k] for k in key) for f in fresh)] + fresh
         rows = [
@@ -272,7 +278,7 @@ def main() -> None:
         wall = old.get("wall_seconds", 0.0) + time.time() - started
         command = old["command"] + f" && ... --only {args.only}"
     else:
-        rows = [run_point(p, args.threads) for p in points(lengths)]
+        rows = [run_point(p, args.threads, args.max_gib) for p in points(lengths)]
         wall = time.time() - started
         command = "flock /tmp/stream-dapo-cpu.lock .venv/bin/python bench/learner_memory.py" + (
             " --quick" if args.quick else ""
