@@ -80,9 +80,9 @@ def sample_groups(cfg: Any, items: list[Any]) -> tuple[list[Any], dict[str, Any]
     return kept, stats
 
 
-def group_gradients(cfg: Any, groups: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """[n_groups, n_params] token-weighted gradients of each group's loss, and the final norm's weight's
-    slice of the flattened parameters (as a mask)."""
+def group_gradients(cfg: Any, groups: list[Any]) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """[n_groups, n_params] token-weighted gradients of each group's loss, and (the final norm's slice
+    of the flattened parameters as a mask, that norm's weight)."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -59,3 +59,36 @@ def tiny_qwen2(seed: int = 0, tied: bool = True):  # -> transformers.Qwen2ForCau
         tie_word_embeddings=tied,
     )
     return Qwen2ForCausalLM(cfg).float()
+
+
+def random_group(
+    rng, gid: str, prompt_len: int, lengths: list[int], advantages: list[float], weights: list[float]
+):  # -> stream_dapo.transport.messages.Group (imported lazily)
+    """A group of random tokens (ids < 64): one sample per entry of ``lengths``, reward the sign of its
+    advantage, and ``weights`` as loss weights (a 0 marks an overlong-filtered, truncated sample)."""
+    import numpy as np
+
+    from stream_dapo.transport.messages import Group, Sample
+
+    samples = [
+        Sample(
+            tokens=rng.integers(0, 64, n).astype(np.int32),
+            logprobs=rng.uniform(-5.0, -3.5, n).astype(np.float32),
+            versions=np.zeros(n, np.int32),
+            reward=float(np.sign(a)),
+            correct=a > 0,
+            truncated=w == 0,
+            advantage=a,
+            loss_weight=w,
+        )
+        for n, a, w in zip(lengths, advantages, weights, strict=True)
+    ]
+    return Group(
+        group_id=gid,
+        prompt_id=gid,
+        generator_id="g0",
+        gold="1",
+        prompt_tokens=rng.integers(0, 64, prompt_len).astype(np.int32),
+        created_at=0.0,
+        samples=samples,
+    )

@@ -23,8 +23,8 @@ from stream_dapo.core.loss import token_entropy, token_logprobs
 from stream_dapo.core.sampling import SamplingPolicy, sampling_logits
 from stream_dapo.learner.lm_head import ChunkedLMHead
 from stream_dapo.learner.trainer import Learner
-from stream_dapo.transport.messages import Group, Sample
-from tests.helpers import tiny_qwen2
+from stream_dapo.transport.messages import Group
+from tests.helpers import random_group, tiny_qwen2
 
 
 def _inputs(n: int, h: int, v: int, seed: int, bias: bool) -> dict[str, torch.Tensor]:
@@ -180,34 +180,9 @@ def _groups(seed: int) -> list[Group]:
     """Prompts of different lengths (masked prompt columns in the window), rows of different lengths
     (padding), and one overlong-filtered sample (loss_weight 0)."""
     rng = np.random.default_rng(seed)
-
-    def group(gid: str, prompt_len: int, lengths: list[int], adv: list[float], w: list[float]) -> Group:
-        samples = [
-            Sample(
-                tokens=rng.integers(0, 64, n).astype(np.int32),
-                logprobs=rng.uniform(-5.0, -3.5, n).astype(np.float32),
-                versions=np.zeros(n, np.int32),
-                reward=float(np.sign(a)),
-                correct=a > 0,
-                truncated=wt == 0,
-                advantage=a,
-                loss_weight=wt,
-            )
-            for n, a, wt in zip(lengths, adv, w, strict=True)
-        ]
-        return Group(
-            group_id=gid,
-            prompt_id=gid,
-            generator_id="g0",
-            gold="1",
-            prompt_tokens=rng.integers(0, 64, prompt_len).astype(np.int32),
-            created_at=0.0,
-            samples=samples,
-        )
-
     return [
-        group("a", 7, [21, 17, 9], [1.2, -0.6, -0.6], [1.0, 1.0, 0.0]),
-        group("b", 3, [16, 12, 5], [-1.0, 0.5, 0.5], [1.0, 1.0, 1.0]),
+        random_group(rng, "a", 7, [21, 17, 9], [1.2, -0.6, -0.6], [1.0, 1.0, 0.0]),
+        random_group(rng, "b", 3, [16, 12, 5], [-1.0, 0.5, 0.5], [1.0, 1.0, 1.0]),
     ]
 
 

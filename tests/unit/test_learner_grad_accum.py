@@ -18,8 +18,8 @@ from stream_dapo.config import Config, ConfigError
 from stream_dapo.core.loss import policy_loss, token_logprobs
 from stream_dapo.learner.packing import sequences_from_groups
 from stream_dapo.learner.trainer import Learner, deepspeed_config, loss_params_from_config
-from stream_dapo.transport.messages import Group, Sample
-from tests.helpers import tiny_qwen2
+from stream_dapo.transport.messages import Group
+from tests.helpers import random_group, tiny_qwen2
 
 LR = 1e-3
 
@@ -48,36 +48,9 @@ def make_groups(seed: int) -> list[Group]:
     """Two groups of three; lengths 30, 28, 25 and 20, 18, 12 make three micro-batches at budget 64.
     One sample is overlong-filtered (loss_weight 0): it must not count in T."""
     rng = np.random.default_rng(seed)
-
-    def group(
-        gid: str, prompt_len: int, lengths: list[int], advantages: list[float], weights: list[float]
-    ) -> Group:
-        samples = [
-            Sample(
-                tokens=rng.integers(0, 64, n).astype(np.int32),
-                logprobs=rng.uniform(-5.0, -3.5, n).astype(np.float32),
-                versions=np.zeros(n, np.int32),
-                reward=float(np.sign(a)),
-                correct=a > 0,
-                truncated=w == 0,
-                advantage=a,
-                loss_weight=w,
-            )
-            for n, a, w in zip(lengths, advantages, weights, strict=True)
-        ]
-        return Group(
-            group_id=gid,
-            prompt_id=gid,
-            generator_id="g0",
-            gold="1",
-            prompt_tokens=rng.integers(0, 64, prompt_len).astype(np.int32),
-            created_at=0.0,
-            samples=samples,
-        )
-
     return [
-        group("a", 6, [24, 22, 19], [1.2, -0.6, -0.6], [1.0, 1.0, 0.0]),
-        group("b", 4, [16, 14, 8], [-1.0, 0.5, 0.5], [1.0, 1.0, 1.0]),
+        random_group(rng, "a", 6, [24, 22, 19], [1.2, -0.6, -0.6], [1.0, 1.0, 0.0]),
+        random_group(rng, "b", 4, [16, 14, 8], [-1.0, 0.5, 0.5], [1.0, 1.0, 1.0]),
     ]
 
 
