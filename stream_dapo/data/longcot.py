@@ -40,6 +40,18 @@ rewrote the whole remaining chain on every line (quadratic length, no labels) ta
 the shape but not the copy: after 2,000 warm-up steps its greedy pass@1 was 0.8%, and 3.1% with
 labels added; long exact copies compound small per-token errors into wrong answers.
 
+Why the warm-up slips. RL needs a warm policy that is sometimes wrong for reasons it can unlearn.
+Folding a temperature into the weights (the embedded task's way) flattens every token: in a
+300-token response that puts noise in every line, the sharpening signal per group was measured
+3.6x weaker than on the 20-token task, and the recipe degraded instead of learning. Real long
+chain-of-thought is sharp almost everywhere and uncertain at a few tokens that decide the outcome.
+``warmup.slip_rate`` builds that: the warm-up's worked solutions get that share of their forward
+additions wrong by one (``draw_slips``; the lines after it carry on from the wrong value, the check
+faithfully lands off the start, the answer is wrong), so the warm model slips at about that rate
+where it adds and nowhere else. A slip costs the whole answer, so longer chains are more often
+wrong, and what RL can win is the gap between sampling and greedy decoding, held in the result
+tokens.
+
 Running values stay in [0, 99] (each operator is drawn among those that keep them there), so the
 difficulty is the length of the chain, not the size of the numbers. Rows follow the DAPO-Math-17k
 schema exactly like ``stream_dapo.data.synthetic``'s (which writes both tasks, seeded and

@@ -211,6 +211,50 @@ def test_supervised_training_is_deterministic_for_a_seed(tmp_path):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+def test_slipped_examples_rework_chain_solutions_at_the_rate_seeded_by_prompt(tmp_path):
+    from transformers import AutoTokenizer
+
+    from stream_dapo.data.longcot import ChainProblem
+    from stream_dapo.data.synthetic import ensure_synthetic_data
+    from stream_dapo.verifier import verify
+
+    cfg = load_config(
+        overrides=[
+            "data.synthetic.kind=chain",
+            "data.synthetic.min_ops=5",
+            "data.synthetic.max_ops=26",
+            "data.synthetic.num_train=200",
+            "data.synthetic.num_eval=8",
+        ],
+        environ={},
+    )
+    train, _ = ensure_synthetic_data(cfg.data, tmp_path / "data")
+    tok = AutoTokenizer.from_pretrained(init_model(tmp_path / "init", seed=0))
+    items, _ = load_prompts(train, tok, 2048)
+
+    def responses(rate: float, seed: int) -> list[str]:
+        return [
+            tok.decode(ids[n:-1]) for ids, n in warmup.build_examples(items, tok, slip_rate=rate, seed=seed)
+        ]
+
+    reference, slipped = responses(0.0, 0), responses(0.1, 0)
+    assert reference == [item.extra_info["solution"] for item in items]
+    assert slipped == responses(0.1, 0) and slipped != responses(0.1, 1)
+    lines = wrong_lines = wrong_answers = 0
+    for item, ref, text in zip(items, reference, slipped, strict=True):
+        problem = ChainProblem.parse(item.messages[-1]["content"])
+        forward = len(problem.ops)
+        lines += forward
+        wrong_lines += sum(
+            a != b for a, b in zip(ref.splitlines()[:forward], text.splitlines()[:forward], strict=True)
+        )
+        wrong_answers += not verify(text, item.gold).correct
+        assert len(text.splitlines()) == len(ref.splitlines())  # same shape, only numbers differ
+    # A slip rewrites its line and every forward line after it: more wrong lines than slips.
+    assert 0.1 * lines < wrong_lines
+    assert 0.3 * len(items) < wrong_answers < 0.9 * len(items)
+
+
 def test_thread_picker_keeps_the_faster_count_and_retimes_when_steps_slow_down(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(warmup.time, "perf_counter", lambda: clock[0])
