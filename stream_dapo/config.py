@@ -439,12 +439,18 @@ class WarmupConfig(_Section):
     ~85%, temperature-1 pass@1 drops to ~30%, groups are mixed and RL has entropy to sharpen.
     1.0 saves the trained distribution unchanged."""
     slip_rate: float = Field(0.0, ge=0.0, lt=0.5)
-    """Chain task only: the share of forward lines whose result the warm-up's worked solutions
-    get wrong by one (the following lines carry on from it, the answer is wrong; drawn per
-    solution, seeded). The warm model then slips at about this rate where it adds, and nowhere
-    else: RL's headroom sits in the few tokens that decide the answer, as in real chain-of-thought,
-    instead of in every token as a folded temperature puts it (see stream_dapo/data/longcot.py).
-    0: the reference solutions."""
+    """Chain task only: after its `steps` on the reference solutions, the warm-up trains
+    `slip_steps` more on worked solutions that get this share of their forward additions wrong by
+    one (the following lines carry on from it, the answer is wrong; drawn per solution, seeded).
+    The warm model then slips at about this rate where it adds, and nowhere else: RL's headroom sits
+    in the few tokens that decide the answer, as in real chain-of-thought, instead of in every token
+    as a folded temperature puts it (see stream_dapo/data/longcot.py). Slipped solutions from the
+    start were measured to keep the tiny model from learning the task (greedy pass@1 0.09 after
+    3,500 steps). 0: no slip phase."""
+    slip_steps: int = Field(400, ge=1)
+    """Optimizer steps of the slip phase (only with slip_rate > 0)."""
+    slip_lr: float = Field(1e-3, gt=0.0)
+    """Peak learning rate of the slip phase (the same warm-up and cosine shape as the first)."""
     seed: int = 0
     """Seed of the tiny model's initialisation and of the warm-up's batch order."""
     context_len: int = Field(512, ge=128, le=32768)

@@ -7,6 +7,9 @@ learn from. ``stream-dapo warmup`` fixes that in a few CPU minutes:
 1. build the synthetic data and the untrained model (``init-model``) if they are missing;
 2. train on the train split's worked solutions with plain torch and AdamW, loss on the response
    tokens only (the prompt is context, not a target), linear warm-up then cosine decay;
+   and, with ``warmup.slip_rate`` (the long chain task), ``warmup.slip_steps`` more on solutions
+   with that share of their additions off by one (``stream_dapo.data.longcot.draw_slips``): the
+   warm model learns the task first, then to slip where it adds (RL's headroom on that task);
 3. fold a sampling temperature into the weights (``warmup.fold_temperature``, see below);
 4. measure pass@1 on a slice of the eval split with transformers ``generate`` (greedy and at
    temperature 1.0) and the verifier;
@@ -135,7 +138,7 @@ def warmup_key(cfg: Config, spec: TinyModelSpec) -> str:
     if w.batch_by_length:
         payload["batch_by_length"] = True
     if w.slip_rate:
-        payload["slip_rate"] = w.slip_rate
+        payload["slip"] = {"rate": w.slip_rate, "steps": w.slip_steps, "lr": w.slip_lr}
     return fingerprint(payload)
 
 
@@ -487,7 +490,7 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
         # here, so that the weights (and the cache key) do not depend on that serving setting.
         train_items, _ = load_prompts(train_path, tokenizer, spec.max_position_embeddings)
         eval_items, _ = load_prompts(eval_path, tokenizer, spec.max_position_embeddings)
-        examples = build_examples(train_items, tokenizer, slip_rate=w.slip_rate, seed=w.seed)
+        examples = build_examples(train_items, tokenizer)
         if w.max_solution_tokens:
             examples = [(ids, n) for ids, n in examples if len(ids) - n <= w.max_solution_tokens]
             if not examples:
@@ -509,6 +512,21 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
                 threads=w.threads,
                 by_length=w.batch_by_length,
             )
+            if w.slip_rate:
+                slipped = build_examples(train_items, tokenizer, slip_rate=w.slip_rate, seed=w.seed)
+                if w.max_solution_tokens:
+                    slipped = [(ids, n) for ids, n in slipped if len(ids) - n <= w.max_solution_tokens]
+                final_loss = train_supervised(
+                    model,
+                    slipped,
+                    steps=w.slip_steps,
+                    batch_size=w.batch_size,
+                    lr=w.slip_lr,
+                    seed=w.seed + 1,
+                    pad_id=tokenizer.pad_token_id,
+                    threads=w.threads,
+                    by_length=w.batch_by_length,
+                )
         fold_temperature(model, w.fold_temperature)
         train_seconds = time.perf_counter() - t_train
         score = measure_pass_at_1(
