@@ -279,7 +279,7 @@ def measure_packing(quick: bool = False) -> dict[str, Any]:
         groups = rollout_groups(
             items,
             responses,
-            num_groups=cfg.learner.mini_batch_samples // group_size,
+            num_groups=cfg.admission.groups_per_version,
             group_size=group_size,
             seed=d,
         )

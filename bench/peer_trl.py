@@ -268,9 +268,7 @@ def shaped_rewards(
 
 def reward_shaping(cfg: Config) -> RewardShaping:
     """The generator's own shaping settings (the TRL side must shape rewards exactly as it does)."""
-    from stream_dapo.generator.rollout import RolloutSettings
-
-    return RolloutSettings.from_config(cfg.algo).shaping
+    return cfg.algo.shaping
 
 
 def trl_grpo_kwargs(cfg: Config, *, steps: int, seed: int, output_dir: str) -> dict[str, Any]:

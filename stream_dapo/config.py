@@ -18,16 +18,21 @@ the nearest valid key.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import logging
 import os
+import re
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from stream_dapo.core.loss_params import AggMode, IsMode, PolicyLossParams, RatioMode
+from stream_dapo.core.rewards import RewardShaping
 
 if TYPE_CHECKING:  # imported where used: stream_dapo.core's package imports torch
     from stream_dapo.core.admission import AdmissionRule
@@ -38,6 +43,24 @@ ENV_PREFIX = "STREAM_DAPO__"
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that says how to fix it."""
+
+
+_Params = TypeVar("_Params")
+
+
+def _parameters(cls: type[_Params], section: BaseModel) -> _Params:
+    """A core parameter dataclass built from the section's keys of the same names."""
+    return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+
+
+def _in_section(section: str, cls: type, build: Callable[[], object]) -> None:
+    """Run `build`; a ValueError from the core class's own checks is re-raised with its field names
+    written as the config keys (``eps_high`` -> ``algo.eps_high``), so the message names the key."""
+    try:
+        build()
+    except ValueError as exc:
+        names = "|".join(f.name for f in dataclasses.fields(cls))
+        raise ValueError(re.sub(rf"\b({names})\b", rf"{section}.\1", str(exc))) from None
 
 
 class _Section(BaseModel):
@@ -123,56 +146,63 @@ class AlgoConfig(_Section):
     --set still win."""
     group_size: int = Field(8, ge=2, le=1024)
     """G: samples per prompt."""
-    eps_low: float = Field(0.2, gt=0.0, lt=1.0)
-    """Lower clip range of the ratio (1 - eps_low)."""
-    eps_high: float = Field(0.28, gt=0.0, le=10.0)
-    """Upper clip range (1 + eps_high). Clip-Higher: eps_high > eps_low keeps exploration alive."""
-    dual_clip_c: float | None = Field(10.0, gt=1.0)
-    """Dual-clip bound c for negative advantages; null turns it off."""
-    ratio_mode: Literal["decoupled", "behaviour"] = "decoupled"
+    # The loss keys: `PolicyLossParams` (stream_dapo.core.loss_params) checks their bounds.
+    eps_low: float = 0.2
+    """Lower clip range of the ratio (1 - eps_low), in [0, 1)."""
+    eps_high: float = 0.28
+    """Upper clip range (1 + eps_high), >= eps_low. Clip-Higher: eps_high > eps_low keeps exploration
+    alive."""
+    dual_clip_c: float | None = 10.0
+    """Dual-clip bound c > 1 for negative advantages; null turns it off."""
+    ratio_mode: RatioMode = "decoupled"
     """decoupled: ratio against the learner's proximal log-probs plus a truncated importance weight
     on proximal/behaviour; behaviour: vLLM's behaviour log-probs play the old policy."""
-    is_cap: float = Field(2.0, gt=1.0)
-    """C: cap of the behaviour importance weight (truncate) or the [1/C, C] band (mask)."""
-    is_mode: Literal["truncate", "mask"] = "truncate"
+    is_cap: float = 2.0
+    """C > 1: cap of the behaviour importance weight (truncate) or the [1/C, C] band (mask)."""
+    is_mode: IsMode = "truncate"
     """How the behaviour importance weight is bounded."""
-    agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    agg_mode: AggMode = "token-mean"
     """Loss aggregation. token-mean over the global token count is DAPO's token-level loss."""
-    kl_coef: float = Field(0.0, ge=0.0)
+    kl_coef: float = 0.0
     """k3 KL penalty to the initial policy (DAPO drops it: 0)."""
-    entropy_coef: float = Field(0.0, ge=0.0)
+    entropy_coef: float = 0.0
     """Entropy bonus coefficient (off by default)."""
     adv_scale_by_std: bool = True
     """Divide group-centred rewards by the group's std (GRPO/DAPO); false: centre only."""
     dynamic_sampling: bool = True
     """Drop groups whose samples are all correct or all wrong (decided on accuracy)."""
+    # The reward-shaping keys: `RewardShaping` (stream_dapo.core.rewards) checks their bounds.
     overlong_filter: bool = False
     """Mask truncated samples out of the loss."""
     soft_overlong: bool = True
     """Soft overlong punishment of responses inside the last overlong_cache_len tokens."""
-    max_response_len: int = Field(96, ge=1)
-    """L_max: generation stops at this many response tokens (truncated flag set)."""
-    overlong_cache_len: int = Field(24, ge=0)
-    """L_cache: the punishment ramps from 0 to -overlong_factor over the last L_cache tokens."""
-    overlong_factor: float = Field(1.0, ge=0.0)
-    """Scale of the soft overlong punishment."""
+    max_response_len: int = 96
+    """L_max > 0: generation stops at this many response tokens (truncated flag set)."""
+    overlong_cache_len: int = 24
+    """L_cache, in [0, max_response_len) (> 0 with soft_overlong): the punishment ramps from 0 to
+    -overlong_factor over the last L_cache tokens."""
+    overlong_factor: float = 1.0
+    """Scale (>= 0) of the soft overlong punishment."""
     max_staleness: int = Field(4, ge=0)
     """Largest allowed (learner version at the gradient step - behaviour version) of any token;
     admission control keeps it below this, the buffer drops what exceeds it."""
 
     @model_validator(mode="after")
     def _check(self) -> AlgoConfig:
-        if self.eps_high < self.eps_low:
-            raise ValueError(
-                f"algo.eps_high ({self.eps_high}) < algo.eps_low ({self.eps_low}): Clip-Higher needs "
-                "eps_high >= eps_low; set algo.eps_high to at least algo.eps_low"
-            )
-        if self.soft_overlong and self.overlong_cache_len >= self.max_response_len:
-            raise ValueError(
-                f"algo.overlong_cache_len ({self.overlong_cache_len}) must be < algo.max_response_len "
-                f"({self.max_response_len}); the paper uses 4096 of 20480"
-            )
+        # Build both parameter objects: their own checks are the only ones on these keys.
+        _in_section("algo", PolicyLossParams, lambda: self.loss_params)
+        _in_section("algo", RewardShaping, lambda: self.shaping)
         return self
+
+    @property
+    def loss_params(self) -> PolicyLossParams:
+        """The loss's parameters: this section's keys of the same names (the one place they are built)."""
+        return _parameters(PolicyLossParams, self)
+
+    @property
+    def shaping(self) -> RewardShaping:
+        """The overlong shaping: this section's keys of the same names (the one place it is built)."""
+        return _parameters(RewardShaping, self)
 
 
 class VerifierConfig(_Section):

@@ -97,13 +97,7 @@ class RolloutSettings:
     @classmethod
     def from_config(cls, algo: AlgoConfig) -> RolloutSettings:
         return cls(
-            shaping=RewardShaping(
-                soft_overlong=algo.soft_overlong,
-                max_response_len=algo.max_response_len,
-                overlong_cache_len=algo.overlong_cache_len,
-                overlong_factor=algo.overlong_factor,
-                overlong_filter=algo.overlong_filter,
-            ),
+            shaping=algo.shaping,
             dynamic_sampling=algo.dynamic_sampling,
             adv_scale_by_std=algo.adv_scale_by_std,
         )
