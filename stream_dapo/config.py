@@ -48,9 +48,11 @@ class ConfigError(ValueError):
 _Params = TypeVar("_Params")
 
 
-def _parameters(cls: type[_Params], section: BaseModel) -> _Params:
-    """A core parameter dataclass built from the section's keys of the same names."""
-    return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+def from_section(cls: type[_Params], section: BaseModel, **given: Any) -> _Params:
+    """The parameter dataclass `cls` built from `section`'s keys of the same names, except the
+    fields passed in `given`: a parameter object taken from a config section without a hand copy."""
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in given]  # type: ignore[arg-type]
+    return cls(**{name: getattr(section, name) for name in names}, **given)
 
 
 def _in_section(section: str, cls: type, build: Callable[[], object]) -> None:
@@ -197,12 +199,12 @@ class AlgoConfig(_Section):
     @property
     def loss_params(self) -> PolicyLossParams:
         """The loss's parameters: this section's keys of the same names (the one place they are built)."""
-        return _parameters(PolicyLossParams, self)
+        return from_section(PolicyLossParams, self)
 
     @property
     def shaping(self) -> RewardShaping:
         """The overlong shaping: this section's keys of the same names (the one place it is built)."""
-        return _parameters(RewardShaping, self)
+        return from_section(RewardShaping, self)
 
 
 class VerifierConfig(_Section):
@@ -408,6 +410,9 @@ class TransportConfig(_Section):
     """Buffer's port for the learner (batches, commits)."""
     weights_port: int = Field(5557, ge=1, le=65535)
     """Learner's port for weight transfer."""
+    nccl_port: int = Field(5558, ge=1, le=65535)
+    """Learner's TCP store port where generators' vLLM workers join the NCCL weight group (on
+    learner_host, else host); used only with weights.method = "nccl"."""
     hwm: int = Field(1000, ge=1)
     """ZeroMQ high-water mark (messages) on every socket."""
     timeout_s: float = Field(30.0, gt=0.0)
@@ -592,6 +597,8 @@ class Config(_Section):
             "transport.batches_port": self.transport.batches_port,
             "transport.weights_port": self.transport.weights_port,
         }
+        if self.weights.method == "nccl":
+            ports["transport.nccl_port"] = self.transport.nccl_port
         if len(set(ports.values())) != len(ports):
             raise ValueError(f"transport ports must differ: {ports}")
         return self
