@@ -104,7 +104,8 @@ class ModelShape:
                 name: config.get(key) or optional[key]() if key in optional else config[key]
                 for name, key in _HF_KEYS.items()
             }
-            return cls(**{name: bool(v) if name == "tied" else int(v) for name, v in values.items()})
+            typed: dict[str, Any] = {name: bool(v) if name == "tied" else int(v) for name, v in values.items()}
+            return cls(**typed)
         except KeyError as exc:
             raise MemoryPlanError(
                 f"model config.json lacks {exc.args[0]!r}; pass --model-shape with one of "
