@@ -583,21 +583,15 @@ def _ensure_data(cfg: Config) -> None:
 
 def run_stream_dapo(config: Path, overrides: Sequence[str], work: Path, steps: int, every: int) -> dict:
     """``stream-dapo run`` with checkpoints every ``every`` steps; checkpoints and step times."""
-    from tests.helpers import free_ports
+    from tests.helpers import port_overrides
 
     out = work / "stream-dapo"
-    ports = free_ports(6)
     sets = [
         *overrides,
         f'run.out_dir="{out}"',
         f"learner.total_steps={steps}",
         f"learner.checkpoint_every={every}",
-        f"transport.samples_port={ports[0]}",
-        f"transport.batches_port={ports[1]}",
-        f"transport.weights_port={ports[2]}",
-        f"metrics.buffer_port={ports[3]}",
-        f"metrics.learner_port={ports[4]}",
-        f"metrics.generator_port={ports[5]}",
+        *port_overrides(),
     ]
     _ensure_data(load_config([config], sets))
     argv = [

@@ -20,6 +20,25 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+PORT_KEYS = (
+    "transport.samples_port",
+    "transport.batches_port",
+    "transport.weights_port",
+    "metrics.buffer_port",
+    "metrics.learner_port",
+    "metrics.generator_port",
+)
+"""The ports one generator, the buffer and the learner bind (weights.method = "nccl" adds
+transport.nccl_port)."""
+
+
+def port_overrides(ports: list[int] | None = None) -> list[str]:
+    """Overrides moving every key of `PORT_KEYS` to `ports` (by default fresh free ports), so a
+    test's services never meet another run's."""
+    chosen = free_ports(len(PORT_KEYS)) if ports is None else ports[: len(PORT_KEYS)]
+    return [f"{key}={port}" for key, port in zip(PORT_KEYS, chosen, strict=True)]
+
+
 def tiny_overrides(model: Path, out: Path, ports: list[int]) -> list[str]:
     """A pipeline small enough for a test: G=4, 4 prompts per rollout, 2 optimizer steps each."""
     return [
@@ -34,12 +53,7 @@ def tiny_overrides(model: Path, out: Path, ports: list[int]) -> list[str]:
         "learner.checkpoint_every=2",
         "generator.max_groups_in_flight=8",
         "generator.kv_cache_gib=0.25",
-        f"transport.samples_port={ports[0]}",
-        f"transport.batches_port={ports[1]}",
-        f"transport.weights_port={ports[2]}",
-        f"metrics.buffer_port={ports[3]}",
-        f"metrics.learner_port={ports[4]}",
-        f"metrics.generator_port={ports[5]}",
+        *port_overrides(ports),
     ]
 
 

@@ -8,22 +8,12 @@ import pytest
 
 from stream_dapo.config import ConfigError, load_config
 from stream_dapo.launcher import PortInUse, check_ports_free
-from tests.helpers import free_ports
+from tests.helpers import free_ports, port_overrides
 
 
 def _config(method: str, nccl_port: int):  # -> Config
-    ports = free_ports(6)
     return load_config(
-        overrides=[
-            f"weights.method={method}",
-            f"transport.samples_port={ports[0]}",
-            f"transport.batches_port={ports[1]}",
-            f"transport.weights_port={ports[2]}",
-            f"transport.nccl_port={nccl_port}",
-            f"metrics.buffer_port={ports[3]}",
-            f"metrics.learner_port={ports[4]}",
-            f"metrics.generator_port={ports[5]}",
-        ],
+        overrides=[f"weights.method={method}", f"transport.nccl_port={nccl_port}", *port_overrides()],
         environ={},
     )
 
