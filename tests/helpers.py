@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
+import sys
 from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_bench_script(name: str) -> ModuleType:
+    """bench/<name>.py imported as the module `name`, as a script run sees itself (registered in
+    sys.modules first, so its dataclasses and spawned workers resolve)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_ports(n: int) -> list[int]:
