@@ -573,6 +573,22 @@ def _config_args(config: Path, overrides: Sequence[str]) -> list[str]:
     return argv
 
 
+def evaluate_checkpoints(
+    config: Path,
+    overrides: Sequence[str],
+    checkpoints: Sequence[str | Path],
+    out: Path,
+    seed: int,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Run this script's ``evaluate`` on the start model and each checkpoint, in one subprocess
+    (the same eval prompts and sampling seed for every side); returns what it wrote to ``out``."""
+    extra = [] if threads is None else ["--threads", str(threads)]
+    argv = _this("evaluate", *_config_args(config, overrides), "--seed", str(seed), *extra, "--out", str(out))
+    subprocess.run([*argv, *checkpoints], check=True, cwd=REPO)
+    return json.loads(out.read_text())
+
+
 def _ensure_data(cfg: Config) -> None:
     """Write the synthetic splits into the side's run directory before its clock starts."""
     from stream_dapo.data.synthetic import ensure_synthetic_data
@@ -776,23 +792,9 @@ def main_compare(args: argparse.Namespace) -> int:
         tr = run_trl(args.config, overrides, work, args.steps, args.eval_every, args.seed, args.threads)
         print(f"TRL done in {tr['wall_s']:.0f} s; evaluating ...", flush=True)
         checkpoints = [*sd["checkpoints"].values(), *tr["checkpoints"].values()]
-        eval_out = work / "evals.json"
-        subprocess.run(
-            _this(
-                "evaluate",
-                *_config_args(args.config, overrides),
-                "--seed",
-                str(args.eval_seed),
-                "--threads",
-                str(args.threads),
-                "--out",
-                str(eval_out),
-                *checkpoints,
-            ),
-            check=True,
-            cwd=REPO,
+        evals = evaluate_checkpoints(
+            args.config, overrides, checkpoints, work / "evals.json", args.eval_seed, args.threads
         )
-        evals = json.loads(eval_out.read_text())
     start = evals["start"]
     target = resolve_target(start["avg_at_k"], args.target, args.target_delta)
     sides = {}
