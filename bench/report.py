@@ -11,6 +11,7 @@ Conventions every benchmark here follows:
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import platform
@@ -36,6 +37,13 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The command line a bench starts from: its module docstring as the help, and --quick."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke-test sizes")
+    return parser
 
 
 def median(values: Sequence[float]) -> float:
