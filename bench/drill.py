@@ -21,7 +21,6 @@ It starts vLLM and DeepSpeed: a few minutes on two CPU cores.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.report import save_json  # noqa: E402
 from tests.fault_drill import LEASE_S, DrillReport, ElasticDrill, FaultDrill  # noqa: E402
 
 
@@ -102,8 +102,7 @@ def _verdict(data: dict[str, Any], drill: DrillReport, steps: int, out: Path, js
         and drill.learner_exit_code == 0
         and drill.trained_versions == list(range(1, steps + 1))
     )
-    if json_path:
-        json_path.write_text(json.dumps(data, indent=2) + "\n")
+    save_json(json_path, data)
     return 0 if data["ok"] else 1
 
 
