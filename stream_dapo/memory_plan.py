@@ -104,7 +104,9 @@ class ModelShape:
                 name: config.get(key) or optional[key]() if key in optional else config[key]
                 for name, key in _HF_KEYS.items()
             }
-            typed: dict[str, Any] = {name: bool(v) if name == "tied" else int(v) for name, v in values.items()}
+            typed: dict[str, Any] = {
+                name: bool(v) if name == "tied" else int(v) for name, v in values.items()
+            }
             return cls(**typed)
         except KeyError as exc:
             raise MemoryPlanError(
