@@ -238,18 +238,21 @@ class GeneratorConfig(_Section):
     into (generator I takes shard I mod this). The buffer and the learner do not read it: generators
     join and leave at any time (credits are leases). Only weights.method = "nccl" needs it fixed:
     its process group has 1 + num_generators x tensor_parallel_size ranks."""
-    temperature: float = Field(1.0, ge=0.0)
-    """Sampling temperature of training rollouts (> 0: greedy rollouts are refused). The learner
-    divides its logits by the same temperature, so pi and the behaviour log-probs mu describe the
-    same distribution (vLLM returns the log-probs of the distribution it sampled from)."""
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling of training rollouts (1: off). Like top_k and min_p, the learner applies the
-    same truncation to its own logits and renormalises, so it trains the distribution the
-    generators sample (see stream_dapo.core.sampling)."""
-    top_k: int = Field(0, ge=0)
+    # The sampling keys: `SamplingPolicy` (stream_dapo.core.sampling) checks their bounds.
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts (> 0: greedy rollouts are refused; greedy
+    evaluation is eval.temperature = 0). The learner divides its logits by the same temperature, so
+    pi and the behaviour log-probs mu describe the same distribution (vLLM returns the log-probs of
+    the distribution it sampled from)."""
+    top_p: float = 1.0
+    """Nucleus sampling of training rollouts, in (0, 1] (1: off). Like top_k and min_p, the learner
+    applies the same truncation to its own logits and renormalises, so it trains the distribution
+    the generators sample (see stream_dapo.core.sampling)."""
+    top_k: int = 0
     """Top-k sampling of training rollouts: keep the k most likely tokens (0: off)."""
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    """Min-p sampling of training rollouts: drop tokens below min_p x the top probability (0: off)."""
+    min_p: float = 0.0
+    """Min-p sampling of training rollouts, in [0, 1]: drop tokens below min_p x the top probability
+    (0: off)."""
     max_groups_in_flight: int = Field(16, ge=1)
     """Most prompts (groups) a generator keeps in its engine at once; credits bound it further."""
     max_num_seqs: int = Field(128, ge=1)
@@ -274,24 +277,17 @@ class GeneratorConfig(_Section):
 
     @model_validator(mode="after")
     def _samples_a_policy(self) -> GeneratorConfig:
-        from stream_dapo.core.sampling import GREEDY_TEMPERATURE
+        from stream_dapo.core.sampling import SamplingPolicy
 
-        if self.temperature < GREEDY_TEMPERATURE:
-            raise ValueError(
-                f"generator.temperature = {self.temperature:g} is greedy decoding: the G samples of a group "
-                "are identical (dynamic sampling drops every group) and vLLM's log-probs are then those of "
-                "the untempered logits, not of what it sampled; set generator.temperature > 0 (DAPO: 1.0). "
-                "Greedy evaluation is eval.temperature = 0"
-            )
+        _in_section("generator", SamplingPolicy, self.sampling_policy)  # its checks are the only ones
         return self
 
     def sampling_policy(self) -> SamplingPolicy:
-        """The distribution rollouts are sampled from, which the learner's log-probs must describe."""
+        """The distribution rollouts are sampled from, which the learner's log-probs must describe:
+        this section's keys of the same names (the one place it is built)."""
         from stream_dapo.core.sampling import SamplingPolicy
 
-        return SamplingPolicy(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p
-        )
+        return from_section(SamplingPolicy, self)
 
 
 class BufferConfig(_Section):

@@ -78,7 +78,7 @@ def test_env_typo_is_rejected_too() -> None:
         (["transport.batches_port=5555"], "ports must differ"),
         (["algo.group_size=1"], "greater than or equal to 2"),
         (["generator.temperature=0"], r"greedy decoding.*set generator.temperature > 0"),
-        (["generator.top_k=-1"], "greater than or equal to 0"),
+        (["generator.top_k=-1"], "generator.top_k must be >= 0"),
     ],
 )
 def test_cross_field_errors_name_the_fix(overrides: list[str], message: str) -> None:
