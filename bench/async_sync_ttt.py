@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,9 +26,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from peer_trl import (  # noqa: E402
     SENSITIVITY_DELTAS,
-    _config_args,
-    _this,
     build_curve,
+    evaluate_checkpoints,
     git_state,
     resolve_target,
     run_stream_dapo,
@@ -69,22 +67,8 @@ def main() -> int:
                 args.config, [*base, f'run.mode="{mode}"'], Path(tmp) / mode, args.steps, args.eval_every
             )
             print(f"{mode} done in {sides[mode]['wall_s']:.0f} s", flush=True)
-        eval_out = Path(tmp) / "evals.json"
         checkpoints = [d for side in sides.values() for d in side["checkpoints"].values()]
-        subprocess.run(
-            _this(
-                "evaluate",
-                *_config_args(args.config, base),
-                "--seed",
-                "0",
-                "--out",
-                str(eval_out),
-                *checkpoints,
-            ),
-            check=True,
-            cwd=REPO,
-        )
-        evals = json.loads(eval_out.read_text())
+        evals = evaluate_checkpoints(args.config, base, checkpoints, Path(tmp) / "evals.json", seed=0)
     start = evals["start"]
     target = resolve_target(start["avg_at_k"], None, args.target_delta)
     report = {

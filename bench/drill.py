@@ -21,14 +21,15 @@ It starts vLLM and DeepSpeed: a few minutes on two CPU cores.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.report import save_json  # noqa: E402
 from tests.fault_drill import LEASE_S, DrillReport, ElasticDrill, FaultDrill  # noqa: E402
 
 
@@ -88,16 +89,20 @@ def main() -> int:
     report = FaultDrill(warm_model(args.model), out, total_steps=args.steps).run()
     print_report(report)
     print(f"run directory: {out}")
-    data = report.to_json()
+    return _verdict(report.to_json(), report, args.steps, out, args.json)
+
+
+def _verdict(data: dict[str, Any], drill: DrillReport, steps: int, out: Path, json_path: Path | None) -> int:
+    """Exit code 0 iff no group was lost or trained twice, the learner exited 0 and it trained
+    versions 1..steps, each once; the report (``data`` with the verdict) goes to ``json_path``."""
     data["run_dir"] = str(out)
     data["ok"] = (
-        report.groups_lost == 0
-        and report.groups_trained_twice == 0
-        and report.learner_exit_code == 0
-        and report.trained_versions == list(range(1, args.steps + 1))
+        drill.groups_lost == 0
+        and drill.groups_trained_twice == 0
+        and drill.learner_exit_code == 0
+        and drill.trained_versions == list(range(1, steps + 1))
     )
-    if args.json:
-        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    save_json(json_path, data)
     return 0 if data["ok"] else 1
 
 
@@ -113,18 +118,8 @@ def elastic(args: argparse.Namespace) -> int:
         ]
         print(f"{e['event']:<42} {e['at_step']:>8} {cells[0]:>16} {cells[1]:>13} {cells[2]:>15}")
     print_report(report.drill)
-    d = report.drill
-    data = report.to_json()
-    data["run_dir"] = str(out)
-    data["ok"] = (
-        d.groups_lost == 0
-        and d.groups_trained_twice == 0
-        and d.learner_exit_code == 0
-        and d.trained_versions == list(range(1, len(d.trained_versions) + 1))
-    )
-    if args.json:
-        args.json.write_text(json.dumps(data, indent=2) + "\n")
-    return 0 if data["ok"] else 1
+    steps = len(report.drill.trained_versions)  # the elastic drill runs until its events are done
+    return _verdict(report.to_json(), report.drill, steps, out, args.json)
 
 
 if __name__ == "__main__":

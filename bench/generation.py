@@ -22,7 +22,6 @@ timed separately and excluded. One warm-up round first (vLLM compiles its sample
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -34,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.report import interleave, paired_ratio, summary  # noqa: E402
+from bench.report import bench_parser, interleave, paired_ratio, summary  # noqa: E402
 from bench.workload import task_prompts, tiny_config, warm_model_dir  # noqa: E402
 
 __all__ = ["measure_generation"]
@@ -150,11 +149,7 @@ def measure_generation(quick: bool = False) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="smoke-test sizes")
-    print(json.dumps(measure_generation(parser.parse_args().quick), indent=1))
+    print(json.dumps(measure_generation(bench_parser(__doc__).parse_args().quick), indent=1))
 
 
 if __name__ == "__main__":

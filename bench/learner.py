@@ -21,7 +21,6 @@ response lengths, responses truncated at L_max; parameters in `LONG_COT`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -37,7 +36,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from bench.report import interleave, paired_ratio, summary  # noqa: E402
+from bench.report import bench_parser, interleave, paired_ratio, summary  # noqa: E402
 from bench.workload import (  # noqa: E402
     init_model_dir,
     rollout_groups,
@@ -279,7 +278,7 @@ def measure_packing(quick: bool = False) -> dict[str, Any]:
         groups = rollout_groups(
             items,
             responses,
-            num_groups=cfg.learner.mini_batch_samples // group_size,
+            num_groups=cfg.admission.groups_per_version,
             group_size=group_size,
             seed=d,
         )
@@ -309,10 +308,7 @@ def measure_packing(quick: bool = False) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="smoke-test sizes")
+    parser = bench_parser(__doc__)
     parser.add_argument("--only", choices=("learner", "packing"), default=None)
     args = parser.parse_args()
     out = {}

@@ -103,16 +103,7 @@ def child(point: dict[str, Any], threads: int) -> dict[str, Any]:
     )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=SHAPE.vocab,
-            hidden_size=SHAPE.hidden,
-            intermediate_size=SHAPE.intermediate,
-            num_hidden_layers=SHAPE.layers,
-            num_attention_heads=SHAPE.heads,
-            num_key_value_heads=SHAPE.kv_heads,
-            tie_word_embeddings=True,
-            max_position_embeddings=max(t, 2048),
-        )
+        Qwen2Config(**SHAPE.to_hf_config(), max_position_embeddings=max(t, 2048))
     ).float()
     learner = torch_learner(cfg, model)
     rng = np.random.default_rng(0)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import sys
 import time
@@ -48,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.report import save_json  # noqa: E402
 from bench.workload import task_prompts, tiny_config, warm_model_dir  # noqa: E402
 from stream_dapo.core.sampling import BAND_TIGHT, BAND_WIDE, SamplingPolicy  # noqa: E402
 from stream_dapo.transport.messages import Group, Sample  # noqa: E402
@@ -297,9 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         argv if argv is not None else sys.argv[1:]
     )
     print_report(out)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    save_json(args.json, out)
     return 0
 
 

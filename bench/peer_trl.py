@@ -268,9 +268,7 @@ def shaped_rewards(
 
 def reward_shaping(cfg: Config) -> RewardShaping:
     """The generator's own shaping settings (the TRL side must shape rewards exactly as it does)."""
-    from stream_dapo.generator.rollout import RolloutSettings
-
-    return RolloutSettings.from_config(cfg.algo).shaping
+    return cfg.algo.shaping
 
 
 def trl_grpo_kwargs(cfg: Config, *, steps: int, seed: int, output_dir: str) -> dict[str, Any]:
@@ -575,6 +573,22 @@ def _config_args(config: Path, overrides: Sequence[str]) -> list[str]:
     return argv
 
 
+def evaluate_checkpoints(
+    config: Path,
+    overrides: Sequence[str],
+    checkpoints: Sequence[str | Path],
+    out: Path,
+    seed: int,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Run this script's ``evaluate`` on the start model and each checkpoint, in one subprocess
+    (the same eval prompts and sampling seed for every side); returns what it wrote to ``out``."""
+    extra = [] if threads is None else ["--threads", str(threads)]
+    argv = _this("evaluate", *_config_args(config, overrides), "--seed", str(seed), *extra, "--out", str(out))
+    subprocess.run([*argv, *checkpoints], check=True, cwd=REPO)
+    return json.loads(out.read_text())
+
+
 def _ensure_data(cfg: Config) -> None:
     """Write the synthetic splits into the side's run directory before its clock starts."""
     from stream_dapo.data.synthetic import ensure_synthetic_data
@@ -585,21 +599,15 @@ def _ensure_data(cfg: Config) -> None:
 
 def run_stream_dapo(config: Path, overrides: Sequence[str], work: Path, steps: int, every: int) -> dict:
     """``stream-dapo run`` with checkpoints every ``every`` steps; checkpoints and step times."""
-    from tests.helpers import free_ports
+    from tests.helpers import port_overrides
 
     out = work / "stream-dapo"
-    ports = free_ports(6)
     sets = [
         *overrides,
         f'run.out_dir="{out}"',
         f"learner.total_steps={steps}",
         f"learner.checkpoint_every={every}",
-        f"transport.samples_port={ports[0]}",
-        f"transport.batches_port={ports[1]}",
-        f"transport.weights_port={ports[2]}",
-        f"metrics.buffer_port={ports[3]}",
-        f"metrics.learner_port={ports[4]}",
-        f"metrics.generator_port={ports[5]}",
+        *port_overrides(),
     ]
     _ensure_data(load_config([config], sets))
     argv = [
@@ -784,23 +792,9 @@ def main_compare(args: argparse.Namespace) -> int:
         tr = run_trl(args.config, overrides, work, args.steps, args.eval_every, args.seed, args.threads)
         print(f"TRL done in {tr['wall_s']:.0f} s; evaluating ...", flush=True)
         checkpoints = [*sd["checkpoints"].values(), *tr["checkpoints"].values()]
-        eval_out = work / "evals.json"
-        subprocess.run(
-            _this(
-                "evaluate",
-                *_config_args(args.config, overrides),
-                "--seed",
-                str(args.eval_seed),
-                "--threads",
-                str(args.threads),
-                "--out",
-                str(eval_out),
-                *checkpoints,
-            ),
-            check=True,
-            cwd=REPO,
+        evals = evaluate_checkpoints(
+            args.config, overrides, checkpoints, work / "evals.json", args.eval_seed, args.threads
         )
-        evals = json.loads(eval_out.read_text())
     start = evals["start"]
     target = resolve_target(start["avg_at_k"], args.target, args.target_delta)
     sides = {}

@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.report import save_json  # noqa: E402
 from stream_dapo.config import load_config  # noqa: E402
 from stream_dapo.planner import Rates, Recipe, plan  # noqa: E402
 
@@ -186,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         print_report(result)
         results.append(result)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"runs": results}, indent=2) + "\n")
+        save_json(args.json, {"runs": results})
         print(f"wrote {args.json}")
     return 0
 

@@ -11,6 +11,8 @@ Conventions every benchmark here follows:
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import os
 import platform
@@ -36,6 +38,20 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The command line a bench starts from: its module docstring as the help, and --quick."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke-test sizes")
+    return parser
+
+
+def save_json(path: Path | None, data: object) -> None:
+    """A bench's figures as indented JSON at `path` (its folder created); nothing when None."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def median(values: Sequence[float]) -> float:

@@ -18,7 +18,6 @@ safetensors payload. Loading into vLLM is not included (it needs a running engin
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -32,7 +31,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from bench.report import interleave, paired_ratio, summary  # noqa: E402
+from bench.report import bench_parser, interleave, paired_ratio, summary  # noqa: E402
 from bench.workload import init_model_dir, tiny_config  # noqa: E402
 from stream_dapo.weights import (  # noqa: E402
     SharedDirPublisher,
@@ -123,11 +122,7 @@ def measure_weight_sync(quick: bool = False) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="smoke-test sizes")
-    print(json.dumps(measure_weight_sync(parser.parse_args().quick), indent=1))
+    print(json.dumps(measure_weight_sync(bench_parser(__doc__).parse_args().quick), indent=1))
 
 
 if __name__ == "__main__":

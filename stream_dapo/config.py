@@ -18,16 +18,21 @@ the nearest valid key.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import logging
 import os
+import re
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from stream_dapo.core.loss_params import AggMode, IsMode, PolicyLossParams, RatioMode
+from stream_dapo.core.rewards import RewardShaping
 
 if TYPE_CHECKING:  # imported where used: stream_dapo.core's package imports torch
     from stream_dapo.core.admission import AdmissionRule
@@ -38,6 +43,26 @@ ENV_PREFIX = "STREAM_DAPO__"
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that says how to fix it."""
+
+
+_Params = TypeVar("_Params")
+
+
+def from_section(cls: type[_Params], section: BaseModel, **given: Any) -> _Params:
+    """The parameter dataclass `cls` built from `section`'s keys of the same names, except the
+    fields passed in `given`: a parameter object taken from a config section without a hand copy."""
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in given]  # type: ignore[arg-type]
+    return cls(**{name: getattr(section, name) for name in names}, **given)
+
+
+def _in_section(section: str, cls: type, build: Callable[[], object]) -> None:
+    """Run `build`; a ValueError from the core class's own checks is re-raised with its field names
+    written as the config keys (``eps_high`` -> ``algo.eps_high``), so the message names the key."""
+    try:
+        build()
+    except ValueError as exc:
+        names = "|".join(f.name for f in dataclasses.fields(cls))
+        raise ValueError(re.sub(rf"\b({names})\b", rf"{section}.\1", str(exc))) from None
 
 
 class _Section(BaseModel):
@@ -123,56 +148,63 @@ class AlgoConfig(_Section):
     --set still win."""
     group_size: int = Field(8, ge=2, le=1024)
     """G: samples per prompt."""
-    eps_low: float = Field(0.2, gt=0.0, lt=1.0)
-    """Lower clip range of the ratio (1 - eps_low)."""
-    eps_high: float = Field(0.28, gt=0.0, le=10.0)
-    """Upper clip range (1 + eps_high). Clip-Higher: eps_high > eps_low keeps exploration alive."""
-    dual_clip_c: float | None = Field(10.0, gt=1.0)
-    """Dual-clip bound c for negative advantages; null turns it off."""
-    ratio_mode: Literal["decoupled", "behaviour"] = "decoupled"
+    # The loss keys: `PolicyLossParams` (stream_dapo.core.loss_params) checks their bounds.
+    eps_low: float = 0.2
+    """Lower clip range of the ratio (1 - eps_low), in [0, 1)."""
+    eps_high: float = 0.28
+    """Upper clip range (1 + eps_high), >= eps_low. Clip-Higher: eps_high > eps_low keeps exploration
+    alive."""
+    dual_clip_c: float | None = 10.0
+    """Dual-clip bound c > 1 for negative advantages; null turns it off."""
+    ratio_mode: RatioMode = "decoupled"
     """decoupled: ratio against the learner's proximal log-probs plus a truncated importance weight
     on proximal/behaviour; behaviour: vLLM's behaviour log-probs play the old policy."""
-    is_cap: float = Field(2.0, gt=1.0)
-    """C: cap of the behaviour importance weight (truncate) or the [1/C, C] band (mask)."""
-    is_mode: Literal["truncate", "mask"] = "truncate"
+    is_cap: float = 2.0
+    """C > 1: cap of the behaviour importance weight (truncate) or the [1/C, C] band (mask)."""
+    is_mode: IsMode = "truncate"
     """How the behaviour importance weight is bounded."""
-    agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    agg_mode: AggMode = "token-mean"
     """Loss aggregation. token-mean over the global token count is DAPO's token-level loss."""
-    kl_coef: float = Field(0.0, ge=0.0)
+    kl_coef: float = 0.0
     """k3 KL penalty to the initial policy (DAPO drops it: 0)."""
-    entropy_coef: float = Field(0.0, ge=0.0)
+    entropy_coef: float = 0.0
     """Entropy bonus coefficient (off by default)."""
     adv_scale_by_std: bool = True
     """Divide group-centred rewards by the group's std (GRPO/DAPO); false: centre only."""
     dynamic_sampling: bool = True
     """Drop groups whose samples are all correct or all wrong (decided on accuracy)."""
+    # The reward-shaping keys: `RewardShaping` (stream_dapo.core.rewards) checks their bounds.
     overlong_filter: bool = False
     """Mask truncated samples out of the loss."""
     soft_overlong: bool = True
     """Soft overlong punishment of responses inside the last overlong_cache_len tokens."""
-    max_response_len: int = Field(96, ge=1)
-    """L_max: generation stops at this many response tokens (truncated flag set)."""
-    overlong_cache_len: int = Field(24, ge=0)
-    """L_cache: the punishment ramps from 0 to -overlong_factor over the last L_cache tokens."""
-    overlong_factor: float = Field(1.0, ge=0.0)
-    """Scale of the soft overlong punishment."""
+    max_response_len: int = 96
+    """L_max > 0: generation stops at this many response tokens (truncated flag set)."""
+    overlong_cache_len: int = 24
+    """L_cache, in [0, max_response_len) (> 0 with soft_overlong): the punishment ramps from 0 to
+    -overlong_factor over the last L_cache tokens."""
+    overlong_factor: float = 1.0
+    """Scale (>= 0) of the soft overlong punishment."""
     max_staleness: int = Field(4, ge=0)
     """Largest allowed (learner version at the gradient step - behaviour version) of any token;
     admission control keeps it below this, the buffer drops what exceeds it."""
 
     @model_validator(mode="after")
     def _check(self) -> AlgoConfig:
-        if self.eps_high < self.eps_low:
-            raise ValueError(
-                f"algo.eps_high ({self.eps_high}) < algo.eps_low ({self.eps_low}): Clip-Higher needs "
-                "eps_high >= eps_low; set algo.eps_high to at least algo.eps_low"
-            )
-        if self.soft_overlong and self.overlong_cache_len >= self.max_response_len:
-            raise ValueError(
-                f"algo.overlong_cache_len ({self.overlong_cache_len}) must be < algo.max_response_len "
-                f"({self.max_response_len}); the paper uses 4096 of 20480"
-            )
+        # Build both parameter objects: their own checks are the only ones on these keys.
+        _in_section("algo", PolicyLossParams, lambda: self.loss_params)
+        _in_section("algo", RewardShaping, lambda: self.shaping)
         return self
+
+    @property
+    def loss_params(self) -> PolicyLossParams:
+        """The loss's parameters: this section's keys of the same names (the one place they are built)."""
+        return from_section(PolicyLossParams, self)
+
+    @property
+    def shaping(self) -> RewardShaping:
+        """The overlong shaping: this section's keys of the same names (the one place it is built)."""
+        return from_section(RewardShaping, self)
 
 
 class VerifierConfig(_Section):
@@ -206,18 +238,21 @@ class GeneratorConfig(_Section):
     into (generator I takes shard I mod this). The buffer and the learner do not read it: generators
     join and leave at any time (credits are leases). Only weights.method = "nccl" needs it fixed:
     its process group has 1 + num_generators x tensor_parallel_size ranks."""
-    temperature: float = Field(1.0, ge=0.0)
-    """Sampling temperature of training rollouts (> 0: greedy rollouts are refused). The learner
-    divides its logits by the same temperature, so pi and the behaviour log-probs mu describe the
-    same distribution (vLLM returns the log-probs of the distribution it sampled from)."""
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling of training rollouts (1: off). Like top_k and min_p, the learner applies the
-    same truncation to its own logits and renormalises, so it trains the distribution the
-    generators sample (see stream_dapo.core.sampling)."""
-    top_k: int = Field(0, ge=0)
+    # The sampling keys: `SamplingPolicy` (stream_dapo.core.sampling) checks their bounds.
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts (> 0: greedy rollouts are refused; greedy
+    evaluation is eval.temperature = 0). The learner divides its logits by the same temperature, so
+    pi and the behaviour log-probs mu describe the same distribution (vLLM returns the log-probs of
+    the distribution it sampled from)."""
+    top_p: float = 1.0
+    """Nucleus sampling of training rollouts, in (0, 1] (1: off). Like top_k and min_p, the learner
+    applies the same truncation to its own logits and renormalises, so it trains the distribution
+    the generators sample (see stream_dapo.core.sampling)."""
+    top_k: int = 0
     """Top-k sampling of training rollouts: keep the k most likely tokens (0: off)."""
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    """Min-p sampling of training rollouts: drop tokens below min_p x the top probability (0: off)."""
+    min_p: float = 0.0
+    """Min-p sampling of training rollouts, in [0, 1]: drop tokens below min_p x the top probability
+    (0: off)."""
     max_groups_in_flight: int = Field(16, ge=1)
     """Most prompts (groups) a generator keeps in its engine at once; credits bound it further."""
     max_num_seqs: int = Field(128, ge=1)
@@ -242,24 +277,17 @@ class GeneratorConfig(_Section):
 
     @model_validator(mode="after")
     def _samples_a_policy(self) -> GeneratorConfig:
-        from stream_dapo.core.sampling import GREEDY_TEMPERATURE
+        from stream_dapo.core.sampling import SamplingPolicy
 
-        if self.temperature < GREEDY_TEMPERATURE:
-            raise ValueError(
-                f"generator.temperature = {self.temperature:g} is greedy decoding: the G samples of a group "
-                "are identical (dynamic sampling drops every group) and vLLM's log-probs are then those of "
-                "the untempered logits, not of what it sampled; set generator.temperature > 0 (DAPO: 1.0). "
-                "Greedy evaluation is eval.temperature = 0"
-            )
+        _in_section("generator", SamplingPolicy, self.sampling_policy)  # its checks are the only ones
         return self
 
     def sampling_policy(self) -> SamplingPolicy:
-        """The distribution rollouts are sampled from, which the learner's log-probs must describe."""
+        """The distribution rollouts are sampled from, which the learner's log-probs must describe:
+        this section's keys of the same names (the one place it is built)."""
         from stream_dapo.core.sampling import SamplingPolicy
 
-        return SamplingPolicy(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p
-        )
+        return from_section(SamplingPolicy, self)
 
 
 class BufferConfig(_Section):
@@ -378,6 +406,9 @@ class TransportConfig(_Section):
     """Buffer's port for the learner (batches, commits)."""
     weights_port: int = Field(5557, ge=1, le=65535)
     """Learner's port for weight transfer."""
+    nccl_port: int = Field(5558, ge=1, le=65535)
+    """Learner's TCP store port where generators' vLLM workers join the NCCL weight group (on
+    learner_host, else host); used only with weights.method = "nccl"."""
     hwm: int = Field(1000, ge=1)
     """ZeroMQ high-water mark (messages) on every socket."""
     timeout_s: float = Field(30.0, gt=0.0)
@@ -580,6 +611,8 @@ class Config(_Section):
             "transport.batches_port": self.transport.batches_port,
             "transport.weights_port": self.transport.weights_port,
         }
+        if self.weights.method == "nccl":
+            ports["transport.nccl_port"] = self.transport.nccl_port
         if len(set(ports.values())) != len(ports):
             raise ValueError(f"transport ports must differ: {ports}")
         return self

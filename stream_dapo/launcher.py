@@ -424,6 +424,8 @@ def check_ports_free(cfg: Config) -> None:
         "metrics.buffer_port": (cfg.metrics.host, cfg.metrics.buffer_port),
         "metrics.learner_port": (cfg.metrics.host, cfg.metrics.learner_port),
     }
+    if cfg.weights.method == "nccl":  # the learner's rank 0 hosts the weight group's TCP store
+        wanted["transport.nccl_port"] = (cfg.transport.host, cfg.transport.nccl_port)
     for i in range(cfg.generator.num_generators):
         wanted[f"metrics.generator_port (+{i})"] = (cfg.metrics.host, cfg.metrics.generator_port + i)
     for key, (host, port) in wanted.items():

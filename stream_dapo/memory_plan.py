@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from stream_dapo.config import Config, LearnerConfig
+from stream_dapo.config import Config, from_section
 
 __all__ = [
     "KNOWN_SHAPES",
@@ -95,21 +95,40 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> ModelShape:
+        optional = {  # Hugging Face's defaults where a config.json omits the key
+            "num_key_value_heads": lambda: config["num_attention_heads"],
+            "tie_word_embeddings": lambda: False,
+        }
         try:
-            return cls(
-                layers=int(config["num_hidden_layers"]),
-                hidden=int(config["hidden_size"]),
-                intermediate=int(config["intermediate_size"]),
-                heads=int(config["num_attention_heads"]),
-                kv_heads=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
-                vocab=int(config["vocab_size"]),
-                tied=bool(config.get("tie_word_embeddings", False)),
-            )
+            values = {
+                name: config.get(key) or optional[key]() if key in optional else config[key]
+                for name, key in _HF_KEYS.items()
+            }
+            typed: dict[str, Any] = {
+                name: bool(v) if name == "tied" else int(v) for name, v in values.items()
+            }
+            return cls(**typed)
         except KeyError as exc:
             raise MemoryPlanError(
                 f"model config.json lacks {exc.args[0]!r}; pass --model-shape with one of "
                 f"{', '.join(KNOWN_SHAPES)}"
             ) from None
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """The Hugging Face config keys of this shape (the inverse of `from_hf_config`)."""
+        return {key: getattr(self, name) for name, key in _HF_KEYS.items()}
+
+
+_HF_KEYS = {
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "intermediate": "intermediate_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "vocab": "vocab_size",
+    "tied": "tie_word_embeddings",
+}
+"""`ModelShape` field -> Hugging Face config.json key."""
 
 
 KNOWN_SHAPES: dict[str, ModelShape] = {
@@ -159,16 +178,8 @@ class Settings:
 
     @classmethod
     def from_config(cls, cfg: Config) -> Settings:
-        lc: LearnerConfig = cfg.learner
-        return cls(
-            dtype_bytes=4 if cfg.model.dtype == "float32" else 2,
-            zero_stage=lc.zero_stage,
-            micro_batch_tokens=lc.micro_batch_tokens,
-            logprob_chunk_tokens=lc.logprob_chunk_tokens,
-            gradient_checkpointing=lc.gradient_checkpointing,
-            offload_optimizer=lc.offload_optimizer,
-            offload_param=lc.offload_param,
-        )
+        """The `learner` keys of the same names, and the bytes of model.dtype."""
+        return from_section(cls, cfg.learner, dtype_bytes=4 if cfg.model.dtype == "float32" else 2)
 
     def describe(self) -> str:
         parts = [

@@ -720,10 +720,10 @@ def format_plan(p: Plan, sources: dict[str, str]) -> str:
 
 def plan_to_json(p: Plan, sources: dict[str, str]) -> dict[str, Any]:
     data = asdict(p)
-    data["recipe"].update(
-        groups_per_step=p.recipe.groups_per_version,
+    data["recipe"].update(  # the admission rule's derived numbers, under the rule's own names
+        groups_per_version=p.recipe.groups_per_version,
         steps_per_rollout=p.recipe.steps_per_rollout,
-        admission_capacity=p.recipe.capacity,
+        capacity=p.recipe.capacity,
     )
     data["staleness"]["total"] = p.staleness.total
     data["sources"] = sources

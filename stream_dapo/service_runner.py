@@ -30,7 +30,15 @@ from stream_dapo.exit_codes import ExitCode
 from stream_dapo.signals import on_stop_signal
 from stream_dapo.transport.sockets import PeerUnavailable, TransportError
 
-__all__ = ["EXIT_CODES", "PRIORITY_EXIT_CODES", "ErrorCodes", "Service", "exit_code_for", "run_service"]
+__all__ = [
+    "EXIT_CODES",
+    "PRIORITY_EXIT_CODES",
+    "ErrorCodes",
+    "Service",
+    "exit_code_for",
+    "release",
+    "run_service",
+]
 
 log = logging.getLogger("stream_dapo")
 
@@ -124,3 +132,15 @@ def run_service(
         return ExitCode.FAILURE
     finally:
         service.close()
+
+
+def release(*steps: object) -> None:
+    """Run the steps of a shutdown in the order given. A step is a callable; a resource never
+    opened passes None instead: ``release(self._auth and self._auth.stop, self._ctx and
+    self._ctx.term)``. (Typed `object` because ``x and x.stop`` is, to mypy, x or the method.)"""
+    for step in steps:
+        if step is None:
+            continue
+        if not callable(step):
+            raise TypeError(f"release() takes shutdown steps (callables) or None, got {step!r}")
+        step()

@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
+import sys
 from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_bench_script(name: str) -> ModuleType:
+    """bench/<name>.py imported as the module `name`, as a script run sees itself (registered in
+    sys.modules first, so its dataclasses and spawned workers resolve)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_ports(n: int) -> list[int]:
@@ -20,6 +36,25 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+PORT_KEYS = (
+    "transport.samples_port",
+    "transport.batches_port",
+    "transport.weights_port",
+    "metrics.buffer_port",
+    "metrics.learner_port",
+    "metrics.generator_port",
+)
+"""The ports one generator, the buffer and the learner bind (weights.method = "nccl" adds
+transport.nccl_port)."""
+
+
+def port_overrides(ports: list[int] | None = None) -> list[str]:
+    """Overrides moving every key of `PORT_KEYS` to `ports` (by default fresh free ports), so a
+    test's services never meet another run's."""
+    chosen = free_ports(len(PORT_KEYS)) if ports is None else ports[: len(PORT_KEYS)]
+    return [f"{key}={port}" for key, port in zip(PORT_KEYS, chosen, strict=True)]
+
+
 def tiny_overrides(model: Path, out: Path, ports: list[int]) -> list[str]:
     """A pipeline small enough for a test: G=4, 4 prompts per rollout, 2 optimizer steps each."""
     return [
@@ -34,12 +69,7 @@ def tiny_overrides(model: Path, out: Path, ports: list[int]) -> list[str]:
         "learner.checkpoint_every=2",
         "generator.max_groups_in_flight=8",
         "generator.kv_cache_gib=0.25",
-        f"transport.samples_port={ports[0]}",
-        f"transport.batches_port={ports[1]}",
-        f"transport.weights_port={ports[2]}",
-        f"metrics.buffer_port={ports[3]}",
-        f"metrics.learner_port={ports[4]}",
-        f"metrics.generator_port={ports[5]}",
+        *port_overrides(ports),
     ]
 
 

@@ -77,7 +77,7 @@ class AdmissionPolicy:
     lockstep: bool = False
     """run.mode = "sync": credits only for the rollout batch the learner is about to take, granted
     once it has trained the previous one (generators wait for that version's weights)."""
-    rollout_groups: int = 0
+    rollout_batch_prompts: int = 0
     """R: groups per rollout batch (learner.rollout_batch_prompts); used in lock-step mode."""
     generator_lease_s: float = 30.0
     """buffer.generator_lease_s: a generator's credits expire this long after it was last heard from."""
@@ -106,7 +106,7 @@ class AdmissionPolicy:
             max_reuse=cfg.buffer.max_reuse,
             group_size=cfg.algo.group_size,
             lockstep=rule.lockstep,
-            rollout_groups=cfg.learner.rollout_batch_prompts,
+            rollout_batch_prompts=rule.rollout_batch_prompts,
             generator_lease_s=cfg.buffer.generator_lease_s,
         )
 
@@ -830,7 +830,8 @@ class ReplayBuffer:
         """Credits that may be granted now."""
         if self.policy.lockstep:
             return max(
-                0, min(self.policy.rollout_groups, self.line_limit) - self._served_this_round - self.line
+                0,
+                min(self.policy.rollout_batch_prompts, self.line_limit) - self._served_this_round - self.line,
             )
         return max(0, self.line_limit - self.line)
 

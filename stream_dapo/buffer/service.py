@@ -41,7 +41,7 @@ from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.config import Config
 from stream_dapo.exit_codes import ExitCode
 from stream_dapo.metrics import BufferMetrics, start_metrics
-from stream_dapo.service_runner import run_service
+from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
 from stream_dapo.transport.curve import curve_server, start_authenticator
@@ -490,15 +490,13 @@ class BufferService:
                 persisted = True
                 self._write_stats()
         finally:
-            for endpoint in self._endpoints:
-                endpoint.close()
-            if self._auth is not None:
-                self._auth.stop()
-            if self._ctx is not None:
-                self._ctx.term()
-            if self.metrics_server is not None:
-                self.metrics_server.stop()
-            self.journal.close()
+            release(
+                *(endpoint.close for endpoint in self._endpoints),
+                self._auth and self._auth.stop,
+                self._ctx and self._ctx.term,
+                self.metrics_server and self.metrics_server.stop,
+                self.journal.close,
+            )
             log.info("buffer closed%s", " (state persisted)" if persisted else "")
 
     def _write_stats(self) -> None:

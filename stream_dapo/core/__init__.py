@@ -2,13 +2,15 @@
 (the loss) and ints (the admission rule). Imports only numpy, torch and the standard library.
 
 The loss, the one torch module, is imported on first use: the config validates with the admission
-rule (`stream_dapo.core.admission`), and `stream-dapo --help` / `config show` stay torch-free."""
+rule (`stream_dapo.core.admission`), the loss parameters (`core.loss_params`) and the reward shaping
+(`core.rewards`), and `stream-dapo --help` / `config show` stay torch-free."""
 
 from typing import TYPE_CHECKING, Any
 
 from stream_dapo.core.admission import AdmissionError, AdmissionRule
 from stream_dapo.core.advantages import compute_group_advantages
 from stream_dapo.core.filtering import FilterDecision, FilterReason, dynamic_sampling_filter
+from stream_dapo.core.loss_params import PolicyLossParams
 from stream_dapo.core.presets import PAPER_AIME, PRESETS, preset_overrides
 from stream_dapo.core.rewards import (
     RewardShaping,
@@ -20,9 +22,9 @@ from stream_dapo.core.rewards import (
 )
 
 if TYPE_CHECKING:
-    from stream_dapo.core.loss import PolicyLossParams, policy_loss, token_entropy, token_logprobs
+    from stream_dapo.core.loss import policy_loss, token_entropy, token_logprobs
 
-_LOSS_NAMES = frozenset({"PolicyLossParams", "policy_loss", "token_entropy", "token_logprobs"})
+_LOSS_NAMES = frozenset({"policy_loss", "token_entropy", "token_logprobs"})
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,6 @@
 """The admission / staleness rule: how many groups may be in line, and when a credited group may start.
 
-Every other module asks this one: `Config` (its start-up check and `admission_capacity`), the
+Every other module asks this one: `Config` (its start-up check and `Config.admission`), the
 buffer (`AdmissionPolicy`, its deadlock check), the planner (the inverse it reports) and the
 generator (the lag gate on credits).
 

@@ -35,11 +35,13 @@ gradient accumulation. They are counted on the ``mask`` argument as given (see `
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from stream_dapo.core.loss_params import AggMode, IsMode, PolicyLossParams, RatioMode
 
 __all__ = [
     "AGGREGATIONS",
@@ -148,7 +150,7 @@ def _behaviour_ratio(behaviour: Tensor, prox: Tensor | None) -> _RatioInputs:
     return _RatioInputs(old=behaviour, finite=finite, log_weight=torch.zeros_like(behaviour))
 
 
-RATIO_MODES: dict[str, Callable[[Tensor, Tensor | None], _RatioInputs]] = {
+RATIO_MODES: dict[RatioMode, Callable[[Tensor, Tensor | None], _RatioInputs]] = {
     "decoupled": _decoupled_ratio,
     "behaviour": _behaviour_ratio,
 }
@@ -165,7 +167,7 @@ def _mask_weight(log_weight: Tensor, cap: float) -> Tensor:
     return inside.to(log_weight.dtype)
 
 
-IS_MODES: dict[str, Callable[[Tensor, float], Tensor]] = {
+IS_MODES: dict[IsMode, Callable[[Tensor, float], Tensor]] = {
     "truncate": _truncate_weight,
     "mask": _mask_weight,
 }
@@ -189,67 +191,11 @@ def _seq_mean_token_sum(values: Tensor, norm_mask: Tensor, tokens: Tensor, seqs:
 
 # Each takes per-token values [N, T] already zeroed where they must not count, the normalisation mask
 # [N, T], and the (global) token and sequence counts as 0-d tensors; returns a scalar.
-AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
+AGGREGATIONS: dict[AggMode, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
     "token-mean": _token_mean,
     "seq-mean-token-mean": _seq_mean_token_mean,
     "seq-mean-token-sum": _seq_mean_token_sum,
 }
-
-
-def _check_mode(name: str, value: str, registry: Mapping[str, object]) -> None:
-    if value not in registry:
-        raise ValueError(f"unknown {name} {value!r}; valid values: {', '.join(sorted(registry))}")
-
-
-@dataclass(frozen=True)
-class PolicyLossParams:
-    """Switches and constants of ``policy_loss`` (see the module docstring for the formulas).
-
-    Attributes:
-        eps_low: lower clip, r >= 1 - eps_low (DAPO: 0.2).
-        eps_high: upper clip, r <= 1 + eps_high (DAPO Clip-Higher: 0.28; naive GRPO: 0.2).
-        dual_clip_c: dual-clip bound c > 1 for negative advantages; None turns it off.
-        ratio_mode: "decoupled" (clip against prox, behaviour weight) or "behaviour" (clip against mu).
-        is_cap: C > 1, the truncation cap / mask range [1/C, C] of the behaviour weight.
-        is_mode: "truncate" or "mask" (decoupled mode only).
-        agg_mode: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum".
-        kl_coef: weight of the k3 KL to a reference policy (0 = off, DAPO's choice).
-        entropy_coef: weight of the entropy bonus (0 = off).
-    """
-
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    dual_clip_c: float | None = 10.0
-    ratio_mode: str = "decoupled"
-    is_cap: float = 2.0
-    is_mode: str = "truncate"
-    agg_mode: str = "token-mean"
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.eps_low < 1.0:
-            raise ValueError(f"eps_low must be in [0, 1) (DAPO uses 0.2), got {self.eps_low}")
-        if not (math.isfinite(self.eps_high) and self.eps_high >= self.eps_low):
-            raise ValueError(
-                f"eps_high ({self.eps_high}) must be >= eps_low ({self.eps_low}): Clip-Higher raises the "
-                "upper bound only (DAPO: eps_low 0.2, eps_high 0.28); set eps_high = eps_low for symmetric "
-                "clipping"
-            )
-        if self.dual_clip_c is not None and not (math.isfinite(self.dual_clip_c) and self.dual_clip_c > 1.0):
-            raise ValueError(
-                f"dual_clip_c must be > 1 (typically 3 to 10), got {self.dual_clip_c}; use None to turn the "
-                "dual clip off"
-            )
-        if not (math.isfinite(self.is_cap) and self.is_cap > 1.0):
-            raise ValueError(f"is_cap must be a finite number > 1 (default 2), got {self.is_cap}")
-        _check_mode("ratio_mode", self.ratio_mode, RATIO_MODES)
-        _check_mode("is_mode", self.is_mode, IS_MODES)
-        _check_mode("agg_mode", self.agg_mode, AGGREGATIONS)
-        for name in ("kl_coef", "entropy_coef"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0.0):
-                raise ValueError(f"{name} must be a finite number >= 0 (0 turns the term off), got {value}")
 
 
 def _check_inputs(

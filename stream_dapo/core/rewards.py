@@ -142,7 +142,7 @@ class RewardShaping:
         if self.overlong_cache_len < 0 or self.overlong_cache_len >= self.max_response_len:
             raise ValueError(
                 f"overlong_cache_len must be in [0, max_response_len) = [0, {self.max_response_len}), "
-                f"got {self.overlong_cache_len}"
+                f"got {self.overlong_cache_len} (it must be < max_response_len; the paper uses 4096 of 20480)"
             )
         if self.soft_overlong and self.overlong_cache_len == 0:
             raise ValueError(

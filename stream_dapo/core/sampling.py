@@ -78,8 +78,10 @@ class SamplingPolicy:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= GREEDY_TEMPERATURE):
             raise ValueError(
-                f"temperature {self.temperature} is greedy decoding (vLLM samples the argmax below "
-                f"{GREEDY_TEMPERATURE:g}); a policy needs temperature > 0"
+                f"temperature {self.temperature:g} is greedy decoding (vLLM samples the argmax below "
+                f"{GREEDY_TEMPERATURE:g}): the G samples of a group are identical (dynamic sampling drops "
+                "every group) and vLLM's log-probs are those of the untempered logits, not of what it "
+                "sampled; set temperature > 0 (DAPO: 1.0)"
             )
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1] (1 turns it off), got {self.top_p}")

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
-from stream_dapo.config import AlgoConfig
+from stream_dapo.config import AlgoConfig, from_section
 from stream_dapo.core.advantages import compute_group_advantages
 from stream_dapo.core.filtering import FilterDecision, dynamic_sampling_filter
 from stream_dapo.core.rewards import RewardShaping, shape_rewards
@@ -96,17 +96,7 @@ class RolloutSettings:
 
     @classmethod
     def from_config(cls, algo: AlgoConfig) -> RolloutSettings:
-        return cls(
-            shaping=RewardShaping(
-                soft_overlong=algo.soft_overlong,
-                max_response_len=algo.max_response_len,
-                overlong_cache_len=algo.overlong_cache_len,
-                overlong_factor=algo.overlong_factor,
-                overlong_filter=algo.overlong_filter,
-            ),
-            dynamic_sampling=algo.dynamic_sampling,
-            adv_scale_by_std=algo.adv_scale_by_std,
-        )
+        return from_section(cls, algo, shaping=algo.shaping)
 
 
 class Verifier(Protocol):

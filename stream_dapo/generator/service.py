@@ -67,7 +67,7 @@ from stream_dapo.metrics import (
     start_metrics,
     write_final_metrics,
 )
-from stream_dapo.service_runner import run_service
+from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.curve import curve_client
 from stream_dapo.transport.messages import Group
@@ -653,17 +653,14 @@ class GeneratorService:
         if self._closed:
             return
         self._closed = True
-        if self.watcher is not None:
-            self.watcher.stop()
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
-        if self.weights is not None:
-            self.weights.close()
-        self._verify_pool.shutdown(wait=False, cancel_futures=True)
-        if self.engine is not None:
-            self.engine.close()
-        if self.verifier is not None:
-            self.verifier.close()
+        release(
+            self.watcher and self.watcher.stop,
+            self._heartbeat and self._heartbeat.stop,
+            self.weights and self.weights.close,
+            lambda: self._verify_pool.shutdown(wait=False, cancel_futures=True),
+            self.engine and self.engine.close,
+            self.verifier and self.verifier.close,
+        )
         self._write_final_metrics()
         if self._cursor is not None and self._stream is not None:
             self._cursor.save(self._stream.state, force=True)
@@ -671,11 +668,11 @@ class GeneratorService:
             assert self.buffer is not None
             self.buffer.socket.disable_monitor()
             self._monitor.close(linger=0)
-        if self.buffer is not None:
-            self.buffer.close()
-        self._ctx.destroy(linger=0)
-        if self.metrics_server is not None:
-            self.metrics_server.stop()
+        release(
+            self.buffer and self.buffer.close,
+            lambda: self._ctx.destroy(linger=0),
+            self.metrics_server and self.metrics_server.stop,
+        )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from stream_dapo.disk import write_text_atomic
 from stream_dapo.learner import distributed
 from stream_dapo.learner.checkpoints import Checkpoints
 from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, start_metrics
-from stream_dapo.service_runner import run_service
+from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.curve import curve_client
@@ -536,14 +536,12 @@ class LearnerService:
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None
-        if self._publisher is not None:
-            self._publisher.close()
-        if self._buffer is not None:
-            self._buffer.close()
-        if self._ctx is not None:
-            self._ctx.term()
-        if self._metrics_server is not None:
-            self._metrics_server.stop()
+        release(
+            self._publisher and self._publisher.close,
+            self._buffer and self._buffer.close,
+            self._ctx and self._ctx.term,
+            self._metrics_server and self._metrics_server.stop,
+        )
         self._publisher = self._buffer = self._ctx = self._metrics_server = None
 
 

@@ -53,7 +53,7 @@ import torch
 from torch import Tensor
 
 from stream_dapo.config import Config, ConfigError
-from stream_dapo.core.loss import PolicyLossParams, policy_loss, token_entropy, token_logprobs
+from stream_dapo.core.loss import policy_loss, token_entropy, token_logprobs
 from stream_dapo.core.sampling import BehaviourGap, behaviour_gap, sampling_logits
 from stream_dapo.learner import distributed
 from stream_dapo.learner.checkpoints import DS_TAG, LEARNER_STATE_FILE
@@ -81,7 +81,6 @@ __all__ = [
     "deepspeed_config",
     "enable_gradient_checkpointing",
     "init_distributed",
-    "loss_params_from_config",
 ]
 
 log = logging.getLogger(__name__)
@@ -104,22 +103,6 @@ TOKENIZER_FILES = (
 # --------------------------------------------------------------------------------------------------
 # Configuration and distributed start-up
 # --------------------------------------------------------------------------------------------------
-
-
-def loss_params_from_config(cfg: Config) -> PolicyLossParams:
-    """The loss switches of `algo` as `PolicyLossParams`."""
-    a = cfg.algo
-    return PolicyLossParams(
-        eps_low=a.eps_low,
-        eps_high=a.eps_high,
-        dual_clip_c=a.dual_clip_c,
-        ratio_mode=a.ratio_mode,
-        is_cap=a.is_cap,
-        is_mode=a.is_mode,
-        agg_mode=a.agg_mode,
-        kl_coef=a.kl_coef,
-        entropy_coef=a.entropy_coef,
-    )
 
 
 def deepspeed_config(cfg: Config, world_size: int, *, on_gpu: bool | None = None) -> dict[str, Any]:
@@ -430,7 +413,7 @@ class Learner:
         # DeepSpeed's config errors come before the model loads, and it is imported before torch work.
         self._ds_config = deepspeed_config(cfg, self.world_size) if make_engine is None else None
         self._ds = _import_deepspeed() if make_engine is None else None
-        self.loss_params = loss_params_from_config(cfg)
+        self.loss_params = cfg.algo.loss_params
         self.sampling = cfg.generator.sampling_policy()
         """The distribution the generators sample; every log-prob here is of it."""
         if not self.sampling.is_identity:

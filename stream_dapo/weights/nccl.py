@@ -5,7 +5,7 @@ generator's `NcclAnnouncementSource` (watch announcements, take each broadcast i
 The group is separate from the learner's DeepSpeed process group: rank 0 is the learner's rank 0
 (the sender), ranks 1..N are the generators' vLLM workers (generator i, tensor-parallel rank j is
 rank ``1 + i * tp + j``). Rendezvous uses vLLM's ``StatelessProcessGroup`` (a TCPStore at
-``transport.host : transport.weights_port + 1``) and ``PyNcclCommunicator``, the pattern of vLLM's
+``transport.learner_host (or host) : transport.nccl_port``) and ``PyNcclCommunicator``, the pattern of vLLM's
 RL examples, so neither side's global ``torch.distributed`` state is touched.
 
 Every publication is self-describing, so receivers need no side channel; all broadcasts come from
@@ -86,11 +86,11 @@ class NcclGroupSpec:
 
 
 def nccl_group_spec(cfg: Any) -> NcclGroupSpec:
-    """The group of a resolved `Config`: port = transport.weights_port + 1, one rank per vLLM worker."""
+    """The group of a resolved `Config`: at transport.nccl_port, one rank per vLLM worker."""
     gen = cfg.generator
     return NcclGroupSpec(
         host=cfg.transport.learner_host or cfg.transport.host,
-        port=cfg.transport.weights_port + 1,
+        port=cfg.transport.nccl_port,
         world_size=1 + gen.num_generators * gen.tensor_parallel_size,
     )
 

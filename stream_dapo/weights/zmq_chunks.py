@@ -34,6 +34,7 @@ import zmq
 from torch import Tensor
 
 from stream_dapo.disk import atomic_file
+from stream_dapo.service_runner import release
 from stream_dapo.transport import messages
 from stream_dapo.transport.codec import Message
 from stream_dapo.transport.sockets import (
@@ -163,12 +164,11 @@ class WeightServer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        if self._endpoint is not None:
-            self._endpoint.close()
-        if self._auth is not None:
-            self._auth.stop()
-        if self._ctx is not None:
-            self._ctx.term()
+        release(
+            self._endpoint and self._endpoint.close,
+            self._auth and self._auth.stop,
+            self._ctx and self._ctx.term,
+        )
         self._thread = self._endpoint = self._ctx = self._auth = None
 
     def close(self) -> None:

@@ -89,20 +89,11 @@ class Peers:
 
     def __init__(self, cfg: Config) -> None:
         self.ctx: zmq.Context[Any] = zmq.Context()
-        host = "tcp://127.0.0.1"
-        self.gen = open_endpoint(
-            self.ctx,
-            zmq.DEALER,
-            connect=f"{host}:{cfg.transport.samples_port}",
-            max_bytes=MAX_BYTES,
-            peer="buffer",
-        )
-        self.learner = open_endpoint(
-            self.ctx,
-            zmq.DEALER,
-            connect=f"{host}:{cfg.transport.batches_port}",
-            max_bytes=MAX_BYTES,
-            peer="buffer",
+        self.gen, self.learner = (
+            open_endpoint(
+                self.ctx, zmq.DEALER, connect=f"tcp://127.0.0.1:{port}", max_bytes=MAX_BYTES, peer="buffer"
+            )
+            for port in (cfg.transport.samples_port, cfg.transport.batches_port)
         )
 
     def ask(
@@ -114,6 +105,12 @@ class Peers:
         self.gen.close()
         self.learner.close()
         self.ctx.term()
+
+    def __enter__(self) -> Peers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @contextmanager
@@ -411,17 +408,43 @@ def kill_and_restart(
     return proc
 
 
-def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    items = overrides(tmp_path)
-    cfg = load_config(overrides=items, environ={})
-    args = [arg for item in items for arg in ("--set", item)]
-    log_path = tmp_path / "buffer.log"
-    proc = start_buffer(args, log_path)
-    try:
-        wait_ready(proc, cfg.metrics.buffer_port, log_path)
-        peers = Peers(cfg)
-        sent = [make_group(f"g{i}", 0) for i in range(6)]
+class BufferProcess:
+    """`stream-dapo buffer` in a subprocess on `overrides(tmp_path)`, logging to buffer.log: ready
+    on entering, killed on leaving if still running."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        items = overrides(tmp_path)
+        self.cfg = load_config(overrides=items, environ={})
+        self.args = [arg for item in items for arg in ("--set", item)]
+        self.log_path = tmp_path / "buffer.log"
+        self.proc = start_buffer(self.args, self.log_path)
+
+    def __enter__(self) -> BufferProcess:
         try:
+            wait_ready(self.proc, self.cfg.metrics.buffer_port, self.log_path)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def kill_and_restart(self) -> None:
+        self.proc = kill_and_restart(self.proc, self.args, self.cfg.metrics.buffer_port, self.log_path)
+
+    def drain(self) -> None:
+        """SIGTERM: the buffer drains, persists its state and exits 0."""
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=20) == 0, self.log_path.read_text()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    with BufferProcess(tmp_path) as buffer:
+        sent = [make_group(f"g{i}", 0) for i in range(6)]
+        with Peers(buffer.cfg) as peers:
             assert peers.ask(peers.gen, m.credit_request("gen-0", 6)).body["granted"] == 6
             for i in range(0, 6, 2):
                 assert peers.ask(peers.gen, m.groups("gen-0", sent[i : i + 2])).body["accepted"] == [
@@ -430,11 +453,8 @@ def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
                 ]
             leased = peers.ask(peers.learner, m.batch_request(0, 2, 0))
             assert [g.group_id for g in m.groups_from_body(leased.body)] == ["g0", "g1"]
-        finally:
-            peers.close()
-        proc = kill_and_restart(proc, args, cfg.metrics.buffer_port, log_path)
-        peers = Peers(cfg)
-        try:
+        buffer.kill_and_restart()
+        with Peers(buffer.cfg) as peers:
             # The generator cannot tell what survived, so it resends everything: all duplicates.
             resend = peers.ask(peers.gen, m.groups("gen-0", sent))
             assert resend.body["duplicates"] == [g.group_id for g in sent] and resend.body["accepted"] == []
@@ -444,14 +464,8 @@ def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
             assert peers.ask(peers.learner, m.learner_hello(0, 0)).body == {"reason": "ready"}
             batch = peers.ask(peers.learner, m.batch_request(0, 6, 0))
             assert m.groups_from_body(batch.body) == sent
-        finally:
-            peers.close()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0, log_path.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        buffer.drain()
+    log_path = buffer.log_path
     state = tmp_path / "buffer"
     assert (state / "state.msgpack").is_file()
     stats = json.loads((state / "stats.json").read_text())
@@ -467,36 +481,19 @@ def test_a_credit_grant_journaled_before_a_crash_is_granted_again_to_its_repeate
     """Regression (a fault drill stalled on it): the buffer journaled a grant of 6 and was killed
     before its reply arrived. The generator repeats the request with its id after the reconnect and
     must get those 6 back; a fresh grant of 0 would leave the 6 counted against the line forever."""
-    items = overrides(tmp_path)
-    cfg = load_config(overrides=items, environ={})
-    args = [arg for item in items for arg in ("--set", item)]
-    log_path = tmp_path / "buffer.log"
-    proc = start_buffer(args, log_path)
-    try:
-        wait_ready(proc, cfg.metrics.buffer_port, log_path)
-        peers = Peers(cfg)
-        try:
+    with BufferProcess(tmp_path) as buffer:
+        with Peers(buffer.cfg) as peers:
             assert peers.ask(peers.gen, m.credit_request("gen-0", 6), request_id=900).body["granted"] == 6
-        finally:
-            peers.close()
-        proc = kill_and_restart(proc, args, cfg.metrics.buffer_port, log_path)
-        peers = Peers(cfg)
-        try:
+        buffer.kill_and_restart()
+        with Peers(buffer.cfg) as peers:
             repeat = peers.ask(peers.gen, m.credit_request("gen-0", 6), request_id=900)
             assert repeat.request_id == 900 and repeat.body["granted"] == 6
             assert peers.ask(peers.gen, m.credit_request("gen-0", 6), request_id=901).body["granted"] == 0
-            status, text = scrape(cfg.metrics.buffer_port)
+            status, text = scrape(buffer.cfg.metrics.buffer_port)
             assert status == 200
             assert metric(text, "stream_dapo_buffer_credits_outstanding") == 6, "granted once, not twice"
             assert metric(text, "stream_dapo_buffer_retried_requests_total") == 1
-        finally:
-            peers.close()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0, log_path.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        buffer.drain()
 
 
 def test_curve_admits_only_clients_whose_keys_are_listed(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ def test_ports_table_matches_the_config_defaults() -> None:
         "transport.samples_port": t.samples_port,
         "transport.batches_port": t.batches_port,
         "transport.weights_port": t.weights_port,
-        "transport.weights_port + 1": t.weights_port + 1,
+        "transport.nccl_port": t.nccl_port,
         "--master-port": 29500,
         "metrics.buffer_port": mc.buffer_port,
         "metrics.learner_port": mc.learner_port,

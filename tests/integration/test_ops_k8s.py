@@ -384,7 +384,7 @@ def test_learner_is_a_torchrun_job_ranked_by_pod_ordinal(overlay: str) -> None:
 
     cfg = resolved_config(overlay, "learner")
     assert ports["weights"] == cfg.transport.weights_port and ports["metrics"] == cfg.metrics.learner_port
-    assert ports["weights-nccl"] == cfg.transport.weights_port + 1  # weights.nccl's store port
+    assert ports["weights-nccl"] == cfg.transport.nccl_port  # weights.nccl's store port
     svc_ports = {p["name"] for p in service["spec"]["ports"]}
     assert {"rendezvous", "weights", "weights-nccl", "metrics"} <= svc_ports
 

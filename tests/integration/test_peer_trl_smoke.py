@@ -6,9 +6,7 @@ Skipped where TRL is not installed (it is in the ``bench`` extra only; CI instal
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,21 +17,12 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from stream_dapo.config import load_config  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("peer_trl", REPO / "bench" / "peer_trl.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["peer_trl"] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import REPO, load_bench_script  # noqa: E402
 
 
 @pytest.mark.timeout(300)
 def test_trl_side_trains_one_step_with_the_project_reward(warm_model, tmp_path):
-    peer = _load_bench()
+    peer = load_bench_script("peer_trl")
     cfg = load_config(
         [REPO / "configs" / "tiny-cpu.toml"],
         [

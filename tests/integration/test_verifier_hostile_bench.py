@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "verifier_hostile.py"
+from tests.helpers import load_bench_script
 
 
 @pytest.mark.timeout(300)
 def test_hostile_corpus_bench_reports_bounded_latency_and_no_execution() -> None:
-    spec = importlib.util.spec_from_file_location("verifier_hostile", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench_script("verifier_hostile")
     d = bench.measure(repeats=1, timeout_s=5.0)
     assert d["inputs"] == len(d["per_input"]) > 30
     assert d["all_scored_minus_1"] and d["pool_still_verifies"]

@@ -78,7 +78,7 @@ def test_env_typo_is_rejected_too() -> None:
         (["transport.batches_port=5555"], "ports must differ"),
         (["algo.group_size=1"], "greater than or equal to 2"),
         (["generator.temperature=0"], r"greedy decoding.*set generator.temperature > 0"),
-        (["generator.top_k=-1"], "greater than or equal to 0"),
+        (["generator.top_k=-1"], "generator.top_k must be >= 0"),
     ],
 )
 def test_cross_field_errors_name_the_fix(overrides: list[str], message: str) -> None:
@@ -157,3 +157,42 @@ def test_rollout_sampling_settings_become_the_learners_policy_and_leave_eval_alo
     # Evaluation samples with its own settings (the paper: temperature 1.0, top-p 0.7).
     assert (cfg.eval.temperature, cfg.eval.top_p, cfg.eval.top_k, cfg.eval.min_p) == (1.0, 0.7, 0, 0.0)
     assert load_config(environ={}).generator.sampling_policy().is_identity
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # The generator's RewardShaping refused these at start-up while the config accepted them.
+        (
+            ["algo.soft_overlong=false", "algo.overlong_cache_len=200"],
+            r"algo.overlong_cache_len must be in \[0, ",
+        ),
+        (["algo.overlong_cache_len=0"], "set algo.overlong_cache_len > 0"),
+        (["algo.kl_coef=nan"], "algo.kl_coef must be a finite number"),
+        (["algo.dual_clip_c=1"], "algo.dual_clip_c must be > 1"),
+    ],
+)
+def test_algo_bounds_are_the_parameter_objects_own(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=overrides, environ={})
+
+
+def test_algo_builds_the_loss_and_shaping_parameters_from_its_keys() -> None:
+    import dataclasses
+
+    algo = load_config(overrides=["algo.eps_high=0.3", "algo.overlong_factor=0.5"], environ={}).algo
+    for params in (algo.loss_params, algo.shaping):
+        for f in dataclasses.fields(params):
+            assert getattr(params, f.name) == getattr(algo, f.name)
+    assert algo.loss_params.eps_high == 0.3 and algo.shaping.overlong_factor == 0.5
+
+
+def test_the_loss_implements_exactly_the_modes_the_config_accepts() -> None:
+    from typing import get_args
+
+    from stream_dapo.core.loss import AGGREGATIONS, IS_MODES, RATIO_MODES
+    from stream_dapo.core.loss_params import AggMode, IsMode, RatioMode
+
+    assert set(RATIO_MODES) == set(get_args(RatioMode))
+    assert set(IS_MODES) == set(get_args(IsMode))
+    assert set(AGGREGATIONS) == set(get_args(AggMode))

@@ -14,7 +14,7 @@ import pytest
 from stream_dapo.cli import main
 from stream_dapo.config import load_config
 from stream_dapo.exit_codes import ExitCode
-from tests.helpers import free_ports
+from tests.helpers import free_ports, port_overrides
 
 
 def test_codes_are_the_documented_numbers() -> None:
@@ -34,13 +34,11 @@ def test_a_generator_whose_buffer_never_answers_exits_69_and_names_the_fix(
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2"}))  # checked before the engine
-    samples, metrics = free_ports(2)
     cfg = load_config(
         overrides=[
             f"model.path={model}",
             f'run.out_dir="{tmp_path / "run"}"',
-            f"transport.samples_port={samples}",
-            f"metrics.generator_port={metrics}",
+            *port_overrides(),
             "transport.timeout_s=0.5",
         ],
         environ={},
@@ -114,23 +112,20 @@ def test_a_generator_given_a_malformed_data_file_exits_2_with_the_message_alone(
     build_tokenizer().save_pretrained(model)
     data = tmp_path / "train.jsonl"
     data.write_text(BAD_DATA["malformed line"][0])
-    samples, metrics = free_ports(2)
     cfg = load_config(
         overrides=[
             f"model.path={model}",
             f'run.out_dir="{tmp_path / "run"}"',
             f'data.train_path="{data}"',
-            f"transport.samples_port={samples}",
-            f"metrics.generator_port={metrics}",
+            *port_overrides(),
             "transport.timeout_s=10",
         ],
         environ={},
     )
     # The buffer only has to answer the hello: prompts are loaded right after it.
     ctx = zmq.Context()
-    buffer = open_endpoint(
-        ctx, zmq.ROUTER, bind=f"tcp://127.0.0.1:{samples}", max_bytes=1 << 20, peer="generator"
-    )
+    address = f"tcp://127.0.0.1:{cfg.transport.samples_port}"
+    buffer = open_endpoint(ctx, zmq.ROUTER, bind=address, max_bytes=1 << 20, peer="generator")
     stop = threading.Event()
 
     def answer_hellos() -> None:
@@ -222,23 +217,16 @@ def test_a_buffer_whose_disk_fills_exits_1_and_says_so_without_a_traceback(
         pytest.skip("needs /dev/full")
     disk = FullDisk()
     monkeypatch.setattr(journal_module, "open", disk.open, raising=False)
-    samples, batches, metrics = free_ports(3)
     cfg = load_config(
-        overrides=[
-            f'run.out_dir="{tmp_path / "run"}"',
-            f"transport.samples_port={samples}",
-            f"transport.batches_port={batches}",
-            f"metrics.buffer_port={metrics}",
-        ],
+        overrides=[f'run.out_dir="{tmp_path / "run"}"', *port_overrides()],
         environ={},
     )
     done = threading.Event()
 
     def learner_says_hello(request_stop) -> None:
         ctx = zmq.Context()
-        learner = open_endpoint(
-            ctx, zmq.DEALER, connect=f"tcp://127.0.0.1:{batches}", max_bytes=1 << 20, peer="buffer"
-        )
+        address = f"tcp://127.0.0.1:{cfg.transport.batches_port}"
+        learner = open_endpoint(ctx, zmq.DEALER, connect=address, max_bytes=1 << 20, peer="buffer")
         try:
             learner.send(*m.learner_hello(0, 0))  # journalled before its reply: the write hits the full disk
             if not done.wait(30):

@@ -17,7 +17,7 @@ from transformers import Qwen2ForCausalLM
 from stream_dapo.config import Config, ConfigError
 from stream_dapo.core.loss import policy_loss, token_logprobs
 from stream_dapo.learner.packing import sequences_from_groups
-from stream_dapo.learner.trainer import Learner, deepspeed_config, loss_params_from_config
+from stream_dapo.learner.trainer import Learner, deepspeed_config
 from stream_dapo.transport.messages import Group
 from tests.helpers import random_group, tiny_qwen2
 
@@ -58,7 +58,7 @@ def reference_step(
     model: Qwen2ForCausalLM, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config
 ) -> tuple[float, dict, float]:
     """Plain torch: token-mean loss over the whole mini-batch, one unpadded sequence at a time."""
-    params = loss_params_from_config(cfg)
+    params = cfg.algo.loss_params
     seqs = sequences_from_groups(groups)
     total_tokens = sum(len(s.response) for s in seqs if s.loss_weight > 0)
     loss_sum = 0.0

@@ -153,3 +153,34 @@ def test_cli_names_a_smaller_micro_batch_where_nothing_fits_at_the_configured_on
     assert "(one sequence needs 22528)" in out
     assert main([*args[:-4], "--gpus", "1", "--gpu-gib", "16"]) == 1
     assert "nothing here fits one sequence (22528 tokens)" in capsys.readouterr().out
+
+
+def test_a_shape_round_trips_through_its_hugging_face_config() -> None:
+    for shape in KNOWN_SHAPES.values():
+        assert ModelShape.from_hf_config(shape.to_hf_config()) == shape
+    qwen_05b = KNOWN_SHAPES["qwen2.5-0.5b"].to_hf_config()
+    assert (
+        qwen_05b["num_hidden_layers"],
+        qwen_05b["num_key_value_heads"],
+        qwen_05b["tie_word_embeddings"],
+    ) == (
+        24,
+        2,
+        True,
+    )
+    # Keys a config.json may omit take Hugging Face's defaults.
+    partial = {k: v for k, v in qwen_05b.items() if k not in ("num_key_value_heads", "tie_word_embeddings")}
+    assert ModelShape.from_hf_config(partial) == replace(
+        KNOWN_SHAPES["qwen2.5-0.5b"], kv_heads=14, tied=False
+    )
+
+
+def test_settings_take_the_learner_keys_and_the_dtype() -> None:
+    from stream_dapo.config import load_config
+
+    cfg = load_config(
+        overrides=["model.dtype=bfloat16", "learner.zero_stage=3", 'learner.offload_param="cpu"'], environ={}
+    )
+    s = Settings.from_config(cfg)
+    assert (s.dtype_bytes, s.zero_stage, s.offload_param, s.offload_optimizer) == (2, 3, "cpu", "none")
+    assert (s.micro_batch_tokens, s.logprob_chunk_tokens) == (8192, 1024)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,19 +10,9 @@ import torch
 from stream_dapo.config import load_config
 from stream_dapo.core.loss import PolicyLossParams, policy_loss
 from stream_dapo.core.rewards import RewardShaping
+from tests.helpers import REPO, load_bench_script
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("peer_trl", REPO / "bench" / "peer_trl.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["peer_trl"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-peer = _load_bench()
+peer = load_bench_script("peer_trl")
 P = peer.CurvePoint
 
 

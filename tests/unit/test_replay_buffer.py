@@ -727,7 +727,7 @@ def test_lockstep_grants_one_rollout_batch_per_learner_version() -> None:
         max_reuse=1,
         group_size=2,
         lockstep=True,
-        rollout_groups=4,
+        rollout_batch_prompts=4,
     )
     buf = ReplayBuffer(policy)
     assert buf.grant_credits("g", 10) == 4

@@ -7,19 +7,14 @@ import pytest
 from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.tracking import rollout_window, tracked_scalars
 from stream_dapo.transport import messages as m
-from stream_dapo.transport.messages import SCHEMAS, SchemaError
+from stream_dapo.transport.messages import ROLLOUT_FIELDS, SCHEMAS, SchemaError
 
 
-def tally(mixed=0, all_correct=0, all_wrong=0, samples=0, correct=0, truncated=0, response_tokens=0):
-    return dict(
-        mixed=mixed,
-        all_correct=all_correct,
-        all_wrong=all_wrong,
-        samples=samples,
-        correct=correct,
-        truncated=truncated,
-        response_tokens=response_tokens,
-    )
+def tally(**counts: int) -> dict[str, int]:
+    """A whole tally: every field of the wire's rollout tally, 0 where not given."""
+    unknown = set(counts) - set(ROLLOUT_FIELDS)
+    assert not unknown, f"not rollout tally fields: {unknown}"
+    return {key: counts.get(key, 0) for key in ROLLOUT_FIELDS}
 
 
 def test_the_buffer_sums_what_each_generator_adds_and_counts_a_restart_from_zero() -> None:

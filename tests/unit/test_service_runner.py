@@ -85,3 +85,16 @@ def test_a_start_up_failure_is_reported_as_such_and_a_bug_keeps_its_traceback(
 def test_serve_returns_the_exit_code(cfg: Config) -> None:
     assert run_service("learner", cfg, FakeService, FakeService.serve) == ExitCode.OK
     assert run_service("learner", cfg, lambda: FakeService(code=3), FakeService.serve) == 3
+
+
+def test_release_runs_the_steps_in_order_and_skips_what_was_never_opened() -> None:
+    from stream_dapo.service_runner import release
+
+    done: list[str] = []
+    never_opened = None
+    release(
+        lambda: done.append("sockets"), never_opened and never_opened.close, lambda: done.append("context")
+    )
+    assert done == ["sockets", "context"]
+    with pytest.raises(TypeError, match="callables"):
+        release([])  # a falsy resource is not silently taken for "never opened"

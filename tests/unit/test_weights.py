@@ -221,9 +221,12 @@ def test_nccl_group_spec_counts_one_rank_per_vllm_worker() -> None:
     from stream_dapo.weights.nccl import NcclGroupSpec, NcclWeightSender, nccl_group_spec
 
     cfg = Config.model_validate(
-        {"generator": {"num_generators": 3, "tensor_parallel_size": 2}, "transport": {"weights_port": 6000}}
+        {
+            "generator": {"num_generators": 3, "tensor_parallel_size": 2},
+            "transport": {"weights_port": 6000, "nccl_port": 6001, "learner_host": "10.0.0.2"},
+        }
     )
-    assert nccl_group_spec(cfg) == NcclGroupSpec("127.0.0.1", 6001, 7)
+    assert nccl_group_spec(cfg) == NcclGroupSpec("10.0.0.2", 6001, 7)
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="weights.method"):
             NcclWeightSender(nccl_group_spec(cfg))

@@ -1,0 +1,42 @@
+"""The launcher's port check: every port `stream-dapo run` will bind, the NCCL store port included."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from stream_dapo.config import ConfigError, load_config
+from stream_dapo.launcher import PortInUse, check_ports_free
+from tests.helpers import free_ports, port_overrides
+
+
+def _config(method: str, nccl_port: int):  # -> Config
+    return load_config(
+        overrides=[f"weights.method={method}", f"transport.nccl_port={nccl_port}", *port_overrides()],
+        environ={},
+    )
+
+
+def test_a_taken_nccl_port_stops_an_nccl_run_naming_the_key() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(PortInUse, match=rf"127.0.0.1:{port} \(transport.nccl_port\) is in use") as err:
+            check_ports_free(_config("nccl", port))
+        assert "--set transport.nccl_port=<port>" in str(err.value)
+        check_ports_free(_config("zmq", port))  # nothing binds it unless weights.method = "nccl"
+
+
+def test_the_nccl_group_meets_at_the_configured_port() -> None:
+    from stream_dapo.weights.nccl import nccl_group_spec
+
+    (port,) = free_ports(1)
+    assert nccl_group_spec(_config("nccl", port)).port == port
+
+
+def test_the_nccl_port_must_differ_from_the_other_transport_ports() -> None:
+    with pytest.raises(ConfigError, match="transport ports must differ"):
+        load_config(overrides=["weights.method=nccl", "transport.nccl_port=5557"], environ={})
+    assert load_config(overrides=["transport.nccl_port=5557"], environ={}).transport.nccl_port == 5557
