@@ -438,6 +438,13 @@ class WarmupConfig(_Section):
     policy samples at temperature 1 like the trained model at this temperature: greedy stays
     ~85%, temperature-1 pass@1 drops to ~30%, groups are mixed and RL has entropy to sharpen.
     1.0 saves the trained distribution unchanged."""
+    slip_rate: float = Field(0.0, ge=0.0, lt=0.5)
+    """Chain task only: the share of forward lines whose result the warm-up's worked solutions
+    get wrong by one (the following lines carry on from it, the answer is wrong; drawn per
+    solution, seeded). The warm model then slips at about this rate where it adds, and nowhere
+    else: RL's headroom sits in the few tokens that decide the answer, as in real chain-of-thought,
+    instead of in every token as a folded temperature puts it (see stream_dapo/data/longcot.py).
+    0: the reference solutions."""
     seed: int = 0
     """Seed of the tiny model's initialisation and of the warm-up's batch order."""
     context_len: int = Field(512, ge=128, le=32768)
@@ -556,6 +563,11 @@ class Config(_Section):
                 f"buffer.generator_lease_s ({self.buffer.generator_lease_s}) must be at least 3 x "
                 f"generator.heartbeat_s ({self.generator.heartbeat_s}), or one late heartbeat expires a live "
                 f"generator's credits: set buffer.generator_lease_s >= {3 * self.generator.heartbeat_s:g}"
+            )
+        if self.warmup.slip_rate and self.data.synthetic.kind != "chain":
+            raise ValueError(
+                f"warmup.slip_rate ({self.warmup.slip_rate}) slips the chain task's additions; with "
+                f'data.synthetic.kind = "{self.data.synthetic.kind}" set warmup.slip_rate = 0'
             )
         ports = {
             "transport.samples_port": self.transport.samples_port,

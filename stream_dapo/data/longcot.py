@@ -51,9 +51,11 @@ from __future__ import annotations
 
 import math
 import random
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["LABELS", "MAX_VALUE", "ChainProblem", "work_chain", "sample_chain"]
+__all__ = ["LABELS", "MAX_VALUE", "ChainProblem", "draw_slips", "sample_chain", "work_chain"]
 
 MAX_VALUE = 99
 """Running values stay in [0, MAX_VALUE]."""
@@ -89,7 +91,25 @@ class ChainProblem:
 
     @property
     def solution(self) -> str:
-        return "\n".join(self.lines) + f"\nAnswer: {self.answer}"
+        return self.worked()
+
+    def worked(self, slips: Mapping[int, int] | None = None) -> str:
+        """The worked solution, with ``slips[i]`` added to forward line ``i``'s result (see
+        ``draw_slips``): the lines after a slip go on from the slipped value, the check lands where
+        the slipped result leads, and the answer is the slipped one. No slips: the reference."""
+        lines = work_chain(self.start, self.ops, self.terms, slips)
+        return "\n".join(lines) + f"\nAnswer: {_landing(self.start, self.ops, self.terms, slips)[-1]}"
+
+    @classmethod
+    def parse(cls, question: str) -> ChainProblem:
+        """The problem whose ``question`` text ends ``question`` (a prompt's instruction may precede it)."""
+        match = _QUESTION.search(question)
+        if match is None:
+            raise ValueError(f"not a chain question (expected 'Compute N' then labelled terms): {question!r}")
+        terms = _TERM.findall(match.group(2))
+        if [label for label, _, _ in terms] != list(LABELS[: len(terms)]):
+            raise ValueError(f"chain terms must be labelled a, b, c, ... in order: {question!r}")
+        return cls(int(match.group(1)), tuple(op for _, op, _ in terms), tuple(int(t) for _, _, t in terms))
 
 
 def _apply(value: int, op: str, term: int) -> int:
@@ -100,26 +120,51 @@ def _apply(value: int, op: str, term: int) -> int:
     raise ValueError(f"unknown operator {op!r}; the chain task uses + and -")
 
 
-def work_chain(start: int, ops: tuple[str, ...], terms: tuple[int, ...]) -> tuple[str, ...]:
-    """The solution's lines: one per term forward, one per term undone backward, the landing."""
+_QUESTION = re.compile(r"Compute (\d+)\n((?:[a-z][+-]\d+\n?)+)\s*$")
+_TERM = re.compile(r"([a-z])([+-])(\d+)")
+
+
+def _landing(
+    start: int, ops: tuple[str, ...], terms: tuple[int, ...], slips: Mapping[int, int] | None
+) -> list[int]:
+    """The running values of the forward pass, ``slips[i]`` added to the value after term ``i``."""
+    values = [start]
+    for i, (op, term) in enumerate(zip(ops, terms, strict=True)):
+        values.append(_apply(values[-1], op, term) + (slips or {}).get(i, 0))
+    return values
+
+
+def work_chain(
+    start: int, ops: tuple[str, ...], terms: tuple[int, ...], slips: Mapping[int, int] | None = None
+) -> tuple[str, ...]:
+    """The solution's lines: one per term forward, one per term undone backward, the landing.
+
+    ``slips[i]`` is added to forward line ``i``'s result (a wrong sum that the next lines carry on
+    from); the check undoes the terms faithfully, so it lands ``sum(slips)`` away from the start."""
     if len(ops) != len(terms) or not ops:
         raise ValueError(
             f"a chain needs as many operators as terms, at least one; got {len(ops)}, {len(terms)}"
         )
     if len(terms) > len(LABELS):
         raise ValueError(f"a chain has at most {len(LABELS)} terms (one label each), got {len(terms)}")
-    values = [start]
+    values = _landing(start, ops, terms, slips)
+    checked = _check(values[-1], ops, terms)
     lines = []
     for i, (op, term) in enumerate(zip(ops, terms, strict=True)):
-        values.append(_apply(values[-1], op, term))
         lines.append(f"{LABELS[i]}{op}{term}: {values[i]}{op}{term}={values[i + 1]}")
+    lines.append("Check:")
     for i in reversed(range(len(ops))):
-        line = f"{LABELS[i]}{ops[i]}{terms[i]}: {values[i + 1]}{_INVERSE[ops[i]]}{terms[i]}={values[i]}"
-        if i == len(ops) - 1:
-            lines.append("Check:")
-        lines.append(line)
-    lines.append(f"Back at {start}.")
+        lines.append(f"{LABELS[i]}{ops[i]}{terms[i]}: {checked[i + 1]}{_INVERSE[ops[i]]}{terms[i]}={checked[i]}")
+    lines.append(f"Back at {checked[0]}.")
     return tuple(lines)
+
+
+def _check(final: int, ops: tuple[str, ...], terms: tuple[int, ...]) -> list[int]:
+    """The check's running values, indexed like the forward pass's: ``[i]`` after undoing term ``i``."""
+    checked = [final]
+    for op, term in zip(reversed(ops), reversed(terms), strict=True):
+        checked.append(_apply(checked[-1], _INVERSE[op], term))
+    return checked[::-1]
 
 
 def sample_chain(rng: random.Random, min_ops: int, max_ops: int, max_operand: int = 9) -> ChainProblem:
@@ -139,3 +184,27 @@ def sample_chain(rng: random.Random, min_ops: int, max_ops: int, max_operand: in
         ops.append(op)
         terms.append(term)
     return ChainProblem(start, tuple(ops), tuple(terms))
+
+
+def draw_slips(problem: ChainProblem, rng: random.Random, rate: float) -> dict[int, int]:
+    """Forward lines whose result is off by one, each with probability ``rate``: ``{line: +1 or -1}``.
+
+    A direction is drawn among those that keep every running value, forward and in the check, in
+    [0, MAX_VALUE]; a line where neither does is left right. See ``warmup.slip_rate`` for why the
+    warm-up trains on such solutions.
+    """
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"a slip rate is a probability in [0, 1), got {rate}")
+    slips: dict[int, int] = {}
+    for i in range(len(problem.ops)):
+        if rng.random() >= rate:
+            continue
+        allowed = [d for d in (1, -1) if _in_range(problem, {**slips, i: d})]
+        if allowed:
+            slips[i] = rng.choice(allowed)
+    return slips
+
+
+def _in_range(problem: ChainProblem, slips: Mapping[int, int]) -> bool:
+    values = _landing(problem.start, problem.ops, problem.terms, slips)
+    return all(0 <= v <= MAX_VALUE for v in values + _check(values[-1], problem.ops, problem.terms))

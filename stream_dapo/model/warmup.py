@@ -31,6 +31,7 @@ import argparse
 import json
 import logging
 import math
+import random
 import shutil
 import tempfile
 import time
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from stream_dapo.config import Config, ConfigError, DataConfig, ModelConfig
 from stream_dapo.data.dataset import PromptItem, load_prompts
+from stream_dapo.data.longcot import ChainProblem, draw_slips
 from stream_dapo.data.synthetic import ensure_synthetic_data, synthetic_task_key
 from stream_dapo.model.tiny import (
     TinyModelSpec,
@@ -132,6 +134,8 @@ def warmup_key(cfg: Config, spec: TinyModelSpec) -> str:
         payload["max_solution_tokens"] = w.max_solution_tokens
     if w.batch_by_length:
         payload["batch_by_length"] = True
+    if w.slip_rate:
+        payload["slip_rate"] = w.slip_rate
     return fingerprint(payload)
 
 
@@ -141,9 +145,16 @@ def warmup_key(cfg: Config, spec: TinyModelSpec) -> str:
 
 
 def build_examples(
-    items: Sequence[PromptItem], tokenizer: PreTrainedTokenizerBase
+    items: Sequence[PromptItem],
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    slip_rate: float = 0.0,
+    seed: int = 0,
 ) -> list[tuple[list[int], int]]:
-    """(prompt ids + solution ids + EOS, prompt length) for every item with a worked solution."""
+    """(prompt ids + solution ids + EOS, prompt length) for every item with a worked solution.
+
+    ``slip_rate`` > 0 (chain task): each solution is reworked with that share of its forward lines
+    off by one (``draw_slips``), drawn from a generator seeded by ``seed`` and the prompt's id."""
     examples = []
     eos = [tokenizer.eos_token_id]
     for item in items:
@@ -153,6 +164,10 @@ def build_examples(
                 f"prompt {item.prompt_id} has no extra_info['solution']; the warm-up trains on the "
                 "synthetic task's worked solutions (leave data.train_path unset)"
             )
+        if slip_rate:
+            problem = ChainProblem.parse(item.messages[-1]["content"])
+            rng = random.Random(f"stream-dapo/warmup/slips/{seed}/{item.prompt_id}")
+            solution = problem.worked(draw_slips(problem, rng, slip_rate))
         response = tokenizer(solution, add_special_tokens=False)["input_ids"]
         examples.append((item.prompt_token_ids + response + eos, len(item.prompt_token_ids)))
     return examples
@@ -472,7 +487,7 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
         # here, so that the weights (and the cache key) do not depend on that serving setting.
         train_items, _ = load_prompts(train_path, tokenizer, spec.max_position_embeddings)
         eval_items, _ = load_prompts(eval_path, tokenizer, spec.max_position_embeddings)
-        examples = build_examples(train_items, tokenizer)
+        examples = build_examples(train_items, tokenizer, slip_rate=w.slip_rate, seed=w.seed)
         if w.max_solution_tokens:
             examples = [(ids, n) for ids, n in examples if len(ids) - n <= w.max_solution_tokens]
             if not examples:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 
 import pytest
 from pydantic import ValidationError
 
 from stream_dapo.config import ConfigError, DataConfig, SyntheticTaskConfig, load_config
-from stream_dapo.data.longcot import LABELS, MAX_VALUE, ChainProblem, sample_chain, work_chain
+from stream_dapo.data.longcot import LABELS, MAX_VALUE, ChainProblem, draw_slips, sample_chain, work_chain
 from stream_dapo.data.synthetic import ensure_synthetic_data, generate_split, synthetic_task_key
 from stream_dapo.verifier import verify
 
@@ -32,6 +33,62 @@ def test_each_term_is_worked_forward_then_undone_back_to_the_start() -> None:
     )
     assert problem.solution.endswith("Back at 3.\nAnswer: 13")
     assert problem.answer == 13
+
+
+def test_a_slip_carries_into_the_answer_and_the_check_lands_off_the_start() -> None:
+    problem = ChainProblem(3, ("+", "-", "+"), (5, 2, 7))
+    assert problem.worked({1: +1}).splitlines() == [
+        "a+5: 3+5=8",
+        "b-2: 8-2=7",  # the slip: 8-2 is 6
+        "c+7: 7+7=14",  # carried on from the slipped value
+        "Check:",
+        "c+7: 14-7=7",
+        "b-2: 7+2=9",
+        "a+5: 9-5=4",
+        "Back at 4.",  # one away from the start, as the slip was
+        "Answer: 14",
+    ]
+    assert problem.worked({}) == problem.worked(None) == problem.solution
+    two = problem.worked({0: -1, 2: -1})
+    assert two.endswith("Back at 1.\nAnswer: 11") and not verify(two, str(problem.answer)).correct
+
+
+def test_slips_come_at_their_rate_and_keep_every_value_in_range() -> None:
+    rng = random.Random(0)
+    problems = [sample_chain(rng, 5, 26) for _ in range(400)]
+    lines = slipped = 0
+    for problem in problems:
+        slips = draw_slips(problem, rng, 0.1)
+        assert set(slips.values()) <= {-1, 1}
+        lines += len(problem.ops)
+        slipped += len(slips)
+        text = problem.worked(slips)
+        numbers = [int(n) for line in text.splitlines()[:-1] for n in re.findall(r"\d+", line)]
+        assert all(0 <= n <= MAX_VALUE for n in numbers)
+        assert verify(text, str(problem.answer)).correct == (sum(slips.values()) == 0)  # slips may cancel
+    # 4,000+ lines at rate 0.1: the binomial's 5-sigma band is about +-0.023
+    assert 0.077 < slipped / lines < 0.1 + 0.023
+    assert draw_slips(problems[0], rng, 0.0) == {}
+    with pytest.raises(ValueError, match="probability"):
+        draw_slips(problems[0], rng, 1.0)
+
+
+def test_a_question_parses_back_to_its_problem_after_the_instruction() -> None:
+    rng = random.Random(1)
+    for _ in range(50):
+        problem = sample_chain(rng, 1, 26)
+        assert ChainProblem.parse(f"Solve step by step.\n\n{problem.question}") == problem
+    with pytest.raises(ValueError, match="not a chain question"):
+        ChainProblem.parse("What is 2+2?")
+    with pytest.raises(ValueError, match="labelled a, b, c"):
+        ChainProblem.parse("Compute 3\na+5\nc-2")
+
+
+def test_slip_rate_is_refused_outside_the_chain_task() -> None:
+    with pytest.raises(ConfigError, match="set warmup.slip_rate = 0"):
+        load_config([], ["warmup.slip_rate=0.05"], environ={})
+    with pytest.raises(ConfigError, match="slip_rate"):
+        load_config([], ["data.synthetic.kind=chain", "warmup.slip_rate=0.6"], environ={})
 
 
 def test_a_malformed_chain_is_an_error() -> None:
