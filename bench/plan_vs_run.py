@@ -1,6 +1,7 @@
 """The planner against reality: `stream-dapo plan`'s prediction beside what a finished run measured.
 
-    python bench/plan_vs_run.py RUN_DIR [RUN_DIR ...] [--json docs/results/plan_vs_run.json]
+    python bench/plan_vs_run.py RUN_DIR [RUN_DIR ...] [--gen-scaling A|gpu|cpu ...] [--gen-tps X]
+        [--json docs/results/plan_vs_run.json]
 
 For each run directory of `stream-dapo run` (its resolved `config.toml`, `learner/metrics.jsonl`,
 the launcher's `metrics.jsonl`, `summary.json` and the generators' final metrics under
@@ -15,8 +16,12 @@ the launcher's `metrics.jsonl`, `summary.json` and the generators' final metrics
 - mean response length (all generated responses), prompt length (trained tokens that are not loss
   tokens, per sample), the kept fraction of dynamic sampling, and the mean weight load time.
 
-The planner's model (`stream_dapo.planner.plan`) is fed those rates and the run's recipe, and its
-prediction is printed next to the measurement:
+The planner's model (`stream_dapo.planner.plan`) is fed those rates and the run's recipe, once per
+--gen-scaling (the engine-scaling exponent a of `stream-dapo plan`, repeatable; default gpu, a = 1,
+the planner's default), and each prediction is printed next to the measurement. --gen-tps replaces
+the run's average generator rate by a full-engine rate measured apart (bench/engine_scaling.py):
+with a < 1 the full-engine rate is what the model asks for, and the run's average is lower where
+the engine held fewer groups or idled.
 
 - seconds per optimizer step (steady part: from the learner's first step to its last);
 - learner utilisation: 1 - (waits for a batch) / wall seconds of that span (and, for reference,
@@ -34,6 +39,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +48,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from stream_dapo.config import load_config  # noqa: E402
-from stream_dapo.planner import Rates, Recipe, plan  # noqa: E402
+from stream_dapo.planner import ENGINE_SCALING, Rates, Recipe, plan  # noqa: E402
 
 GEN = "stream_dapo_generator_"
 
@@ -82,8 +88,42 @@ def _learner_tps(steps: list[dict[str, Any]], per_rollout: int) -> float:
     return sum(r["tokens"] for r in later) / max(span - waiting - publishing, 1e-9)
 
 
-def measure(run_dir: Path) -> dict[str, Any]:
-    """Rates and outcomes of one finished run, as the module docstring defines them."""
+def _scaling(text: str) -> float:
+    return ENGINE_SCALING[text] if text in ENGINE_SCALING else float(text)
+
+
+def predict(recipe: Recipe, rates: Rates) -> dict[str, Any]:
+    """The planner's figures for the run's recipe and rates."""
+    p = plan(recipe, rates)
+    return {
+        "gen_scaling": rates.gen_scaling,
+        "gen_tps": rates.gen_tps,
+        "step_s": p.step_s,
+        "learner_busy": p.learner_busy,
+        "staleness_mean": p.staleness.total,
+        "waiting_groups": p.waiting_groups,
+        "bottleneck": p.bottleneck,
+        "generators_busy": p.generators_busy,
+        "engine_groups": p.engine_groups,
+        "in_flight_groups": p.in_flight_groups,
+        "group_s": p.group_s,
+        "learner_s": p.learner_s,
+        "line_s": p.line_s,
+        "staleness_parts": {
+            "weight_lag": p.staleness.weight_lag,
+            "in_flight": p.staleness.in_flight,
+            "queue": p.staleness.queue,
+            "batch_position": p.staleness.batch_position,
+        },
+    }
+
+
+def measure(
+    run_dir: Path, scalings: tuple[float, ...] = (1.0,), gen_tps: float | None = None
+) -> dict[str, Any]:
+    """Rates and outcomes of one finished run, as the module docstring defines them, and the
+    planner's prediction for each engine scaling in `scalings` (with `gen_tps`, if given, as the
+    full-engine generator rate)."""
     cfg = load_config([run_dir / "config.toml"])
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = _rows(run_dir / "learner" / "metrics.jsonl")
@@ -125,69 +165,84 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "staleness_max": max(stale_tokens) if stale_tokens else 0,
         "waiting_groups": statistics.fmean(queued) if queued else 0.0,
     }
-    p = plan(Recipe.from_config(cfg), rates)
-    predicted = {
-        "step_s": p.step_s,
-        "learner_busy": p.learner_busy,
-        "staleness_mean": p.staleness.total,
-        "waiting_groups": p.waiting_groups,
-        "bottleneck": p.bottleneck,
-        "generators_busy": p.generators_busy,
-        "staleness_parts": {
-            "weight_lag": p.staleness.weight_lag,
-            "in_flight": p.staleness.in_flight,
-            "queue": p.staleness.queue,
-            "batch_position": p.staleness.batch_position,
-        },
-    }
+    recipe = Recipe.from_config(cfg)
+    fed = rates if gen_tps is None else replace(rates, gen_tps=gen_tps)
+    predicted = [predict(recipe, replace(fed, gen_scaling=a)) for a in scalings]
     return {
         "run_dir": str(run_dir),
         "mode": summary.get("mode"),
         "learner_steps": len(steps),
         "rates": rates.__dict__,
+        "gen_tps_fed": fed.gen_tps,
         "measured": measured,
         "predicted": predicted,
     }
 
 
 def print_report(result: dict[str, Any]) -> None:
-    r, m, p = result["rates"], result["measured"], result["predicted"]
+    r, m, preds = result["rates"], result["measured"], result["predicted"]
     print(f"== {result['run_dir']} ({result['mode']}, {result['learner_steps']} learner steps)")
     print(
-        f"  rates: gen {r['gen_tps']:.0f} tok/s/replica, learner {r['learn_tps']:.0f} tok/s, response "
-        f"{r['mean_response_len']:.0f} tok, prompt {r['prompt_len']:.0f} tok, kept {r['keep_fraction']:.2f}, "
-        f"weight load {r['weight_sync_s']:.3f} s"
+        f"  rates: gen {r['gen_tps']:.0f} tok/s/replica (run average), learner {r['learn_tps']:.0f} tok/s, "
+        f"response {r['mean_response_len']:.0f} tok, prompt {r['prompt_len']:.0f} tok, kept "
+        f"{r['keep_fraction']:.2f}, weight load {r['weight_sync_s']:.3f} s"
     )
-    print(f"  {'':22s} {'predicted':>10s} {'measured':>10s} {'off by':>8s}")
+    print(f"  planner fed gen_tps {result['gen_tps_fed']:.0f} tok/s as the full-engine rate")
+    heads = "".join(f"{'a = ' + format(p['gen_scaling'], 'g'):>20s}" for p in preds)
+    print(f"  {'':22s} {'measured':>10s}{heads}")
     for key, label in (
         ("step_s", "s per optimizer step"),
         ("learner_busy", "learner utilisation"),
         ("staleness_mean", "mean staleness"),
         ("waiting_groups", "groups waiting"),
     ):
-        pred, meas = p[key], m[key]
-        off = f"{(pred - meas) / meas:+.0%}" if meas else "n/a"
-        print(f"  {label:22s} {pred:10.3f} {meas:10.3f} {off:>8s}")
-    parts = ", ".join(f"{k} {v:.2f}" for k, v in p["staleness_parts"].items())
+        meas = m[key]
+        cells = "".join(
+            f"{p[key]:10.3f} ({(p[key] - meas) / meas:+5.0%})" if meas else f"{p[key]:10.3f}   n/a  "
+            for p in preds
+        )
+        print(f"  {label:22s} {meas:10.3f}  {cells}")
+    for p in preds:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in p["staleness_parts"].items())
+        print(
+            f"  a = {p['gen_scaling']:g}: bottleneck {p['bottleneck']}; {p['engine_groups']:.1f} groups per "
+            f"engine, D {p['group_s']:.2f} s, {p['in_flight_groups']:.1f} in flight; t_L {p['learner_s']:.2f} s, "
+            f"t_line {p['line_s']:.2f} s; staleness parts: {parts}"
+        )
     print(
-        f"  predicted bottleneck: {p['bottleneck']}; staleness parts: {parts}; measured max {m['staleness_max']}"
+        f"  measured: max staleness {m['staleness_max']}; share of wall time inside optimizer steps "
+        f"{m['learner_inside_steps']:.2f}"
     )
-    print(f"  measured: share of wall time inside optimizer steps {m['learner_inside_steps']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dirs", nargs="+", type=Path)
+    parser.add_argument(
+        "--gen-scaling",
+        type=_scaling,
+        action="append",
+        metavar="A|gpu|cpu",
+        help="engine-scaling exponent to predict with (repeatable; default gpu = 1)",
+    )
+    parser.add_argument(
+        "--gen-tps",
+        type=float,
+        default=None,
+        help="full-engine tokens/s to feed instead of the run's average",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    scalings = tuple(args.gen_scaling or [ENGINE_SCALING["gpu"]])
     results = []
     for run_dir in args.run_dirs:
-        result = measure(run_dir)
+        result = measure(run_dir, scalings, args.gen_tps)
         print_report(result)
         results.append(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"runs": results}, indent=2) + "\n")
+        command = "python bench/plan_vs_run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        args.json.write_text(json.dumps({"command": command, "runs": results}, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
 

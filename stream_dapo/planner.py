@@ -530,10 +530,14 @@ def measure_from_prometheus(
     wanted: Iterable[str],
     timeout_s: float = 10.0,
     query: Query = prometheus_query,
+    full_engine: tuple[int, float] | None = None,
 ) -> dict[str, float]:
     """Rates over the last `window` for the `wanted` keys of `MEASURABLE`.
 
-    gen_tps is the average over generator series of rate(tokens); learn_tps is the learner's token
+    gen_tps is the average over generator series of rate(tokens). With `full_engine` = (M, a) it is
+    scaled to a full engine by the groups the generators held on average, m (their
+    groups_in_flight gauge): x (M/m)^a, which is exact for a = 1 (tokens/s in proportion to the
+    groups, idle spells included) and a lower bound for a < 1 where the engines idled. learn_tps is the learner's token
     rate divided by the fraction of time it was neither waiting for a batch nor publishing weights.
     """
     if urllib.parse.urlsplit(base_url).scheme not in ("http", "https"):
@@ -566,6 +570,13 @@ def measure_from_prometheus(
         if tps <= 0:
             raise PlanError(f"the generators produced no tokens over the last {window}; pass --gen-tps")
         out["gen_tps"] = tps
+        if full_engine is not None:
+            held_q = f"avg(avg_over_time({sample_name(gen.groups_in_flight)}[{window}]))"
+            held = query(base_url, held_q, timeout_s)
+            if held is not None and held > 0:
+                full, scaling = full_engine
+                out["gen_tps"] = tps * (full / min(held, full)) ** scaling
+                out["gen_groups_held"] = min(held, full)
     if "learn_tps" in wanted:
         tokens = need(rate(sample_name(lrn.tokens)), "learn_tps", "learner tokens")
         waiting = query(base_url, rate(sample_name(lrn.batch_wait_seconds, "_sum")), timeout_s) or 0.0
@@ -690,12 +701,22 @@ def resolve_rates(args: argparse.Namespace, recipe: Recipe) -> tuple[Rates, dict
     sources = {k: _FLAG[k] for k, v in values.items() if v is not None}
     if not recipe.dynamic_sampling:
         values["keep_fraction"], sources["keep_fraction"] = 1.0, "algo.dynamic_sampling = false"
+    if values["gen_scaling"] is None:
+        values["gen_scaling"] = ENGINE_SCALING["gpu"]
+        sources["gen_scaling"] = "default: gpu (tokens/s in proportion to groups)"
     missing = [k for k in MEASURABLE if values[k] is None]
     if args.from_prometheus and missing:
-        for key, value in measure_from_prometheus(
-            args.from_prometheus, args.window, missing, args.timeout
-        ).items():
+        full_engine = (recipe.max_groups_in_flight, float(values["gen_scaling"]))
+        measured = measure_from_prometheus(
+            args.from_prometheus, args.window, missing, args.timeout, full_engine=full_engine
+        )
+        held = measured.pop("gen_groups_held", None)
+        for key, value in measured.items():
             values[key], sources[key] = value, f"Prometheus, rate over {args.window}"
+        if held is not None:
+            sources["gen_tps"] += (
+                f" x ({recipe.max_groups_in_flight} / {held:.1f} groups held)^{values['gen_scaling']:g}"
+            )
     for key in ("gen_tps", "learn_tps"):
         if values[key] is None:
             raise PlanError(
@@ -713,7 +734,6 @@ def resolve_rates(args: argparse.Namespace, recipe: Recipe) -> tuple[Rates, dict
         ),
         "keep_fraction": (DEFAULT_KEEP_FRACTION, "default (an assumption: measure it)"),
         "weight_sync_s": (0.0, "default (weight sync not counted)"),
-        "gen_scaling": (ENGINE_SCALING["gpu"], "default: gpu (tokens/s in proportion to groups)"),
     }
     for key, (value, source) in defaults.items():
         if values[key] is None:

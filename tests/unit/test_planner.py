@@ -347,6 +347,25 @@ def test_plan_from_prometheus_gives_the_documented_example(
     assert data["replicas_needed"] == 5 and data["recipe"]["num_generators"] == 8
 
 
+def test_prometheus_rate_is_scaled_to_a_full_engine_by_the_groups_held(
+    prometheus: FakePrometheus, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The paper recipe's engines hold up to 64 groups; these held 16 on average while making 6,000
+    # tokens/s. a = 1: a full engine makes 6000 x 64/16 = 24,000; a = 0.5: 6000 x 2 = 12,000.
+    prometheus.series[f"avg(avg_over_time(stream_dapo_generator_groups_in_flight[{W}]))"] = 16.0
+    argv = ["plan", "--config", str(PAPER), "--from-prometheus", prometheus.url, "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rates"]["gen_tps"] == pytest.approx(24000.0)
+    assert data["sources"]["gen_tps"] == "Prometheus, rate over 30m x (64 / 16.0 groups held)^1"
+    assert main([*argv, "--gen-scaling", "0.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["rates"]["gen_tps"] == pytest.approx(12000.0)
+    # without the gauge the average rate is taken as it is (the documented example above)
+    del prometheus.series[f"avg(avg_over_time(stream_dapo_generator_groups_in_flight[{W}]))"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["rates"]["gen_tps"] == pytest.approx(6000.0)
+
+
 def test_flags_win_over_prometheus(prometheus: FakePrometheus, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "--config", str(PAPER), "--from-prometheus", prometheus.url, "--gen-tps", "3000"]
     assert main([*argv, "--json"]) == 0
