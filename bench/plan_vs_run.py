@@ -1,6 +1,6 @@
 """The planner against reality: `stream-dapo plan`'s prediction beside what a finished run measured.
 
-    python bench/plan_vs_run.py RUN_DIR [RUN_DIR ...] [--gen-scaling A|gpu|cpu ...] [--gen-tps X]
+    python bench/plan_vs_run.py RUN_DIR [RUN_DIR ...] [--gen-scaling A[@TPS] ...] [--gen-tps X]
         [--json docs/results/plan_vs_run.json]
 
 For each run directory of `stream-dapo run` (its resolved `config.toml`, `learner/metrics.jsonl`,
@@ -17,11 +17,12 @@ the launcher's `metrics.jsonl`, `summary.json` and the generators' final metrics
   tokens, per sample), the kept fraction of dynamic sampling, and the mean weight load time.
 
 The planner's model (`stream_dapo.planner.plan`) is fed those rates and the run's recipe, once per
---gen-scaling (the engine-scaling exponent a of `stream-dapo plan`, repeatable; default gpu, a = 1,
-the planner's default), and each prediction is printed next to the measurement. --gen-tps replaces
-the run's average generator rate by a full-engine rate measured apart (bench/engine_scaling.py):
-with a < 1 the full-engine rate is what the model asks for, and the run's average is lower where
-the engine held fewer groups or idled.
+--gen-scaling (the engine-scaling exponent a of `stream-dapo plan`: a number, gpu or cpu;
+repeatable; default gpu, a = 1, the planner's default), and each prediction is printed next to the
+measurement. The planner asks for a full engine's tokens/s, and the run's average is lower where
+the engine held fewer groups or idled: `A@TPS` feeds TPS (e.g. from bench/engine_scaling.py at
+generator.max_groups_in_flight groups) for that prediction, and --gen-tps feeds it to all that do
+not name one.
 
 - seconds per optimizer step (steady part: from the learner's first step to its last);
 - learner utilisation: 1 - (waits for a batch) / wall seconds of that span (and, for reference,
@@ -88,8 +89,17 @@ def _learner_tps(steps: list[dict[str, Any]], per_rollout: int) -> float:
     return sum(r["tokens"] for r in later) / max(span - waiting - publishing, 1e-9)
 
 
-def _scaling(text: str) -> float:
-    return ENGINE_SCALING[text] if text in ENGINE_SCALING else float(text)
+def _variant(text: str) -> tuple[float, float | None]:
+    """--gen-scaling A[@TPS]: the exponent (a number or a name of ENGINE_SCALING), and the
+    full-engine tokens/s to feed with it (None: --gen-tps, else the run's average)."""
+    scaling, _, tps = text.partition("@")
+    try:
+        a = ENGINE_SCALING[scaling] if scaling in ENGINE_SCALING else float(scaling)
+        return a, float(tps) if tps else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write A or A@TPS, A a number in [0, 1] or one of {', '.join(ENGINE_SCALING)}"
+        ) from None
 
 
 def predict(recipe: Recipe, rates: Rates) -> dict[str, Any]:
@@ -119,11 +129,11 @@ def predict(recipe: Recipe, rates: Rates) -> dict[str, Any]:
 
 
 def measure(
-    run_dir: Path, scalings: tuple[float, ...] = (1.0,), gen_tps: float | None = None
+    run_dir: Path, variants: tuple[tuple[float, float | None], ...] = ((1.0, None),)
 ) -> dict[str, Any]:
     """Rates and outcomes of one finished run, as the module docstring defines them, and the
-    planner's prediction for each engine scaling in `scalings` (with `gen_tps`, if given, as the
-    full-engine generator rate)."""
+    planner's prediction for each (engine scaling, full-engine tokens/s or None for the run's
+    average) of `variants`."""
     cfg = load_config([run_dir / "config.toml"])
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = _rows(run_dir / "learner" / "metrics.jsonl")
@@ -166,14 +176,15 @@ def measure(
         "waiting_groups": statistics.fmean(queued) if queued else 0.0,
     }
     recipe = Recipe.from_config(cfg)
-    fed = rates if gen_tps is None else replace(rates, gen_tps=gen_tps)
-    predicted = [predict(recipe, replace(fed, gen_scaling=a)) for a in scalings]
+    predicted = [
+        predict(recipe, replace(rates, gen_scaling=a, gen_tps=rates.gen_tps if tps is None else tps))
+        for a, tps in variants
+    ]
     return {
         "run_dir": str(run_dir),
         "mode": summary.get("mode"),
         "learner_steps": len(steps),
         "rates": rates.__dict__,
-        "gen_tps_fed": fed.gen_tps,
         "measured": measured,
         "predicted": predicted,
     }
@@ -187,8 +198,9 @@ def print_report(result: dict[str, Any]) -> None:
         f"response {r['mean_response_len']:.0f} tok, prompt {r['prompt_len']:.0f} tok, kept "
         f"{r['keep_fraction']:.2f}, weight load {r['weight_sync_s']:.3f} s"
     )
-    print(f"  planner fed gen_tps {result['gen_tps_fed']:.0f} tok/s as the full-engine rate")
-    heads = "".join(f"{'a = ' + format(p['gen_scaling'], 'g'):>20s}" for p in preds)
+    heads = "".join(
+        f"{'a ' + format(p['gen_scaling'], 'g') + ' @ ' + format(p['gen_tps'], '.0f'):>20s}" for p in preds
+    )
     print(f"  {'':22s} {'measured':>10s}{heads}")
     for key, label in (
         ("step_s", "s per optimizer step"),
@@ -205,7 +217,7 @@ def print_report(result: dict[str, Any]) -> None:
     for p in preds:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in p["staleness_parts"].items())
         print(
-            f"  a = {p['gen_scaling']:g}: bottleneck {p['bottleneck']}; {p['engine_groups']:.1f} groups per "
+            f"  a {p['gen_scaling']:g} @ {p['gen_tps']:.0f} tok/s: bottleneck {p['bottleneck']}; {p['engine_groups']:.1f} groups per "
             f"engine, D {p['group_s']:.2f} s, {p['in_flight_groups']:.1f} in flight; t_L {p['learner_s']:.2f} s, "
             f"t_line {p['line_s']:.2f} s; staleness parts: {parts}"
         )
@@ -220,10 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dirs", nargs="+", type=Path)
     parser.add_argument(
         "--gen-scaling",
-        type=_scaling,
+        type=_variant,
         action="append",
-        metavar="A|gpu|cpu",
-        help="engine-scaling exponent to predict with (repeatable; default gpu = 1)",
+        metavar="A[@TPS]",
+        help="engine-scaling exponent (a number, gpu or cpu) to predict with, and optionally the "
+        "full-engine tokens/s to feed with it (repeatable; default gpu = 1 at the run's average rate)",
     )
     parser.add_argument(
         "--gen-tps",
@@ -233,10 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    scalings = tuple(args.gen_scaling or [ENGINE_SCALING["gpu"]])
+    variants = tuple(
+        (a, args.gen_tps if tps is None else tps)
+        for a, tps in args.gen_scaling or [(ENGINE_SCALING["gpu"], None)]
+    )
     results = []
     for run_dir in args.run_dirs:
-        result = measure(run_dir, scalings, args.gen_tps)
+        result = measure(run_dir, variants)
         print_report(result)
         results.append(result)
     if args.json:

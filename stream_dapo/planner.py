@@ -104,12 +104,15 @@ DEFAULT_KEEP_FRACTION = 0.5
 """Kept fraction of dynamic sampling when neither --keep-fraction nor Prometheus gives it. The DAPO
 paper filters heavily, and more as the model masters the data; measure it."""
 DEFAULT_WINDOW = "30m"
-ENGINE_SCALING = {"gpu": 1.0, "cpu": 0.1}
+ENGINE_SCALING = {"gpu": 1.0, "cpu": 0.5}
 """Named values of --gen-scaling (a in tokens/s ~ groups in flight^a, step 4). gpu (the default): a
 replica's tokens/s grows in proportion to the groups it holds, each sequence decoding as fast as
 alone, which is how a GPU decodes memory-bound batches, and the cautious choice for the admission
 line (a group takes as long in a light engine as in a full one). cpu: the vLLM CPU engine of the
-tiny recipes, measured with bench/engine_scaling.py (docs/results/longcot.md); measure yours."""
+long-CoT recipe on 2 cores, one worker thread: 930 tokens/s with 1 group of 8 in flight, 3,392
+with 16, a least-squares a of 0.49 over 1-16 groups (bench/engine_scaling.py,
+docs/results/engine_scaling.json; it flattens above 8 groups, so a power law is a rough fit).
+Measure your own engine with that bench."""
 
 Bottleneck = Literal["learner", "generators", "admission line"]
 
