@@ -380,7 +380,10 @@ class Plan:
     replicas_needed: int
     """ceil(replicas_to_match): the fewest that keep the learner busy (line permitting)."""
     learner_busy: float
+    """t_L / t."""
     generators_busy: float
+    """t_G / t: the share of the replicas' full-engine throughput the step uses (with
+    gen_scaling < 1 they generate all the time, holding fewer groups)."""
     in_flight_groups: float
     """Average groups being generated, all replicas."""
     waiting_groups: float
@@ -704,12 +707,13 @@ def resolve_rates(args: argparse.Namespace, recipe: Recipe) -> tuple[Rates, dict
     sources = {k: _FLAG[k] for k, v in values.items() if v is not None}
     if not recipe.dynamic_sampling:
         values["keep_fraction"], sources["keep_fraction"] = 1.0, "algo.dynamic_sampling = false"
-    if values["gen_scaling"] is None:
-        values["gen_scaling"] = ENGINE_SCALING["gpu"]
+    scaling = values["gen_scaling"]
+    if scaling is None:
+        scaling = values["gen_scaling"] = ENGINE_SCALING["gpu"]
         sources["gen_scaling"] = "default: gpu (tokens/s in proportion to groups)"
     missing = [k for k in MEASURABLE if values[k] is None]
     if args.from_prometheus and missing:
-        full_engine = (recipe.max_groups_in_flight, float(values["gen_scaling"]))
+        full_engine = (recipe.max_groups_in_flight, scaling)
         measured = measure_from_prometheus(
             args.from_prometheus, args.window, missing, args.timeout, full_engine=full_engine
         )
@@ -717,9 +721,7 @@ def resolve_rates(args: argparse.Namespace, recipe: Recipe) -> tuple[Rates, dict
         for key, value in measured.items():
             values[key], sources[key] = value, f"Prometheus, rate over {args.window}"
         if held is not None:
-            sources["gen_tps"] += (
-                f" x ({recipe.max_groups_in_flight} / {held:.1f} groups held)^{values['gen_scaling']:g}"
-            )
+            sources["gen_tps"] += f" x ({recipe.max_groups_in_flight} / {held:.1f} groups held)^{scaling:g}"
     for key in ("gen_tps", "learn_tps"):
         if values[key] is None:
             raise PlanError(
