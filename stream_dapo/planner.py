@@ -21,13 +21,13 @@ generator.max_groups_in_flight, e = learner.sync_every, w seconds per weight pub
 4. Group residence: a replica holding m groups makes T(m) = gen_tps (m/M)^a response tokens/s,
    where a = --gen-scaling says how its throughput grows with the batch: 1 when a sequence decodes
    as fast in a full batch as alone (a GPU decoding memory-bound batches: tokens/s grows with the
-   batch), near 0 when tokens/s hardly depends on the batch (a CPU engine: fewer sequences each
-   decode faster). A group then spends D(m) = m G L_r / T(m) = D_M (m/M)^(1-a) seconds in the engine,
+   batch), near 0 when tokens/s hardly depends on the batch (fewer sequences each decode faster).
+   A group then spends D(m) = m G L_r / T(m) = D_M (m/M)^(1-a) seconds in the engine, with
    D_M = M G L_r / gen_tps (Little's law). At step time t a replica must make the fraction
-   u = t_1 / (N t) of its full rate, and it holds the fewest groups that do it,
-   m(t) = M u^(1/a), at least one (with less the engine idles between groups) and at most M: with
-   more it would finish groups faster than the learner takes them, and admission stops crediting
-   it. With a = 1, D = D_M whatever the load (the replica's groups are fewer, not faster).
+   u = t_1 / (N t) of its full rate, and it holds the fewest groups that do it, m(t) = M u^(1/a),
+   at least one (with less the engine idles between groups) and at most M: with more it would
+   finish groups faster than the learner takes them, and admission stops crediting it. With a = 1,
+   D = D_M whatever the load (the replica's groups are fewer, not faster).
 5. Admission line: waiting + in-flight groups <= C. In flight on average: the attempt rate times D,
    B_v D(m(t)) / (k t) at step time t. Waiting on average: the learner takes groups only between
    rollout batches, so kept groups finished while it trains (S t_L seconds) wait half that, which
@@ -39,9 +39,10 @@ generator.max_groups_in_flight, e = learner.sync_every, w seconds per weight pub
 7. Mean staleness of a token, in versions (which advance only while the learner steps):
    (e - 1)/2 (generator weights lag the learner) + D / (2t) (a token is sampled, on average,
    half-way through its group; D = D(m(t))) + queue + (S - 1)/2 (the j-th mini-batch of a rollout
-   batch is trained j versions after the batch was taken). queue = C/B_v - D/(k t_L) when the learner is the
-   bottleneck (generators keep the line full; Little's law) and (t_L/t) S/2 otherwise (groups
-   finished while the learner trains wait for its batch to end, the others are taken at once).
+   batch is trained j versions after the batch was taken). queue = C/B_v - D/(k t_L) when the
+   learner is the bottleneck (generators keep the line full; Little's law) and (t_L/t) S/2
+   otherwise (groups finished while the learner trains wait for its batch to end, the others are
+   taken at once).
    Admission keeps every token within algo.max_staleness whatever the rates: a bound that is too
    tight shows up as the admission-line bottleneck, not as dropped groups.
 """
@@ -77,11 +78,12 @@ __all__ = [
     "Staleness",
     "capacity_for_step",
     "check_rates",
+    "engine_groups",
     "expected_staleness",
     "generator_tokens_per_step",
-    "engine_groups",
     "generators_step_seconds",
     "group_residence_seconds",
+    "in_flight_groups",
     "learner_step_seconds",
     "learner_tokens_per_step",
     "line_step_seconds",
@@ -366,7 +368,8 @@ class Plan:
     generators_s: float
     """t_G with the configured replicas."""
     engine_groups: float
-    """m(t): groups one replica holds on average at the step time."""
+    """m(t): groups one replica holds while it generates, at the step time (at least one: below
+    that it idles between groups, and in_flight_groups counts the average)."""
     group_s: float
     """D(m): seconds a group spends in a generator's engine at that occupancy."""
     full_group_s: float
