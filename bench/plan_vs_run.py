@@ -1,6 +1,7 @@
 """The planner against reality: `stream-dapo plan`'s prediction beside what a finished run measured.
 
-    python bench/plan_vs_run.py RUN_DIR [RUN_DIR ...] [--json docs/results/plan_vs_run.json]
+    python bench/plan_vs_run.py RUN_DIR [RUN_DIR ...] [--gen-scaling A[@TPS] ...] [--gen-tps X]
+        [--json docs/results/plan_vs_run.json]
 
 For each run directory of `stream-dapo run` (its resolved `config.toml`, `learner/metrics.jsonl`,
 the launcher's `metrics.jsonl`, `summary.json` and the generators' final metrics under
@@ -15,8 +16,13 @@ the launcher's `metrics.jsonl`, `summary.json` and the generators' final metrics
 - mean response length (all generated responses), prompt length (trained tokens that are not loss
   tokens, per sample), the kept fraction of dynamic sampling, and the mean weight load time.
 
-The planner's model (`stream_dapo.planner.plan`) is fed those rates and the run's recipe, and its
-prediction is printed next to the measurement:
+The planner's model (`stream_dapo.planner.plan`) is fed those rates and the run's recipe, once per
+--gen-scaling (the engine-scaling exponent a of `stream-dapo plan`: a number, gpu or cpu;
+repeatable; default gpu, a = 1, the planner's default), and each prediction is printed next to the
+measurement. The planner asks for a full engine's tokens/s, and the run's average is lower where
+the engine held fewer groups or idled: `A@TPS` feeds TPS (e.g. from bench/engine_scaling.py at
+generator.max_groups_in_flight groups) for that prediction, and --gen-tps feeds it to all that do
+not name one.
 
 - seconds per optimizer step (steady part: from the learner's first step to its last);
 - learner utilisation: 1 - (waits for a batch) / wall seconds of that span (and, for reference,
@@ -34,6 +40,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +50,7 @@ if str(REPO) not in sys.path:
 
 from bench.report import save_json  # noqa: E402
 from stream_dapo.config import load_config  # noqa: E402
-from stream_dapo.planner import Rates, Recipe, plan  # noqa: E402
+from stream_dapo.planner import ENGINE_SCALING, Rates, Recipe, plan  # noqa: E402
 
 GEN = "stream_dapo_generator_"
 
@@ -83,8 +90,51 @@ def _learner_tps(steps: list[dict[str, Any]], per_rollout: int) -> float:
     return sum(r["tokens"] for r in later) / max(span - waiting - publishing, 1e-9)
 
 
-def measure(run_dir: Path) -> dict[str, Any]:
-    """Rates and outcomes of one finished run, as the module docstring defines them."""
+def _variant(text: str) -> tuple[float, float | None]:
+    """--gen-scaling A[@TPS]: the exponent (a number or a name of ENGINE_SCALING), and the
+    full-engine tokens/s to feed with it (None: --gen-tps, else the run's average)."""
+    scaling, _, tps = text.partition("@")
+    try:
+        a = ENGINE_SCALING[scaling] if scaling in ENGINE_SCALING else float(scaling)
+        return a, float(tps) if tps else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write A or A@TPS, A a number in [0, 1] or one of {', '.join(ENGINE_SCALING)}"
+        ) from None
+
+
+def predict(recipe: Recipe, rates: Rates) -> dict[str, Any]:
+    """The planner's figures for the run's recipe and rates."""
+    p = plan(recipe, rates)
+    return {
+        "gen_scaling": rates.gen_scaling,
+        "gen_tps": rates.gen_tps,
+        "step_s": p.step_s,
+        "learner_busy": p.learner_busy,
+        "staleness_mean": p.staleness.total,
+        "waiting_groups": p.waiting_groups,
+        "bottleneck": p.bottleneck,
+        "generators_busy": p.generators_busy,
+        "engine_groups": p.engine_groups,
+        "in_flight_groups": p.in_flight_groups,
+        "group_s": p.group_s,
+        "learner_s": p.learner_s,
+        "line_s": p.line_s,
+        "staleness_parts": {
+            "weight_lag": p.staleness.weight_lag,
+            "in_flight": p.staleness.in_flight,
+            "queue": p.staleness.queue,
+            "batch_position": p.staleness.batch_position,
+        },
+    }
+
+
+def measure(
+    run_dir: Path, variants: tuple[tuple[float, float | None], ...] = ((1.0, None),)
+) -> dict[str, Any]:
+    """Rates and outcomes of one finished run, as the module docstring defines them, and the
+    planner's prediction for each (engine scaling, full-engine tokens/s or None for the run's
+    average) of `variants`."""
     cfg = load_config([run_dir / "config.toml"])
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = _rows(run_dir / "learner" / "metrics.jsonl")
@@ -126,21 +176,11 @@ def measure(run_dir: Path) -> dict[str, Any]:
         "staleness_max": max(stale_tokens) if stale_tokens else 0,
         "waiting_groups": statistics.fmean(queued) if queued else 0.0,
     }
-    p = plan(Recipe.from_config(cfg), rates)
-    predicted = {
-        "step_s": p.step_s,
-        "learner_busy": p.learner_busy,
-        "staleness_mean": p.staleness.total,
-        "waiting_groups": p.waiting_groups,
-        "bottleneck": p.bottleneck,
-        "generators_busy": p.generators_busy,
-        "staleness_parts": {
-            "weight_lag": p.staleness.weight_lag,
-            "in_flight": p.staleness.in_flight,
-            "queue": p.staleness.queue,
-            "batch_position": p.staleness.batch_position,
-        },
-    }
+    recipe = Recipe.from_config(cfg)
+    predicted = [
+        predict(recipe, replace(rates, gen_scaling=a, gen_tps=rates.gen_tps if tps is None else tps))
+        for a, tps in variants
+    ]
     return {
         "run_dir": str(run_dir),
         "mode": summary.get("mode"),
@@ -152,42 +192,73 @@ def measure(run_dir: Path) -> dict[str, Any]:
 
 
 def print_report(result: dict[str, Any]) -> None:
-    r, m, p = result["rates"], result["measured"], result["predicted"]
+    r, m, preds = result["rates"], result["measured"], result["predicted"]
     print(f"== {result['run_dir']} ({result['mode']}, {result['learner_steps']} learner steps)")
     print(
-        f"  rates: gen {r['gen_tps']:.0f} tok/s/replica, learner {r['learn_tps']:.0f} tok/s, response "
-        f"{r['mean_response_len']:.0f} tok, prompt {r['prompt_len']:.0f} tok, kept {r['keep_fraction']:.2f}, "
-        f"weight load {r['weight_sync_s']:.3f} s"
+        f"  rates: gen {r['gen_tps']:.0f} tok/s/replica (run average), learner {r['learn_tps']:.0f} tok/s, "
+        f"response {r['mean_response_len']:.0f} tok, prompt {r['prompt_len']:.0f} tok, kept "
+        f"{r['keep_fraction']:.2f}, weight load {r['weight_sync_s']:.3f} s"
     )
-    print(f"  {'':22s} {'predicted':>10s} {'measured':>10s} {'off by':>8s}")
+    heads = "".join(
+        f"{'a ' + format(p['gen_scaling'], 'g') + ' @ ' + format(p['gen_tps'], '.0f'):>20s}" for p in preds
+    )
+    print(f"  {'':22s} {'measured':>10s}{heads}")
     for key, label in (
         ("step_s", "s per optimizer step"),
         ("learner_busy", "learner utilisation"),
         ("staleness_mean", "mean staleness"),
         ("waiting_groups", "groups waiting"),
     ):
-        pred, meas = p[key], m[key]
-        off = f"{(pred - meas) / meas:+.0%}" if meas else "n/a"
-        print(f"  {label:22s} {pred:10.3f} {meas:10.3f} {off:>8s}")
-    parts = ", ".join(f"{k} {v:.2f}" for k, v in p["staleness_parts"].items())
+        meas = m[key]
+        cells = "".join(
+            f"{p[key]:10.3f} ({(p[key] - meas) / meas:+5.0%})" if meas else f"{p[key]:10.3f}   n/a  "
+            for p in preds
+        )
+        print(f"  {label:22s} {meas:10.3f}  {cells}")
+    for p in preds:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in p["staleness_parts"].items())
+        print(
+            f"  a {p['gen_scaling']:g} @ {p['gen_tps']:.0f} tok/s: bottleneck {p['bottleneck']}; {p['engine_groups']:.1f} groups per "
+            f"engine, D {p['group_s']:.2f} s, {p['in_flight_groups']:.1f} in flight; t_L {p['learner_s']:.2f} s, "
+            f"t_line {p['line_s']:.2f} s; staleness parts: {parts}"
+        )
     print(
-        f"  predicted bottleneck: {p['bottleneck']}; staleness parts: {parts}; measured max {m['staleness_max']}"
+        f"  measured: max staleness {m['staleness_max']}; share of wall time inside optimizer steps "
+        f"{m['learner_inside_steps']:.2f}"
     )
-    print(f"  measured: share of wall time inside optimizer steps {m['learner_inside_steps']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dirs", nargs="+", type=Path)
+    parser.add_argument(
+        "--gen-scaling",
+        type=_variant,
+        action="append",
+        metavar="A[@TPS]",
+        help="engine-scaling exponent (a number, gpu or cpu) to predict with, and optionally the "
+        "full-engine tokens/s to feed with it (repeatable; default gpu = 1 at the run's average rate)",
+    )
+    parser.add_argument(
+        "--gen-tps",
+        type=float,
+        default=None,
+        help="full-engine tokens/s to feed instead of the run's average",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    variants = tuple(
+        (a, args.gen_tps if tps is None else tps)
+        for a, tps in args.gen_scaling or [(ENGINE_SCALING["gpu"], None)]
+    )
     results = []
     for run_dir in args.run_dirs:
-        result = measure(run_dir)
+        result = measure(run_dir, variants)
         print_report(result)
         results.append(result)
     if args.json:
-        save_json(args.json, {"runs": results})
+        command = "python bench/plan_vs_run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        save_json(args.json, {"command": command, "runs": results})
         print(f"wrote {args.json}")
     return 0
 

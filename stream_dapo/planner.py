@@ -18,22 +18,31 @@ generator.max_groups_in_flight, e = learner.sync_every, w seconds per weight pub
 3. Generator time per step: one replica needs t_1 = B_v G L_r / (k gen_tps); N replicas need
    t_G = t_1 / N + w / e (loading weights pauses generation). t_1 / (t_L - w/e) replicas match
    the learner.
-4. Group residence: a replica holding M groups finishes gen_tps / (G L_r) groups per second, so a
-   group spends D = M G L_r / gen_tps seconds in the engine (Little's law). D is assumed the same
-   at lower load, which is pessimistic: fewer sequences decode faster.
+4. Group residence: a replica holding m groups makes T(m) = gen_tps (m/M)^a response tokens/s,
+   where a = --gen-scaling says how its throughput grows with the batch: 1 when a sequence decodes
+   as fast in a full batch as alone (a GPU decoding memory-bound batches: tokens/s grows with the
+   batch), near 0 when tokens/s hardly depends on the batch (fewer sequences each decode faster).
+   A group then spends D(m) = m G L_r / T(m) = D_M (m/M)^(1-a) seconds in the engine, with
+   D_M = M G L_r / gen_tps (Little's law). At step time t a replica must make the fraction
+   u = t_1 / (N t) of its full rate, and it holds the fewest groups that do it, m(t) = M u^(1/a),
+   at least one (with less the engine idles between groups) and at most M: with more it would
+   finish groups faster than the learner takes them, and admission stops crediting it. With a = 1,
+   D = D_M whatever the load (the replica's groups are fewer, not faster).
 5. Admission line: waiting + in-flight groups <= C. In flight on average: the attempt rate times D,
-   B_v D / (k t) at step time t. Waiting on average: the learner takes groups only between rollout
-   batches, so kept groups finished while it trains (S t_L seconds) wait half that, which is
-   (R/2) (t_L/t)^2 groups. The line sustains step time t only if
-   B_v D / (k t) + (R/2) (t_L/t)^2 <= C; the smallest such t is t_line.
+   B_v D(m(t)) / (k t) at step time t. Waiting on average: the learner takes groups only between
+   rollout batches, so kept groups finished while it trains (S t_L seconds) wait half that, which
+   is (R/2) (t_L/t)^2 groups. The line sustains step time t only if
+   B_v D(m(t)) / (k t) + (R/2) (t_L/t)^2 <= C; both terms fall as t grows, and the smallest such t
+   is t_line.
 6. Step time t = max(t_L, t_G, t_line); the largest names the bottleneck: the learner, the
    generators, or the admission line (algo.max_staleness too tight for the generators' engines).
 7. Mean staleness of a token, in versions (which advance only while the learner steps):
    (e - 1)/2 (generator weights lag the learner) + D / (2t) (a token is sampled, on average,
-   half-way through its group) + queue + (S - 1)/2 (the j-th mini-batch of a rollout batch is
-   trained j versions after the batch was taken). queue = C/B_v - D/(k t_L) when the learner is the
-   bottleneck (generators keep the line full; Little's law) and (t_L/t) S/2 otherwise (groups
-   finished while the learner trains wait for its batch to end, the others are taken at once).
+   half-way through its group; D = D(m(t))) + queue + (S - 1)/2 (the j-th mini-batch of a rollout
+   batch is trained j versions after the batch was taken). queue = C/B_v - D/(k t_L) when the
+   learner is the bottleneck (generators keep the line full; Little's law) and (t_L/t) S/2
+   otherwise (groups finished while the learner trains wait for its batch to end, the others are
+   taken at once).
    Admission keeps every token within algo.max_staleness whatever the rates: a bound that is too
    tight shows up as the admission-line bottleneck, not as dropped groups.
 """
@@ -61,6 +70,7 @@ __all__ = [
     "DEFAULT_KEEP_FRACTION",
     "DEFAULT_PROMPT_FRACTION",
     "DEFAULT_RESPONSE_FRACTION",
+    "ENGINE_SCALING",
     "Plan",
     "PlanError",
     "Rates",
@@ -68,10 +78,12 @@ __all__ = [
     "Staleness",
     "capacity_for_step",
     "check_rates",
+    "engine_groups",
     "expected_staleness",
     "generator_tokens_per_step",
     "generators_step_seconds",
     "group_residence_seconds",
+    "in_flight_groups",
     "learner_step_seconds",
     "learner_tokens_per_step",
     "line_step_seconds",
@@ -94,6 +106,15 @@ DEFAULT_KEEP_FRACTION = 0.5
 """Kept fraction of dynamic sampling when neither --keep-fraction nor Prometheus gives it. The DAPO
 paper filters heavily, and more as the model masters the data; measure it."""
 DEFAULT_WINDOW = "30m"
+ENGINE_SCALING = {"gpu": 1.0, "cpu": 0.5}
+"""Named values of --gen-scaling (a in tokens/s ~ groups in flight^a, step 4). gpu (the default): a
+replica's tokens/s grows in proportion to the groups it holds, each sequence decoding as fast as
+alone, which is how a GPU decodes memory-bound batches, and the cautious choice for the admission
+line (a group takes as long in a light engine as in a full one). cpu: the vLLM CPU engine of the
+long-CoT recipe on 2 cores, one worker thread: 930 tokens/s with 1 group of 8 in flight, 3,392
+with 16, a least-squares a of 0.49 over 1-16 groups, 0.38 in a rerun (bench/engine_scaling.py,
+docs/results/engine_scaling*.json; it flattens above 8 groups, so a power law is a rough fit).
+Measure your own engine with that bench."""
 
 Bottleneck = Literal["learner", "generators", "admission line"]
 
@@ -149,6 +170,10 @@ class Rates:
     """k, fraction of groups dynamic sampling keeps."""
     weight_sync_s: float = 0.0
     """Seconds one weight publication pauses the learner (and the generators loading it)."""
+    gen_scaling: float = 1.0
+    """a: a replica holding m of its M groups makes gen_tps (m/M)^a tokens/s (step 4). 1: tokens/s
+    in proportion to the groups (a GPU); 0: the same tokens/s at any load (fewer groups each finish
+    sooner)."""
 
 
 def check_rates(recipe: Recipe, rates: Rates) -> None:
@@ -171,6 +196,11 @@ def check_rates(recipe: Recipe, rates: Rates) -> None:
         )
     if not rates.weight_sync_s >= 0:
         raise PlanError(f"weight sync must be >= 0 s (got {rates.weight_sync_s}); pass --weight-sync-seconds")
+    if not 0 <= rates.gen_scaling <= 1:
+        raise PlanError(
+            f"engine scaling {rates.gen_scaling:g} is outside [0, 1] (1: tokens/s in proportion to the groups "
+            "in flight, 0: the same at any load); pass --gen-scaling (or gpu, cpu)"
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,33 +243,65 @@ def generators_step_seconds(recipe: Recipe, rates: Rates, replicas: int) -> floa
     return replica_step_seconds(recipe, rates) / replicas + sync_seconds_per_step(recipe, rates)
 
 
-def group_residence_seconds(recipe: Recipe, rates: Rates) -> float:
-    """4. D = M G L_r / gen_tps."""
-    return recipe.max_groups_in_flight * recipe.group_size * rates.mean_response_len / rates.gen_tps
+def engine_groups(recipe: Recipe, rates: Rates, step_s: float, replicas: int | None = None) -> float:
+    """4. m(t): groups one replica holds at step time t, M u^(1/a) with u = t_1 / (N t), within
+    [1, M]. `replicas` N defaults to the configured generator.num_generators."""
+    full = float(recipe.max_groups_in_flight)
+    share = replica_step_seconds(recipe, rates) / ((replicas or recipe.num_generators) * step_s)
+    if share >= 1:
+        return full
+    groups = full * share ** (1 / rates.gen_scaling) if rates.gen_scaling > 0 else 0.0
+    return min(full, max(1.0, groups))
+
+
+def group_residence_seconds(recipe: Recipe, rates: Rates, groups: float | None = None) -> float:
+    """4. D(m) = D_M (m/M)^(1-a), D_M = M G L_r / gen_tps; m defaults to M (a full engine)."""
+    full = recipe.max_groups_in_flight
+    d_full = full * recipe.group_size * rates.mean_response_len / rates.gen_tps
+    return d_full * ((full if groups is None else groups) / full) ** (1 - rates.gen_scaling)
+
+
+def in_flight_groups(
+    recipe: Recipe, rates: Rates, step_s: float, replicas: int | None = None
+) -> tuple[float, float]:
+    """5. (groups in flight over all replicas, D) at step time t: B_v D(m(t)) / (k t), D(m(t))."""
+    group_s = group_residence_seconds(recipe, rates, engine_groups(recipe, rates, step_s, replicas))
+    return recipe.groups_per_version * group_s / (rates.keep_fraction * step_s), group_s
 
 
 def capacity_for_step(
-    recipe: Recipe, keep_fraction: float, step_s: float, learner_s: float, group_s: float
+    recipe: Recipe, rates: Rates, step_s: float, learner_s: float, replicas: int | None = None
 ) -> float:
-    """5. Groups the line holds on average at step time t: B_v D/(k t) + (R/2)(t_L/t)^2."""
-    in_flight = recipe.groups_per_version * group_s / (keep_fraction * step_s)
-    waiting = recipe.rollout_batch_prompts / 2 * (learner_s / step_s) ** 2
-    return in_flight + waiting
+    """5. Groups the line holds on average at step time t: B_v D(m(t))/(k t) + (R/2)(t_L/t)^2."""
+    in_flight, _ = in_flight_groups(recipe, rates, step_s, replicas)
+    return in_flight + recipe.rollout_batch_prompts / 2 * (learner_s / step_s) ** 2
 
 
-def line_step_seconds(recipe: Recipe, keep_fraction: float, learner_s: float, group_s: float) -> float:
+def line_step_seconds(recipe: Recipe, rates: Rates, learner_s: float, replicas: int | None = None) -> float:
     """5. t_line: the shortest step time the admission line sustains (`capacity_for_step` = C).
 
-    With x = 1/t the condition is b x^2 + a x = C, a = B_v D / k, b = (R/2) t_L^2: a quadratic
-    with one positive root.
+    `capacity_for_step` falls from infinity to 0 as t grows (fewer attempts per second, each
+    holding its replica's groups no longer; a shorter learner share), so bisection on log t finds
+    the one crossing.
     """
     cap = recipe.capacity
     if cap <= 0:
         return math.inf
-    a = recipe.groups_per_version * group_s / keep_fraction
-    b = recipe.rollout_batch_prompts / 2 * learner_s**2
-    x = (-a + math.sqrt(a * a + 4 * b * cap)) / (2 * b)
-    return 1.0 / x
+
+    def over(t: float) -> bool:
+        return capacity_for_step(recipe, rates, t, learner_s, replicas) > cap
+
+    lo = hi = max(learner_s, group_residence_seconds(recipe, rates), 1e-9)
+    while over(hi):
+        hi *= 2
+    while not over(lo):
+        lo /= 2
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if over(mid) else (lo, mid)
+    return hi
 
 
 def max_staleness_for_capacity(recipe: Recipe, capacity: float) -> int:
@@ -305,8 +367,13 @@ class Plan:
     """t_1: one replica alone."""
     generators_s: float
     """t_G with the configured replicas."""
+    engine_groups: float
+    """m(t): groups one replica holds while it generates, at the step time (at least one: below
+    that it idles between groups, and in_flight_groups counts the average)."""
     group_s: float
-    """D: seconds a group spends in a generator's engine."""
+    """D(m): seconds a group spends in a generator's engine at that occupancy."""
+    full_group_s: float
+    """D_M: the same in a full engine (M groups)."""
     line_s: float
     """t_line: the admission line's limit."""
     step_s: float
@@ -316,7 +383,10 @@ class Plan:
     replicas_needed: int
     """ceil(replicas_to_match): the fewest that keep the learner busy (line permitting)."""
     learner_busy: float
+    """t_L / t."""
     generators_busy: float
+    """t_G / t: the share of the replicas' full-engine throughput the step uses (with
+    gen_scaling < 1 they generate all the time, holding fewer groups)."""
     in_flight_groups: float
     """Average groups being generated, all replicas."""
     waiting_groups: float
@@ -335,19 +405,19 @@ def plan(recipe: Recipe, rates: Rates) -> Plan:
     t_l = learner_step_seconds(recipe, rates)
     t_1 = replica_step_seconds(recipe, rates)
     t_g = generators_step_seconds(recipe, rates, n)
-    d = group_residence_seconds(recipe, rates)
-    t_line = line_step_seconds(recipe, k, t_l, d)
+    t_line = line_step_seconds(recipe, rates, t_l)
     step = max(t_l, t_g, t_line)
     bottleneck: Bottleneck = "learner" if step == t_l else "generators" if step == t_g else "admission line"
     to_match = t_1 / (t_l - sync_seconds_per_step(recipe, rates))
     needed = math.ceil(to_match - 1e-9)
     learner_bound = bottleneck == "learner"
-    in_flight = recipe.groups_per_version * d / (k * step)
+    m = engine_groups(recipe, rates, step)
+    in_flight, d = in_flight_groups(recipe, rates, step)
     waiting = (
         recipe.capacity - in_flight if learner_bound else recipe.rollout_batch_prompts / 2 * (t_l / step) ** 2
     )
     staleness = expected_staleness(recipe, k, step, t_l, d, learner_bound)
-    line_needed = capacity_for_step(recipe, k, max(t_l, t_g), t_l, d)
+    line_needed = capacity_for_step(recipe, rates, max(t_l, t_g), t_l)
     need_ms = max_staleness_for_capacity(recipe, max(line_needed, recipe.rollout_batch_prompts))
     result = Plan(
         recipe=recipe,
@@ -358,7 +428,9 @@ def plan(recipe: Recipe, rates: Rates) -> Plan:
         learner_s=t_l,
         replica_s=t_1,
         generators_s=t_g,
+        engine_groups=m,
         group_s=d,
+        full_group_s=group_residence_seconds(recipe, rates),
         line_s=t_line,
         step_s=step,
         bottleneck=bottleneck,
@@ -378,8 +450,9 @@ def _with_warnings(p: Plan) -> Plan:
     r = p.recipe
     out: list[str] = []
     if p.bottleneck == "generators":
-        # The line a busy learner needs does not depend on the replica count (D is per group).
-        line = capacity_for_step(r, p.rates.keep_fraction, p.learner_s, p.learner_s, p.group_s)
+        # The line a busy learner needs with the replicas that keep it busy (each holds fewer
+        # groups than these, which with gen_scaling < 1 finish sooner).
+        line = capacity_for_step(r, p.rates, p.learner_s, p.learner_s, p.replicas_needed)
         need_ms = max_staleness_for_capacity(r, max(line, r.rollout_batch_prompts))
         also = (
             f" and algo.max_staleness >= {need_ms} so the line holds their groups"
@@ -456,6 +529,7 @@ _FLAG = {
     "keep_fraction": "--keep-fraction",
     "weight_sync_s": "--weight-sync-seconds",
     "prompt_len": "--prompt-len",
+    "gen_scaling": "--gen-scaling",
 }
 
 
@@ -465,10 +539,14 @@ def measure_from_prometheus(
     wanted: Iterable[str],
     timeout_s: float = 10.0,
     query: Query = prometheus_query,
+    full_engine: tuple[int, float] | None = None,
 ) -> dict[str, float]:
     """Rates over the last `window` for the `wanted` keys of `MEASURABLE`.
 
-    gen_tps is the average over generator series of rate(tokens); learn_tps is the learner's token
+    gen_tps is the average over generator series of rate(tokens). With `full_engine` = (M, a) it is
+    scaled to a full engine by the groups the generators held on average, m (their
+    groups_in_flight gauge): x (M/m)^a, which is exact for a = 1 (tokens/s in proportion to the
+    groups, idle spells included) and a lower bound for a < 1 where the engines idled. learn_tps is the learner's token
     rate divided by the fraction of time it was neither waiting for a batch nor publishing weights.
     """
     if urllib.parse.urlsplit(base_url).scheme not in ("http", "https"):
@@ -501,6 +579,13 @@ def measure_from_prometheus(
         if tps <= 0:
             raise PlanError(f"the generators produced no tokens over the last {window}; pass --gen-tps")
         out["gen_tps"] = tps
+        if full_engine is not None:
+            held_q = f"avg(avg_over_time({sample_name(gen.groups_in_flight)}[{window}]))"
+            held = query(base_url, held_q, timeout_s)
+            if held is not None and held > 0:
+                full, scaling = full_engine
+                out["gen_tps"] = tps * (full / min(held, full)) ** scaling
+                out["gen_groups_held"] = min(held, full)
     if "learn_tps" in wanted:
         tokens = need(rate(sample_name(lrn.tokens)), "learn_tps", "learner tokens")
         waiting = query(base_url, rate(sample_name(lrn.batch_wait_seconds, "_sum")), timeout_s) or 0.0
@@ -582,10 +667,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--weight-sync-seconds", type=float, help="seconds one weight publication pauses training (default 0)"
     )
+    names = ", ".join(f"{k} = {v:g}" for k, v in ENGINE_SCALING.items())
+    src.add_argument(
+        "--gen-scaling",
+        type=_engine_scaling,
+        metavar="A|gpu|cpu",
+        help=(
+            "how a replica's tokens/s grows with the groups it holds: tokens/s ~ groups^A, 0 <= A <= 1 "
+            f"({names}; default gpu). Measure it with bench/engine_scaling.py"
+        ),
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     from stream_dapo import memory_plan
 
     memory_plan.add_arguments(parser)
+
+
+def _engine_scaling(text: str) -> float:
+    """--gen-scaling: a number or a name of `ENGINE_SCALING`."""
+    if text.lower() in ENGINE_SCALING:
+        return ENGINE_SCALING[text.lower()]
+    try:
+        return float(text)
+    except ValueError:
+        names = ", ".join(ENGINE_SCALING)
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a number in [0, 1] nor one of {names}"
+        ) from None
 
 
 def resolve_rates(args: argparse.Namespace, recipe: Recipe) -> tuple[Rates, dict[str, str]]:
@@ -597,16 +705,26 @@ def resolve_rates(args: argparse.Namespace, recipe: Recipe) -> tuple[Rates, dict
         "prompt_len": args.prompt_len,
         "keep_fraction": args.keep_fraction,
         "weight_sync_s": args.weight_sync_seconds,
+        "gen_scaling": getattr(args, "gen_scaling", None),
     }
     sources = {k: _FLAG[k] for k, v in values.items() if v is not None}
     if not recipe.dynamic_sampling:
         values["keep_fraction"], sources["keep_fraction"] = 1.0, "algo.dynamic_sampling = false"
+    scaling = values["gen_scaling"]
+    if scaling is None:
+        scaling = values["gen_scaling"] = ENGINE_SCALING["gpu"]
+        sources["gen_scaling"] = "default: gpu (tokens/s in proportion to groups)"
     missing = [k for k in MEASURABLE if values[k] is None]
     if args.from_prometheus and missing:
-        for key, value in measure_from_prometheus(
-            args.from_prometheus, args.window, missing, args.timeout
-        ).items():
+        full_engine = (recipe.max_groups_in_flight, scaling)
+        measured = measure_from_prometheus(
+            args.from_prometheus, args.window, missing, args.timeout, full_engine=full_engine
+        )
+        held = measured.pop("gen_groups_held", None)
+        for key, value in measured.items():
             values[key], sources[key] = value, f"Prometheus, rate over {args.window}"
+        if held is not None:
+            sources["gen_tps"] += f" x ({recipe.max_groups_in_flight} / {held:.1f} groups held)^{scaling:g}"
     for key in ("gen_tps", "learn_tps"):
         if values[key] is None:
             raise PlanError(
@@ -659,6 +777,7 @@ def format_plan(p: Plan, sources: dict[str, str]) -> str:
         ("prompt length", f"{_num(x.prompt_len)} tokens", sources["prompt_len"]),
         ("kept fraction", f"{x.keep_fraction:.2f}", sources["keep_fraction"]),
         ("weight sync", f"{x.weight_sync_s:.1f} s per publication", sources["weight_sync_s"]),
+        ("engine scaling", f"tokens/s ~ groups^{x.gen_scaling:g}", sources["gen_scaling"]),
     ]
     out = ["Inputs"]
     out += [f"  {a:<31}{b:<30}{c}" for a, b, c in rows]
@@ -676,7 +795,12 @@ def format_plan(p: Plan, sources: dict[str, str]) -> str:
         ("learner time", f"{p.learner_s:.1f} s", "t_L, weight sync included"),
         ("generator time, one replica", f"{p.replica_s:.1f} s", "t_1"),
         (f"generator time, {_replicas(n)}", f"{p.generators_s:.1f} s", "t_G, weight sync included"),
-        ("one group in an engine", f"{p.group_s:.1f} s", "D, at full engine (assumed at any load)"),
+        (
+            "groups per engine",
+            f"{p.engine_groups:.1f} of {r.max_groups_in_flight}",
+            "m, the fewest that keep up",
+        ),
+        ("one group in an engine", f"{p.group_s:.1f} s", f"D(m); {p.full_group_s:.1f} s in a full engine"),
         ("admission line limit", f"{p.line_s:.1f} s", "t_line"),
     ]
     out += ["", "Per optimizer step"]

@@ -3,7 +3,8 @@
 The small recipe used throughout: G = 4, 8 prompts per rollout batch, 8 samples per optimizer step,
 so B_v = 2 groups per step and S = 4 steps per rollout batch; max_staleness 9 and sync_every 1 give
 an admission line of C = (9 - 4 - 0 + 1) * 2 = 12 groups. Rates: responses of 100 tokens, prompts of
-25, half the groups kept, 400 response tokens/s per replica, 500 trained tokens/s.
+25, half the groups kept, 400 response tokens/s per replica, 500 trained tokens/s. The engine
+scaling is the default a = 1 (tokens/s in proportion to the groups in flight) unless a test says.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ import pytest
 from stream_dapo.cli import main
 from stream_dapo.config import load_config
 from stream_dapo.planner import (
+    ENGINE_SCALING,
     PlanError,
     Rates,
     Recipe,
     capacity_for_step,
+    engine_groups,
+    group_residence_seconds,
     line_step_seconds,
     max_staleness_for_capacity,
     measure_from_prometheus,
@@ -123,8 +127,65 @@ def test_weight_sync_pauses_both_sides_and_lags_generators() -> None:
 
 
 def test_line_step_is_where_the_line_is_exactly_full() -> None:
-    t = line_step_seconds(RECIPE, 0.5, learner_s=3.0, group_s=5.0)
-    assert capacity_for_step(RECIPE, 0.5, t, 3.0, 5.0) == pytest.approx(12.0)
+    for scaling in (1.0, 0.5, 0.1, 0.0):
+        rates = replace(RATES, gen_scaling=scaling)
+        t = line_step_seconds(RECIPE, rates, learner_s=3.0)
+        assert capacity_for_step(RECIPE, rates, t, 3.0) == pytest.approx(12.0)
+
+
+# Engine scaling: M = 8 groups per replica, so D_M = 8 x 4 x 100 / 400 = 8 s in a full engine.
+# max_staleness 10 gives C = (10 - 4 + 1) x 2 = 14. t_L = 2 s, t_1 = 4 s, t_G = 1 s as above.
+WIDE = replace(RECIPE, max_groups_in_flight=8, max_staleness=10)
+
+
+def test_an_engine_whose_throughput_grows_with_the_batch_makes_the_line_the_bottleneck() -> None:
+    # a = 1: D = 8 s at any load. 32/t + 16/t^2 = 14 -> 14 t^2 - 32 t - 16 = 0
+    p = plan(WIDE, RATES)
+    t = (32 + (32**2 + 4 * 14 * 16) ** 0.5) / 28
+    assert p.group_s == pytest.approx(8.0) and p.full_group_s == pytest.approx(8.0)
+    assert p.bottleneck == "admission line" and p.step_s == pytest.approx(t)  # 2.708 s
+    assert p.learner_busy == pytest.approx(2 / t)
+
+
+def test_a_flatter_engine_holds_fewer_groups_that_finish_sooner() -> None:
+    # a = 0.5 at t = t_L = 2: u = t_1 / (N t) = 4 / 8 = 1/2 of a replica's full rate, which
+    # m = 8 (1/2)^2 = 2 groups make (400 (2/8)^0.5 = 200 tokens/s = 0.5 groups/s x 400 tokens);
+    # D(2) = 8 (2/8)^0.5 = 4 s. The line at step t: 4 replicas x 8 (1/t)^2 in flight + 16/t^2
+    # waiting = 48/t^2 = 14 at t = 1.85 < t_L, so the learner is the bottleneck.
+    p = plan(WIDE, replace(RATES, gen_scaling=0.5))
+    assert p.line_s == pytest.approx((48 / 14) ** 0.5)
+    assert p.bottleneck == "learner" and p.step_s == pytest.approx(2.0)
+    assert p.engine_groups == pytest.approx(2.0) and p.group_s == pytest.approx(4.0)
+    assert p.full_group_s == pytest.approx(8.0)
+    # in flight B_v D / (k t) = 2 x 4 / (0.5 x 2) = 8 = 4 replicas x 2; the line's other 6 wait
+    assert p.in_flight_groups == pytest.approx(8.0) and p.waiting_groups == pytest.approx(6.0)
+    st = p.staleness
+    # D/(2t) = 1; queue C/B_v - D/(k t_L) = 7 - 4; position (4 - 1)/2
+    assert (st.in_flight, st.queue, st.batch_position) == pytest.approx((1.0, 3.0, 1.5))
+    # the line a busy learner needs: 8 + (8/2)(2/2)^2 = 12 groups -> ceil(12/2) + 4 + 1 - 2 = 9
+    assert p.max_staleness_needed == 9
+
+
+def test_a_flat_engine_runs_one_group_at_a_time() -> None:
+    # a = 0: tokens/s is 400 at any load, so a replica needing half of it runs one group at a
+    # time, D(1) = 4 x 100 / 400 = 1 s, and idles half the time: 2 attempts/s x 1 s = 2 in flight.
+    rates = replace(RATES, gen_scaling=0.0)
+    assert engine_groups(WIDE, rates, 2.0) == 1.0
+    assert group_residence_seconds(WIDE, rates, 1.0) == pytest.approx(1.0)
+    p = plan(WIDE, rates)
+    assert p.bottleneck == "learner" and p.group_s == pytest.approx(1.0)
+    assert p.in_flight_groups == pytest.approx(2.0) and p.waiting_groups == pytest.approx(12.0)
+    assert p.staleness.queue == pytest.approx(7 - 1)  # C/B_v - D/(k t_L)
+    # a generator-bound replica is full whatever a: t = t_G = 4 s with one replica
+    one = plan(replace(WIDE, num_generators=1), rates)
+    assert one.bottleneck == "generators" and one.engine_groups == 8.0 and one.group_s == pytest.approx(8.0)
+
+
+def test_engine_scaling_one_is_the_full_engine_at_any_load() -> None:
+    for step in (1.0, 2.0, 8.0):
+        m = engine_groups(WIDE, RATES, step)
+        assert m == pytest.approx(min(8.0, max(1.0, 8 * 4 / (4 * step))))
+        assert group_residence_seconds(WIDE, RATES, m) == pytest.approx(8.0)
 
 
 def test_max_staleness_for_capacity_inverts_the_config_formula() -> None:
@@ -145,6 +206,8 @@ def test_max_staleness_for_capacity_inverts_the_config_formula() -> None:
         ({"gen_tps": 0.0}, "--gen-tps"),
         ({"learn_tps": -1.0}, "--learn-tps"),
         ({"mean_response_len": 401.0}, "--mean-response-len"),
+        ({"gen_scaling": 1.5}, "--gen-scaling"),
+        ({"gen_scaling": -0.1}, "--gen-scaling"),
     ],
 )
 def test_bad_rates_name_the_flag(change: dict[str, float], flag: str) -> None:
@@ -166,6 +229,26 @@ def test_plan_prints_the_paper_recipe(capsys: pytest.CaptureFixture[str]) -> Non
     assert "193.5 s" in out and "873.8 s" in out
     assert "4.76 -> 5 keep the learner busy (configured: 8)" in out
     assert "default: 0.25 x algo.max_response_len" in out
+
+
+def test_gen_scaling_takes_a_number_or_a_name(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--config", str(PAPER), "--gen-tps", "6000", "--learn-tps", "15000", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rates"]["gen_scaling"] == 1.0 and data["sources"]["gen_scaling"].startswith("default: gpu")
+    assert main([*argv, "--gen-scaling", "cpu"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (
+        data["rates"]["gen_scaling"] == ENGINE_SCALING["cpu"]
+        and data["sources"]["gen_scaling"] == "--gen-scaling"
+    )
+    assert main([*argv, "--gen-scaling", "0.25"]) == 0
+    assert json.loads(capsys.readouterr().out)["rates"]["gen_scaling"] == 0.25
+    with pytest.raises(SystemExit):
+        main([*argv, "--gen-scaling", "tpu"])
+    assert "neither a number in [0, 1] nor one of gpu, cpu" in capsys.readouterr().err
+    assert main([*argv, "--gen-scaling", "2"]) == 2
+    assert "pass --gen-scaling" in capsys.readouterr().err
 
 
 def test_plan_without_rates_says_what_to_pass(capsys: pytest.CaptureFixture[str]) -> None:
@@ -262,6 +345,25 @@ def test_plan_from_prometheus_gives_the_documented_example(
     assert data["sources"]["gen_tps"] == "Prometheus, rate over 30m"
     assert data["learner_s"] == pytest.approx(2_752_512 / 15000 + 10)
     assert data["replicas_needed"] == 5 and data["recipe"]["num_generators"] == 8
+
+
+def test_prometheus_rate_is_scaled_to_a_full_engine_by_the_groups_held(
+    prometheus: FakePrometheus, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The paper recipe's engines hold up to 64 groups; these held 16 on average while making 6,000
+    # tokens/s. a = 1: a full engine makes 6000 x 64/16 = 24,000; a = 0.5: 6000 x 2 = 12,000.
+    prometheus.series[f"avg(avg_over_time(stream_dapo_generator_groups_in_flight[{W}]))"] = 16.0
+    argv = ["plan", "--config", str(PAPER), "--from-prometheus", prometheus.url, "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rates"]["gen_tps"] == pytest.approx(24000.0)
+    assert data["sources"]["gen_tps"] == "Prometheus, rate over 30m x (64 / 16.0 groups held)^1"
+    assert main([*argv, "--gen-scaling", "0.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["rates"]["gen_tps"] == pytest.approx(12000.0)
+    # without the gauge the average rate is taken as it is (the documented example above)
+    del prometheus.series[f"avg(avg_over_time(stream_dapo_generator_groups_in_flight[{W}]))"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["rates"]["gen_tps"] == pytest.approx(6000.0)
 
 
 def test_flags_win_over_prometheus(prometheus: FakePrometheus, capsys: pytest.CaptureFixture[str]) -> None:
