@@ -233,10 +233,10 @@ class FakeBuffer:
             peer, msg = got
             if msg.type == m.LEARNER_HELLO:
                 self.hellos.append(msg.body)
-                reply = m.empty("ready")
+                reply = m.Empty("ready")
             elif msg.type == m.COMMIT:
                 self.commits.append(msg.body)
-                reply = m.empty("committed")
+                reply = m.Empty("committed")
             else:
                 self.batch_requests += 1
                 if self.fetched is None:
@@ -244,7 +244,7 @@ class FakeBuffer:
                     self.fetched = fetch_weights_zmq(
                         weights, -1, timeout=10, dest_dir=Path(self.cfg.run.out_dir) / "gen"
                     )
-                    reply = m.empty("no_waiting_groups")
+                    reply = m.Empty("no_waiting_groups")
                 else:
                     seed += 1
                     groups = make_groups(
@@ -255,7 +255,7 @@ class FakeBuffer:
                     )
                     self.groups.extend(groups)
                     self.served.extend(g.group_id for g in groups)
-                    reply = m.batch(groups, 0)
+                    reply = m.Batch(groups, 0)
             self.endpoint.send(*reply, to=peer, request_id=msg.request_id)
 
     def close(self) -> None:

@@ -77,11 +77,11 @@ class Feeder:
         return request(self.ep, *outgoing, timeout_ms=60_000, retries=0)
 
     def _run(self) -> None:
-        self._ask(m.hello("feeder", 0))
+        self._ask(m.Hello("feeder", 0))
         seed = 1000
         while not self.stop.is_set():
             try:
-                credit = self._ask(m.credit_request("feeder", 4))
+                credit = self._ask(m.CreditRequest("feeder", 4))
                 n, version = credit.body["granted"], credit.body["learner_version"]
                 if n == 0:
                     time.sleep(0.05)
@@ -90,7 +90,7 @@ class Feeder:
                 groups = make_groups(seed, n=n, version=version, group_size=2)
                 for g in groups:
                     g.generator_id = "feeder"
-                self._ask(m.groups("feeder", groups))
+                self._ask(m.Groups("feeder", groups))
                 self.sent += n
             except TransportTimeout:
                 continue

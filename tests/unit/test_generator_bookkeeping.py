@@ -577,7 +577,7 @@ def test_heartbeats_carry_the_running_total_and_an_expired_lease_is_reported() -
         assert [b["generator_id"] for b in bodies] == ["gen-7"] * 3
         assert [b["filtered_total"] for b in bodies] == [0, 1, 2]
         answered_before = beat.last_answer
-        buffer.send(*m.lease(0, True, 3), to=got[-1][0])  # type: ignore[index]
+        buffer.send(m.Lease(0, True, 3), to=got[-1][0])  # type: ignore[index]
         assert beat.expired.wait(5)
         assert beat.last_answer > answered_before
         # A main loop that stopped making progress stops renewing: its credits will expire too.

@@ -145,10 +145,10 @@ def test_group_fields_are_exact() -> None:
 def test_group_survives_the_wire() -> None:
     out = build_group(group(MIXED), results(*MIXED_CORRECT), settings(), "generator-0")
     assert out.group is not None
-    data = codec.encode(*m.groups("generator-0", [out.group], filtered_total=2))
+    data = codec.encode(m.Groups("generator-0", [out.group], filtered_total=2))
     msg = codec.decode(data, max_bytes=1 << 20)
     assert msg.body["filtered_total"] == 2
-    assert m.groups_from_body(msg.body) == [out.group]
+    assert msg.body.groups == [out.group]
 
 
 @pytest.mark.parametrize(
