@@ -63,8 +63,8 @@ class StandIn:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def _ask(self, outgoing: m.Outgoing) -> m.Message:  # type: ignore[name-defined]
-        return request(self.ep, *outgoing, timeout_ms=60_000, retries=0)
+    def _ask(self, outgoing: m.Body) -> m.Message:  # type: ignore[name-defined]
+        return request(self.ep, outgoing, timeout_ms=60_000, retries=0)
 
     def _run(self) -> None:
         try:
@@ -76,13 +76,13 @@ class StandIn:
                     break  # dies holding credits it was granted, as a killed generator does
                 if time.monotonic() >= next_beat:
                     lease = self._ask(m.Heartbeat(self.gen_id, self.filtered_total))
-                    if lease.body["expired"]:
+                    if lease.body.expired:
                         self.expired_told += 1
                         self.held = 0
                     next_beat = time.monotonic() + HEARTBEAT_S
                 if self.held == 0:
                     credit = self._ask(m.CreditRequest(self.gen_id, 2))
-                    self.held, version = credit.body["granted"], credit.body["learner_version"]
+                    self.held, version = credit.body.granted, credit.body.learner_version
                     if self.held == 0:
                         time.sleep(0.02)
                         continue
@@ -91,7 +91,7 @@ class StandIn:
                 group.generator_id = self.gen_id
                 self.held -= 1
                 ack = self._ask(m.Groups(self.gen_id, [group], filtered_total=self.filtered_total))
-                self.acked += ack.body["accepted"]
+                self.acked += ack.body.accepted
             if self._leave.is_set():  # a drain: the credits it still holds go back with the total
                 self.filtered_total += self.held
                 self.held = 0

@@ -249,8 +249,8 @@ class FakeBuffer:
                     seed += 1
                     groups = make_groups(
                         seed,
-                        n=msg.body["max_groups"],
-                        version=msg.body["learner_version"],
+                        n=msg.body.max_groups,
+                        version=msg.body.learner_version,
                         group_size=self.cfg.algo.group_size,
                     )
                     self.groups.extend(groups)

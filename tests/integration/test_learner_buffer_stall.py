@@ -73,8 +73,8 @@ class Feeder:
         self.sent = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _ask(self, outgoing: m.Outgoing) -> m.Message:  # type: ignore[name-defined]
-        return request(self.ep, *outgoing, timeout_ms=60_000, retries=0)
+    def _ask(self, outgoing: m.Body) -> m.Message:  # type: ignore[name-defined]
+        return request(self.ep, outgoing, timeout_ms=60_000, retries=0)
 
     def _run(self) -> None:
         self._ask(m.Hello("feeder", 0))
@@ -82,7 +82,7 @@ class Feeder:
         while not self.stop.is_set():
             try:
                 credit = self._ask(m.CreditRequest("feeder", 4))
-                n, version = credit.body["granted"], credit.body["learner_version"]
+                n, version = credit.body.granted, credit.body.learner_version
                 if n == 0:
                     time.sleep(0.05)
                     continue

@@ -137,7 +137,10 @@ def test_truncated_tail_record_is_skipped_with_a_warning(
     journal.append({"kind": "version", "learner_version": 3})
     journal.sync()
     journal.close()
-    assert records_of(path) == [{"kind": "version", "learner_version": 1}, {"kind": "version", "learner_version": 3}]
+    assert records_of(path) == [
+        {"kind": "version", "learner_version": 1},
+        {"kind": "version", "learner_version": 3},
+    ]
 
 
 def test_corrupt_tail_record_is_detected_by_its_checksum(tmp_path: Path) -> None:
@@ -151,7 +154,10 @@ def test_corrupt_tail_record_is_detected_by_its_checksum(tmp_path: Path) -> None
     data = bytearray(journal_path.read_bytes())
     data[-1] ^= 0xFF
     journal_path.write_bytes(bytes(data))
-    assert records_of(path) == [{"kind": "version", "learner_version": 0}, {"kind": "version", "learner_version": 1}]
+    assert records_of(path) == [
+        {"kind": "version", "learner_version": 0},
+        {"kind": "version", "learner_version": 1},
+    ]
 
 
 def test_garbled_length_is_a_torn_tail_not_a_huge_allocation(tmp_path: Path) -> None:
@@ -359,7 +365,9 @@ def test_a_full_disk_fails_the_sync_naming_the_file_and_close_still_releases_it(
         journal.sync()
     journal.close()  # no second error: the failed write is not retried
     full_disk.free()
-    assert records_of(path) == [{"kind": "version", "learner_version": 1}]  # what was synced; the lock is released
+    assert records_of(path) == [
+        {"kind": "version", "learner_version": 1}
+    ]  # what was synced; the lock is released
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.msgpack.journal"]
 
 

@@ -83,7 +83,7 @@ def test_groups_request_reply_round_trips_between_dealer_and_router(ctx: zmq.Con
         reply = cli.recv(WAIT_MS)
         assert reply is not None
         assert reply[0] is None
-        assert reply[1].body == {"accepted": ["g-1"], "duplicates": ["g-2"], "rejected": []}
+        assert m.to_map(reply[1].body) == {"accepted": ["g-1"], "duplicates": ["g-2"], "rejected": []}
         assert srv.rejected == {} and cli.rejected == {}
 
 
@@ -95,12 +95,12 @@ def test_a_garbage_frame_is_counted_answered_and_the_next_message_still_arrives(
         cli.send(m.Hello("gen-0", 1))
         got = srv.recv(WAIT_MS)
         assert got is not None
-        assert got[1].body == {"generator_id": "gen-0", "policy_version": 1}
+        assert m.to_map(got[1].body) == {"generator_id": "gen-0", "policy_version": 1}
         assert srv.rejected == {"malformed": 1}
         # The sender learns why its message was dropped.
         err = cli.recv(WAIT_MS)
         assert err is not None and err[1].type == m.ERROR
-        assert err[1].body["reason"] == "malformed"
+        assert err[1].body.reason == "malformed"
 
 
 def test_oversized_and_multi_frame_messages_are_counted_by_reason(ctx: zmq.Context[Any]) -> None:
@@ -111,7 +111,7 @@ def test_oversized_and_multi_frame_messages_are_counted_by_reason(ctx: zmq.Conte
         )  # REQ-style delimiter: 3 frames at the ROUTER
         cli.send(m.Hello("gen-0", 2))
         got = srv.recv(WAIT_MS)
-        assert got is not None and got[1].body["policy_version"] == 2
+        assert got is not None and got[1].body.policy_version == 2
         assert srv.rejected == {"oversized": 1, "malformed": 1}
         assert cli.recv(0) is None  # reply_errors=False: nothing was sent back
 
@@ -125,7 +125,7 @@ def test_a_frame_far_beyond_the_limit_is_never_read_whole_the_connection_drops(c
         cli.socket.send(b"\0" * (4 << 20))  # 4 MiB: far beyond both
         cli.send(m.Hello("gen-0", 3))  # after the reconnect
         got = srv.recv(WAIT_MS)
-        assert got is not None and got[1].body["policy_version"] == 3
+        assert got is not None and got[1].body.policy_version == 3
         assert srv.rejected == {"oversized": 1}  # the 4 MiB frame never reached the decoder
 
 
@@ -169,14 +169,14 @@ def test_request_retries_until_the_server_answers(ctx: zmq.Context[Any]) -> None
             for _ in range(2):
                 got = srv.recv(WAIT_MS)
                 assert got is not None
-                seen.append((got[1].body["want"], got[1].request_id))
+                seen.append((got[1].body.want, got[1].request_id))
             srv.send(m.Credit(4, 9), to=got[0], request_id=got[1].request_id)
 
         thread = threading.Thread(target=serve)
         thread.start()
         reply = request(cli, m.CreditRequest("gen-0", 4), timeout_ms=300, retries=5, backoff_ms=1)
         thread.join(WAIT_MS / 1000)
-        assert reply.body == {"granted": 4, "learner_version": 9}
+        assert m.to_map(reply.body) == {"granted": 4, "learner_version": 9}
         # Both copies carry one id: the server can tell a retry from a second request.
         assert [want for want, _ in seen] == [4, 4]
         assert seen[0][1] is not None and seen[0][1] == seen[1][1] == reply.request_id
@@ -205,7 +205,7 @@ def test_a_request_never_reads_the_reply_of_an_earlier_request(ctx: zmq.Context[
         thread.start()
         reply = request(cli, m.Commit(3, ["g-1"]), timeout_ms=WAIT_MS, retries=0)
         thread.join(WAIT_MS / 1000)
-        assert reply.body == {"reason": "committed"} and reply.request_id != rid_a
+        assert m.to_map(reply.body) == {"reason": "committed"} and reply.request_id != rid_a
         assert cli.discarded == 2
 
 
@@ -241,10 +241,10 @@ def test_request_raises_remote_error_on_an_error_reply_and_skips_unaccepted_repl
             m.ChunkRequest(5, 1),
             timeout_ms=WAIT_MS,
             retries=0,
-            accept=lambda r: r.body["index"] == 1,
+            accept=lambda r: r.body.index == 1,
             request_id=rid,
         )
-        assert reply.body["data"] == b"new"
+        assert reply.body.data == b"new"
         assert cli.discarded == 1
         # An error that names no id answers a message the server could not decode: this one.
         srv.send(m.Error("draining", "buffer is shutting down"), to=peer)
@@ -303,10 +303,10 @@ def test_curve_client_with_the_right_server_key_talks_and_one_with_a_wrong_key_d
         assert good.curve
         good.send(m.Hello("gen-0", 2))
         got = srv.recv(WAIT_MS)
-        assert got is not None and got[1].body == {"generator_id": "gen-0", "policy_version": 2}
+        assert got is not None and m.to_map(got[1].body) == {"generator_id": "gen-0", "policy_version": 2}
         srv.send(m.Credit(1, 2), to=got[0])
         reply = good.recv(WAIT_MS)
-        assert reply is not None and reply[1].body == {"granted": 1, "learner_version": 2}
+        assert reply is not None and m.to_map(reply[1].body) == {"granted": 1, "learner_version": 2}
         # The handshake fails with the wrong server key: nothing gets through.
         with pytest.raises(TransportTimeout, match="matching Curve keys"):
             request(bad, m.Hello("gen-1", 0), timeout_ms=200, retries=0)

@@ -97,13 +97,13 @@ def test_pruned_version_is_reported_gone_and_bad_requests_do_not_stop_the_server
     ctx = zmq.Context.instance()
     with open_endpoint(ctx, zmq.DEALER, connect=server.address, max_bytes=1 << 24) as ep:
         reply = request(ep, messages.ChunkRequest(0, 0), timeout_ms=5000, retries=0)
-        assert reply.type == messages.NOT_AVAILABLE and reply.body["reason"] == "version_gone"
-        assert reply.body["current_version"] == 2
+        assert reply.type == messages.NOT_AVAILABLE and reply.body.reason == "version_gone"
+        assert reply.body.current_version == 2
         ep.socket.send(b"\x00 not msgpack")
         reply = ep.recv(5000)
         assert reply is not None and reply[1].type == messages.ERROR
         reply = request(ep, messages.ChunkRequest(1, 0), timeout_ms=5000, retries=0)
-        assert reply.type == messages.CHUNK and reply.body["index"] == 0
+        assert reply.type == messages.CHUNK and reply.body.index == 0
 
 
 def test_refused_requests_are_counted_by_reason_in_the_learners_metrics() -> None:
@@ -126,7 +126,7 @@ def test_refused_requests_are_counted_by_reason_in_the_learners_metrics() -> Non
             for _ in range(3):
                 got = ep.recv(5000)
                 assert got is not None and got[1].type == messages.ERROR
-                reasons.append(got[1].body["reason"])
+                reasons.append(got[1].body.reason)
             assert reasons == ["malformed", "unexpected_type", "bad_chunk_index"]
             assert (
                 request(ep, messages.WeightsQuery(0), timeout_ms=5000, retries=0).type
