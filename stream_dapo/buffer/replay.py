@@ -66,7 +66,7 @@ class GroupState(enum.Enum):
 class AdmissionPolicy:
     """The numbers the buffer decides with, taken from the config once."""
 
-    line_capacity: int
+    admission_capacity: int
     """`AdmissionRule.capacity`: waiting groups + outstanding credits never exceed it."""
     capacity_groups: int
     """buffer.capacity_groups: hard cap on waiting + leased; credits never exceed it either."""
@@ -87,8 +87,8 @@ class AdmissionPolicy:
         for name in ("capacity_groups", "groups_per_version", "max_reuse", "group_size"):
             if getattr(self, name) < 1:
                 raise BufferInputError(f"AdmissionPolicy.{name} must be >= 1, got {getattr(self, name)}")
-        if self.line_capacity < 0 or self.max_staleness < 0:
-            raise BufferInputError("AdmissionPolicy.line_capacity and max_staleness must be >= 0")
+        if self.admission_capacity < 0 or self.max_staleness < 0:
+            raise BufferInputError("AdmissionPolicy.admission_capacity and max_staleness must be >= 0")
 
     @classmethod
     def from_config(cls, cfg: Config) -> AdmissionPolicy:
@@ -96,11 +96,11 @@ class AdmissionPolicy:
         for a config built without validation) and take the config's numbers."""
         rule = cfg.admission
         try:
-            line_capacity = rule.check(cfg.buffer.capacity_groups, cfg.learner.checkpoint_every)
+            admission_capacity = rule.check(cfg.buffer.capacity_groups, cfg.learner.checkpoint_every)
         except AdmissionError as exc:
             raise ConfigError(str(exc)) from None
         return cls(
-            line_capacity=line_capacity,
+            admission_capacity=admission_capacity,
             capacity_groups=cfg.buffer.capacity_groups,
             groups_per_version=rule.groups_per_version,
             max_staleness=cfg.algo.max_staleness,
@@ -204,7 +204,7 @@ class ReplayBuffer:
 
     Admission and back-pressure: a generator starts a group only with a credit, and credits are
     granted only while waiting groups + outstanding credits stay within
-    `AdmissionPolicy.line_capacity` (and waiting + leased + credits within capacity_groups). The
+    `AdmissionPolicy.admission_capacity` (and waiting + leased + credits within capacity_groups). The
     queue therefore never holds more than the learner consumes within max_staleness versions, so
     generators are paced instead of their work being thrown away; the gate in `serve` is only a
     backstop. Groups are served oldest policy first (then in arrival order), so a long group that
@@ -386,7 +386,7 @@ class ReplayBuffer:
         if request_id is not None and last is not None and last[0] == request_id:
             self._count_retry()
             return last[1]
-        granted = min(want, self.room)
+        granted = min(want, self.grantable)
         if granted:
             out = self._credits.get(generator_id, 0) + granted
             self._log_credit(generator_id, out, granted=granted, uncredited=0, released=0, rid=request_id)
@@ -437,7 +437,7 @@ class ReplayBuffer:
     def _rejection_reason(self, group: Group) -> str | None:
         if group.num_samples != self.policy.group_size:
             return "wrong_group_size"
-        if self.held >= self.policy.capacity_groups:
+        if self.stored >= self.policy.capacity_groups:
             # Only reachable by groups sent without a credit: credits never exceed the cap.
             return "buffer_full"
         return None
@@ -792,7 +792,7 @@ class ReplayBuffer:
         return len(self._leased)
 
     @property
-    def held(self) -> int:
+    def stored(self) -> int:
         """Groups stored: waiting + leased."""
         return len(self._waiting) + len(self._leased)
 
@@ -821,22 +821,28 @@ class ReplayBuffer:
         return self._credits.get(generator_id, 0)
 
     @property
-    def line(self) -> int:
-        """The admission line: waiting groups + credits that may still turn into groups."""
+    def admitted(self) -> int:
+        """Groups admitted and not yet served (the admission line): waiting groups + outstanding
+        credits, which may still turn into groups. `stats()` reports it as "line"."""
         return len(self._waiting) + self.credits_outstanding
 
     @property
-    def line_limit(self) -> int:
-        return max(0, min(self.policy.line_capacity, self.policy.capacity_groups - len(self._leased)))
+    def admission_limit(self) -> int:
+        """What `admitted` may reach now: the policy's admission capacity, less what leased groups
+        take of capacity_groups. `stats()` reports it as "line_capacity"."""
+        return max(0, min(self.policy.admission_capacity, self.policy.capacity_groups - len(self._leased)))
 
     @property
-    def room(self) -> int:
-        """Credits that may be granted now."""
+    def grantable(self) -> int:
+        """Credits that may be granted now (the room left under `admission_limit`)."""
         if self.policy.lockstep:
             return max(
-                0, min(self.policy.rollout_groups, self.line_limit) - self._served_this_round - self.line
+                0,
+                min(self.policy.rollout_groups, self.admission_limit)
+                - self._served_this_round
+                - self.admitted,
             )
-        return max(0, self.line_limit - self.line)
+        return max(0, self.admission_limit - self.admitted)
 
     @property
     def _served_this_round(self) -> int:
@@ -877,8 +883,8 @@ class ReplayBuffer:
             "waiting": len(self._waiting),
             "leased": len(self._leased),
             "seen_ids": len(self._seen),
-            "line": self.line,
-            "line_capacity": self.line_limit,
+            "line": self.admitted,
+            "line_capacity": self.admission_limit,
             "learner_version": self.learner_version,
             "committed_through": self.committed_through,
         }

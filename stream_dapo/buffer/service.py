@@ -144,7 +144,7 @@ class BufferService:
             self.samples.address,
             self.batches.address,
             self.metrics_port,
-            policy.line_capacity,
+            policy.admission_capacity,
         )
 
     # ---------------------------------------------------------------------------------- set-up

@@ -21,10 +21,15 @@ bfloat16 is not a numpy dtype: send it as uint16 holding the raw bits and reinte
 receiving side (``torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)``); "|u1"/"<i2" keep
 the bits. Decoded arrays are read-only views of the received buffer: copy before mutating.
 
-`decode` checks, in order: the size (before any parsing), msgpack syntax under explicit
-length limits, array payloads, the envelope and version, the message type, and the body
-against its schema in `messages.SCHEMAS`. Every failure is a `CodecError` whose `reason` is
-one of `REASONS`, short enough to be a metric label.
+`decode` checks, in order: the size (before any parsing), the envelope and its version, the
+message type, then decodes the body straight into its struct in `messages.MESSAGES` (msgspec:
+msgpack syntax, array payloads and every rule the struct declares, in one pass; a declared type
+bounds every length the decoder allocates). Every failure is a `CodecError` whose `reason` is one
+of `REASONS`, short enough to be a metric label. `pack_value` / `unpack_value` are the schema-less
+layer (the buffer journal): the same msgpack and array encoding, via msgpack-python, with explicit
+limits on what the unpacker allocates.
+
+`wire_bytes` estimates a group's encoded size from its arrays and strings, for batch size budgets.
 """
 
 from __future__ import annotations

@@ -58,7 +58,12 @@ def test_a_format_1_journal_with_every_record_kind_restores_and_is_rewritten_in_
     shutil.copytree(DATA_289E6BD / "buffer", tmp_path / "buffer")
     expected = json.loads((DATA_289E6BD / "expected.json").read_text())
     policy = AdmissionPolicy(
-        line_capacity=8, capacity_groups=16, groups_per_version=2, max_staleness=4, max_reuse=2, group_size=2
+        admission_capacity=8,
+        capacity_groups=16,
+        groups_per_version=2,
+        max_staleness=4,
+        max_reuse=2,
+        group_size=2,
     )
     snapshot = tmp_path / "buffer" / "state.msgpack"
     journal = Journal(snapshot)

@@ -40,7 +40,12 @@ def make_group(gid: str, version: int = 0) -> Group:
 
 
 POLICY = AdmissionPolicy(
-    line_capacity=10, capacity_groups=100, groups_per_version=2, max_staleness=4, max_reuse=1, group_size=2
+    admission_capacity=10,
+    capacity_groups=100,
+    groups_per_version=2,
+    max_staleness=4,
+    max_reuse=1,
+    group_size=2,
 )
 
 
