@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 
 def free_ports(n: int) -> list[int]:
@@ -41,6 +42,22 @@ def tiny_overrides(model: Path, out: Path, ports: list[int]) -> list[str]:
         f"metrics.learner_port={ports[4]}",
         f"metrics.generator_port={ports[5]}",
     ]
+
+
+def admission_policy(**overrides: Any):  # -> stream_dapo.buffer.replay.AdmissionPolicy
+    """A small AdmissionPolicy for buffer tests: capacity 6 in line, 100 stored, B_v = 2, max
+    staleness 3, no reuse, G = 2; `overrides` replace any of them."""
+    from stream_dapo.buffer.replay import AdmissionPolicy
+
+    values: dict[str, Any] = {
+        "admission_capacity": 6,
+        "capacity_groups": 100,
+        "groups_per_version": 2,
+        "max_staleness": 3,
+        "max_reuse": 1,
+        "group_size": 2,
+    }
+    return AdmissionPolicy(**{**values, **overrides})
 
 
 def tiny_qwen2(seed: int = 0, tied: bool = True):  # -> transformers.Qwen2ForCausalLM (imported lazily)

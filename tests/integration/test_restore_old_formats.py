@@ -18,7 +18,7 @@ import torch
 from stream_dapo.buffer.journal import FORMAT_VERSION, JOURNAL_MAGIC, SNAPSHOT_MAGIC, Journal
 from stream_dapo.buffer.replay import AdmissionPolicy, ReplayBuffer
 from stream_dapo.config import Config, load_config
-from tests.helpers import tiny_qwen2
+from tests.helpers import admission_policy, tiny_qwen2
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "formats_6d41d82"
 DATA_289E6BD = Path(__file__).resolve().parents[1] / "data" / "formats_289e6bd"
@@ -57,14 +57,7 @@ def test_a_format_1_journal_with_every_record_kind_restores_and_is_rewritten_in_
 ) -> None:
     shutil.copytree(DATA_289E6BD / "buffer", tmp_path / "buffer")
     expected = json.loads((DATA_289E6BD / "expected.json").read_text())
-    policy = AdmissionPolicy(
-        admission_capacity=8,
-        capacity_groups=16,
-        groups_per_version=2,
-        max_staleness=4,
-        max_reuse=2,
-        group_size=2,
-    )
+    policy = admission_policy(admission_capacity=8, capacity_groups=16, max_staleness=4, max_reuse=2)
     snapshot = tmp_path / "buffer" / "state.msgpack"
     journal = Journal(snapshot)
     try:

@@ -20,8 +20,9 @@ from stream_dapo.buffer.journal import (
     JournalDiskFullError,
     JournalError,
 )
-from stream_dapo.buffer.replay import AdmissionPolicy, ReplayBuffer
+from stream_dapo.buffer.replay import ReplayBuffer
 from stream_dapo.transport.messages import Group, Sample
+from tests.helpers import admission_policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,14 +40,7 @@ def make_group(gid: str, version: int = 0) -> Group:
     return Group(gid, "p", "gen-0", "7", np.array([5, 6], dtype=np.int32), 3.0, [sample, sample])
 
 
-POLICY = AdmissionPolicy(
-    admission_capacity=10,
-    capacity_groups=100,
-    groups_per_version=2,
-    max_staleness=4,
-    max_reuse=1,
-    group_size=2,
-)
+POLICY = admission_policy(admission_capacity=10, max_staleness=4)
 
 
 def open_buffer(path: Path) -> tuple[ReplayBuffer, Journal]:

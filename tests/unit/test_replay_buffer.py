@@ -20,6 +20,7 @@ from stream_dapo.buffer.replay import (
 from stream_dapo.config import AlgoConfig, Config, ConfigError, load_config
 from stream_dapo.transport.codec import encode, wire_bytes
 from stream_dapo.transport.messages import Batch, Group, Sample
+from tests.helpers import admission_policy
 
 G = 2
 
@@ -40,16 +41,7 @@ def make_group(
 
 
 def policy(**overrides: int) -> AdmissionPolicy:
-    values = dict(
-        admission_capacity=6,
-        capacity_groups=100,
-        groups_per_version=2,
-        max_staleness=3,
-        max_reuse=1,
-        group_size=G,
-    )
-    values.update(overrides)
-    return AdmissionPolicy(**values)
+    return admission_policy(**{"group_size": G, **overrides})
 
 
 class FakeClock:
@@ -717,16 +709,7 @@ def test_restore_refuses_records_it_does_not_understand() -> None:
 
 def test_lockstep_grants_one_rollout_batch_per_learner_version() -> None:
     """Sync mode: R credits per round; filtered groups free theirs; none while the learner trains."""
-    policy = AdmissionPolicy(
-        admission_capacity=100,
-        capacity_groups=100,
-        groups_per_version=2,
-        max_staleness=8,
-        max_reuse=1,
-        group_size=2,
-        lockstep=True,
-        rollout_groups=4,
-    )
+    policy = admission_policy(admission_capacity=100, max_staleness=8, lockstep=True, rollout_groups=4)
     buf = ReplayBuffer(policy)
     assert buf.grant_credits("g", 10) == 4
     assert buf.grant_credits("g", 10) == 0
