@@ -125,11 +125,29 @@ class _ExtError(Exception):
         self.detail = detail
 
 
+_VECTOR_HEADERS: Final = {
+    struct.pack("<B3sB", 3, name.encode("ascii"), 1): np.dtype(name)
+    for name in ALLOWED_DTYPES
+    if len(name) == 3
+}
+"""The first 5 header bytes of a 1-d array of each allowed dtype (all of whose names have 3
+characters) except bool: the common case, parsed with one lookup."""
+_VECTOR_HEADERS.pop(b"\x03|b1\x01", None)
+
+
 def _unpack_array(code: int, payload: bytes | memoryview) -> np.ndarray:
     """An array from its ext payload: bytes (msgpack) or a view of the received message (msgspec,
     no copy). The array is read-only either way."""
     if code != EXT_NDARRAY:
         raise _ExtError("malformed", f"unknown msgpack ext type {code}; only {EXT_NDARRAY} (ndarray) is used")
+    dtype = _VECTOR_HEADERS.get(bytes(payload[:5]))
+    if dtype is not None and len(payload) >= 13:
+        (length,) = struct.unpack_from("<q", payload, 5)
+        if length >= 0 and length * dtype.itemsize == len(payload) - 13:
+            arr = np.frombuffer(payload, dtype, length, 13)
+            if arr.flags.writeable:  # a view of a writable buffer the caller passed in
+                arr.flags.writeable = False
+            return arr
     try:
         (n,) = struct.unpack_from("<B", payload, 0)
         dtype_str = str(payload[1 : 1 + n], "ascii")
