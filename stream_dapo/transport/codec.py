@@ -373,7 +373,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Message:
     msg_type = env.t
     decoder = _BODIES[_message_class(msg_type).TYPE]
     try:
-        with decoding():
+        with decoding:
             body = decoder.decode(env.b)
     except _ExtError as e:
         raise CodecError(e.reason, e.detail) from None

@@ -34,8 +34,6 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Final, Literal, TypeVar, get_args, get_origin, get_type_hints
 
@@ -96,19 +94,23 @@ TokenIds = Annotated[npt.NDArray[np.int32], Vector(min_size=1, nonnegative=True)
 # The base struct: checks on decode and on construction.
 # --------------------------------------------------------------------------------------------
 
-_mode = threading.local()
+class _Decoding(threading.local):
+    """`with decoding:` structs made inside come from the wire (or a journal): checked strictly,
+    never converted. The codec wraps its decoders in it. Per thread, and re-entrant."""
+
+    active = False
+    depth = 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+        self.active = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.depth -= 1
+        self.active = self.depth > 0
 
 
-@contextmanager
-def decoding() -> Iterator[None]:
-    """Structs made inside come from the wire (or a journal): checked strictly, never converted.
-    The codec wraps its decoders in this."""
-    outer = getattr(_mode, "decoding", False)
-    _mode.decoding = True
-    try:
-        yield
-    finally:
-        _mode.decoding = outer
+decoding = _Decoding()
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class Wire(msgspec.Struct, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         rules = _rules(type(self))
-        if getattr(_mode, "decoding", False):
+        if decoding.active:
             self._check(rules)
         else:
             self._build(rules)
@@ -207,7 +209,7 @@ class Wire(msgspec.Struct, forbid_unknown_fields=True):
             if not isinstance(fields[name], (bytes, bytearray, memoryview)):
                 raise SchemaError(f"{cls}.{name}", f"expected bytes, got {_type_name(fields[name])}")
             fields[name] = b""
-        with decoding():
+        with decoding:
             try:
                 checked = msgspec.convert(fields, type(self), dec_hook=dec_hook)
             except msgspec.ValidationError as exc:
@@ -417,7 +419,7 @@ def to_map(struct: Wire) -> dict[str, Any]:
 
 def from_map(cls: type[W], value: Any, path: str | None = None) -> W:
     """Check a map (`to_map`'s output read back) against `cls` strictly and build it."""
-    with decoding():
+    with decoding:
         try:
             return msgspec.convert(value, cls, dec_hook=dec_hook)
         except msgspec.ValidationError as exc:
