@@ -508,6 +508,12 @@ EXTERNAL = (
     ),
     ("Protocol fuzzer", "fuzz.json", "python bench/fuzz.py --json docs/results/fuzz.json"),
     (
+        "Message codec choice: the hand-rolled validator (289e6bd) vs msgspec Structs vs pydantic models",
+        "codec_choice.json",
+        "python bench/codec_choice.py --json docs/results/codec_choice.json, in each tree measured "
+        "(its docstring says how the 289e6bd rows were made)",
+    ),
+    (
         "Verifier hostile inputs under the pool",
         "verifier_hostile.json",
         "python bench/verifier_hostile.py --json docs/results/verifier_hostile.json",
