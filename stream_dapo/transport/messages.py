@@ -94,6 +94,7 @@ TokenIds = Annotated[npt.NDArray[np.int32], Vector(min_size=1, nonnegative=True)
 # The base struct: checks on decode and on construction.
 # --------------------------------------------------------------------------------------------
 
+
 class _Decoding(threading.local):
     """`with decoding:` structs made inside come from the wire (or a journal): checked strictly,
     never converted. The codec wraps its decoders in it. Per thread, and re-entrant."""
@@ -413,7 +414,9 @@ class Group(Wire):
 def to_map(struct: Wire) -> dict[str, Any]:
     """A struct as nested maps with its numpy arrays kept: the form `pack_value` stores (the
     buffer journal holds groups this way)."""
-    out: dict[str, Any] = msgspec.to_builtins(struct, builtin_types=(np.ndarray,))
+    out: dict[str, Any] = msgspec.to_builtins(
+        struct, builtin_types=(np.ndarray, bytes, bytearray, memoryview)
+    )
     return out
 
 

@@ -246,6 +246,7 @@ def test_weight_chunks_accept_memoryview_slices_and_arrive_as_bytes() -> None:
     assert msg.body.data == payload[100:612]
     assert type(msg.body.data) is bytes
     assert m.Chunk(3, 1, view).data is view  # sent without a copy
+    assert to_map(m.Chunk(3, 1, view))["data"] is view
 
 
 # --------------------------------------------------------------------------------------------
