@@ -296,7 +296,7 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
     trained = read_jsonl(run_dir / "learner" / "trained_groups.jsonl")
     assert [row["version"] for row in trained] == [1, 2, 3, 4]
     assert [gid for row in trained for gid in row["group_ids"]] == buffer.served
-    assert [c["learner_version"] for c in buffer.commits] == [2, 4]
+    assert [c.learner_version for c in buffer.commits] == [2, 4]
     assert buffer.commits[0].group_ids == buffer.served[:2]
     metrics = read_jsonl(run_dir / "learner" / "metrics.jsonl")
     assert [row["version"] for row in metrics] == [1, 2, 3, 4]
@@ -341,7 +341,7 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
     # The resumed checkpoint's commit is resent after the hello (it may never have arrived), then
     # the drain checkpoint commits the one group step 5 trained; the other one leased stays
     # uncommitted and goes back to the queue at the next hello.
-    assert [c["learner_version"] for c in buffer.commits] == [4, 5]
+    assert [c.learner_version for c in buffer.commits] == [4, 5]
     assert buffer.commits[1].group_ids == buffer.served[:1] and len(buffer.served) == 2
     assert (ckpts / "latest").read_text().strip() == "step_000005"
     assert [row["version"] for row in read_jsonl(run_dir / "learner" / "trained_groups.jsonl")] == [
@@ -395,7 +395,7 @@ def test_two_process_zero3_service_matches_one_process(tmp_path: Path) -> None:
     finally:
         buffer.close()
     assert buffer.fetched is not None and buffer.fetched[0] == 0
-    assert [c["learner_version"] for c in buffer.commits] == [2] and len(buffer.groups) == 4
+    assert [c.learner_version for c in buffer.commits] == [2] and len(buffer.groups) == 4
 
     single_cfg = cfg.model_copy(deep=True)
     single_cfg.learner.zero_stage = 0
