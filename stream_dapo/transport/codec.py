@@ -336,7 +336,7 @@ def _envelope(data: bytes | bytearray | memoryview) -> _Envelope:
     except msgspec.ValidationError as e:  # before DecodeError, its base class
         try:  # a peer of another version may also use another envelope: say so first
             version = _VERSION_ONLY.decode(data).v
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, RecursionError):
             version = None
         if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
             raise _bad_version(version) from None
@@ -344,8 +344,8 @@ def _envelope(data: bytes | bytearray | memoryview) -> _Envelope:
             "malformed",
             f"envelope must be a map with keys 'v' (int), 't', 'b' and optionally 'id' ({e})",
         ) from None
-    except msgspec.DecodeError as e:
-        raise CodecError("malformed", f"not a valid msgpack message ({e})") from None
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise CodecError("malformed", f"not a valid msgpack message ({type(e).__name__}: {e})") from None
 
 
 def _bad_version(version: int) -> CodecError:
@@ -381,8 +381,8 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Message:
         if "- at `key` in `" in str(e):  # a map key that is not a string: not msgpack we speak
             raise CodecError("malformed", f"map keys must be strings ({e})") from None
         raise CodecError("bad_schema", str(schema_error(e, msg_type))) from None
-    except msgspec.DecodeError as e:
-        raise CodecError("malformed", f"not a valid msgpack message ({e})") from None
+    except (msgspec.DecodeError, RecursionError) as e:  # RecursionError: nesting too deep
+        raise CodecError("malformed", f"not a valid msgpack message ({type(e).__name__}: {e})") from None
     return Message(msg_type, body, env.id)
 
 

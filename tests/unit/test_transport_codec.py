@@ -400,6 +400,13 @@ def test_bad_envelopes_are_malformed(data: bytes) -> None:
     assert reason_of(data) == "malformed"
 
 
+def test_nesting_too_deep_is_malformed() -> None:
+    deep = b"\x91" * 100_000 + b"\xc0"  # [[[...[nil]...]]]
+    assert reason_of(deep) == "malformed"
+    head = b"\x83" + b"".join(msgpack.packb(x) for x in ("v", SCHEMA_VERSION, "t", "hello", "b"))
+    assert reason_of(head + deep) == "malformed"  # as the body
+
+
 def test_a_request_id_travels_in_the_envelope_and_only_when_given() -> None:
     hello = m.Hello(**HELLO_BODY)
     with_id = decode(encode(hello, request_id=(1 << 63) - 1), max_bytes=MAX)
