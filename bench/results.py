@@ -313,7 +313,7 @@ def render_transport(d: dict[str, Any]) -> str:
             ("encode", "encode"),
             ("decode", "decode"),
             ("encode+decode", "encode + decode"),
-            ("from_wire", "Group.from_wire"),
+            ("from_wire", "typed from maps (from_map)"),
         ):
             r = g["codec"][key]
             rows.append([payload, label, fmt(_med(r["gb_per_s"])), fmt(_med(r["msgs_per_s"])), ""])

@@ -161,7 +161,7 @@ def test_groups_in_acked_batch_out_committed(tmp_path: Path) -> None:
         peers = Peers(cfg)
         try:
             hello = peers.ask(peers.gen, m.Hello("gen-0", 0))
-            assert (hello.type, hello.body) == (m.CREDIT, {"granted": 0, "learner_version": 0})
+            assert (hello.type, hello.body) == (m.CREDIT, m.Credit(0, 0))
             assert m.to_map(peers.ask(peers.learner, m.LearnerHello(0, 0)).body) == {"reason": "ready"}
 
             assert peers.ask(peers.gen, m.CreditRequest("gen-0", 10)).body.granted == 6  # the capacity
