@@ -22,8 +22,12 @@ from tests.helpers import admission_policy, tiny_qwen2
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "formats_6d41d82"
 DATA_289E6BD = Path(__file__).resolve().parents[1] / "data" / "formats_289e6bd"
-"""Written by the code at 289e6bd (format 1 journal keys; /work/notes/issue-11a-make-fixtures.py):
-a snapshot, then a journal tail holding every record kind the buffer writes."""
+"""Written by `Journal` + `ReplayBuffer` at 289e6bd (format 1, one-letter record keys) with the
+policy below and a fixed clock: hello, grants, accepted / duplicate groups, a lease and a commit,
+then a compaction (the snapshot), then a journal tail holding every record kind the buffer writes
+(grants and a retried grant, accepts, a wrong-sized group, a heartbeat's filtered total, a requeue,
+leases, commits and a retried commit, an expiry, rejected messages, a version, a stale drop);
+`expected.json` is what that code reported afterwards."""
 
 
 def config(out: Path) -> Config:
