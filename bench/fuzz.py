@@ -64,7 +64,7 @@ from stream_dapo.config import config_to_toml, load_config  # noqa: E402
 from stream_dapo.launcher import metric_sum, scrape, tail  # noqa: E402
 from stream_dapo.metrics import BufferMetrics, GeneratorMetrics, LearnerMetrics, catalogue, sample_name  # noqa: E402
 from stream_dapo.transport import messages as m  # noqa: E402
-from stream_dapo.transport.codec import CodecError, Message, decode, encode, pack_value  # noqa: E402
+from stream_dapo.transport.codec import SCHEMA_VERSION, CodecError, Message, decode, encode, pack_value  # noqa: E402
 from stream_dapo.transport.messages import Group, Sample  # noqa: E402
 from stream_dapo.transport.sockets import open_endpoint, request  # noqa: E402
 from tests.helpers import free_ports  # noqa: E402
@@ -108,7 +108,7 @@ def make_group(samples: int = GROUP_SIZE, version: int = 0, rng: np.random.Gener
     return Group(gid, f"p-{gid[:8]}", "generator-0", "42", prompt, 1.7e9, out)
 
 
-def seed_messages(rng: np.random.Generator) -> dict[str, list[m.Outgoing]]:
+def seed_messages(rng: np.random.Generator) -> dict[str, list[m.Body]]:
     """Valid messages of every type, by the socket that serves them."""
 
     def fuzz_ids(n: int) -> list[str]:
@@ -116,37 +116,37 @@ def seed_messages(rng: np.random.Generator) -> dict[str, list[m.Outgoing]]:
 
     return {
         "samples": [
-            m.hello("generator-0", 0),
-            m.credit_request("generator-0", 4),
-            m.groups("generator-0", [make_group(rng=rng)]),
-            m.groups("generator-0", [make_group(rng=rng), make_group(rng=rng)], filtered_total=1),
-            m.groups("generator-0", [make_group(samples=GROUP_SIZE + 1, rng=rng)]),
-            m.groups("generator-0", [], filtered_total=2),
-            m.heartbeat("generator-0", 3),
+            m.Hello("generator-0", 0),
+            m.CreditRequest("generator-0", 4),
+            m.Groups("generator-0", [make_group(rng=rng)]),
+            m.Groups("generator-0", [make_group(rng=rng), make_group(rng=rng)], filtered_total=1),
+            m.Groups("generator-0", [make_group(samples=GROUP_SIZE + 1, rng=rng)]),
+            m.Groups("generator-0", [], filtered_total=2),
+            m.Heartbeat("generator-0", 3),
         ],
         "batches": [
-            m.learner_hello(0, 0),
-            m.batch_request(0, 4, 0),
-            m.batch_request(3, 2, 4096),
-            m.commit(1, fuzz_ids(3)),
+            m.LearnerHello(0, 0),
+            m.BatchRequest(0, 4, 0),
+            m.BatchRequest(3, 2, 4096),
+            m.Commit(1, fuzz_ids(3)),
         ],
         "weights": [
-            m.weights_query(0),
-            m.weights_query(WEIGHTS_VERSION),
-            m.chunk_request(WEIGHTS_VERSION, 0),
-            m.chunk_request(WEIGHTS_VERSION, 2),
+            m.WeightsQuery(0),
+            m.WeightsQuery(WEIGHTS_VERSION),
+            m.ChunkRequest(WEIGHTS_VERSION, 0),
+            m.ChunkRequest(WEIGHTS_VERSION, 2),
         ],
         "credits": [
-            m.credit(0, 0),
-            m.ack(fuzz_ids(2), fuzz_ids(1), [(fuzz_ids(1)[0], "wrong_group_size")]),
-            m.error("bad_request", "fuzz"),
+            m.Credit(0, 0),
+            m.Ack(fuzz_ids(2), fuzz_ids(1), [m.Rejection(fuzz_ids(1)[0], "wrong_group_size")]),
+            m.Error("bad_request", "fuzz"),
         ],
         "other": [
-            m.batch([make_group(rng=rng)], 0),  # buffer -> learner; no fuzzed socket serves it
-            m.empty("ready"),
-            m.weights_manifest(1, "0" * 64, 8192, 4096),
-            m.chunk(1, 0, b"abc"),
-            m.not_available(0, 0, "no_weights_yet"),
+            m.Batch([make_group(rng=rng)], 0),  # buffer -> learner; no fuzzed socket serves it
+            m.Empty("ready"),
+            m.WeightsManifest.of(1, "0" * 64, 8192, 4096),
+            m.Chunk(1, 0, b"abc"),
+            m.NotAvailable(0, 0, "no_weights_yet"),
         ],
     }
 
@@ -253,19 +253,19 @@ def _get(body: Any, path: tuple[Any, ...]) -> Any:
     return node[key]
 
 
-def _envelope(msg_type: Any, body: Any, version: Any = 1) -> bytes:
+def _envelope(msg_type: Any, body: Any, version: Any = SCHEMA_VERSION) -> bytes:
     return pack_value({"v": version, "t": msg_type, "b": body})
 
 
 class Mutator:
     """Makes fuzz cases from the seeds of one socket (and, for wrong types, of the others)."""
 
-    def __init__(self, rng: random.Random, seeds: list[m.Outgoing], others: list[m.Outgoing], max_bytes: int):
+    def __init__(self, rng: random.Random, seeds: list[m.Body], others: list[m.Body], max_bytes: int):
         self.rng = rng
         self.seeds = seeds
         self.others = others
         self.max_bytes = max_bytes
-        self.encoded = [encode(t, b) for t, b in seeds]
+        self.encoded = [encode(body) for body in seeds]
         kinds = {
             "bit_flip": 18,
             "truncate": 8,
@@ -330,8 +330,8 @@ class Mutator:
     # -- structural mutations, packed without schema checks
 
     def _seed(self) -> tuple[str, dict[str, Any]]:
-        msg_type, body = self.rng.choice(self.seeds)
-        return msg_type, _copy(body)
+        body = self.rng.choice(self.seeds)
+        return body.TYPE, _copy(m.to_map(body))
 
     def _bad_version(self) -> Case:
         msg_type, body = self._seed()
@@ -361,7 +361,7 @@ class Mutator:
         head = (
             b"\x83"
             + pack_value("v")
-            + pack_value(1)
+            + pack_value(SCHEMA_VERSION)
             + pack_value("t")
             + pack_value(msg_type)
             + pack_value("b")
@@ -431,8 +431,7 @@ class Mutator:
     def _wrong_message_type(self) -> Case:
         roll = self.rng.random()
         if roll < 0.6:
-            msg_type, body = self.rng.choice(self.others)
-            return Case("wrong_message_type", [encode(msg_type, body)])
+            return Case("wrong_message_type", [encode(self.rng.choice(self.others))])
         msg_type, body = self._seed()
         bogus = self.rng.choice(
             ("", "GROUPS", "groups ", "pickle", "x" * 1000, 7, None, b"groups", ["groups"])
@@ -447,12 +446,12 @@ class Mutator:
                 1,
                 "envelope",
                 None,
-                {"v": 1, "t": msg_type},
-                {"v": 1, "b": body},
-                {"v": 1, "t": msg_type, "b": body, "x": 0},
-                {b"v": 1, b"t": msg_type, b"b": body},
-                {"v": 1, "t": msg_type, "b": [body]},
-                {"v": 1, "t": msg_type, "b": "body"},
+                {"v": SCHEMA_VERSION, "t": msg_type},
+                {"v": SCHEMA_VERSION, "b": body},
+                {"v": SCHEMA_VERSION, "t": msg_type, "b": body, "x": 0},
+                {b"v": SCHEMA_VERSION, b"t": msg_type, b"b": body},
+                {"v": SCHEMA_VERSION, "t": msg_type, "b": [body]},
+                {"v": SCHEMA_VERSION, "t": msg_type, "b": "body"},
             )
         )
         data = pack_value(env)
@@ -797,7 +796,7 @@ class BufferTarget(RouterTarget):
     def judge_valid(self, msg: Message) -> Verdict:
         if msg.type != m.GROUPS:
             return Verdict("valid")
-        sizes = [len(g["samples"]) for g in msg.body["groups"]]
+        sizes = [len(g.samples) for g in msg.body.groups]
         if GROUP_SIZE in sizes:
             return Verdict("skip")  # the buffer would rightly accept it
         return Verdict("valid", groups_rejected=len(sizes))
@@ -810,12 +809,10 @@ class BufferTarget(RouterTarget):
             raise Crash(f"the buffer exited ({self.proc.popen.returncode}):\n{tail(self.proc.log_path)}")
         try:
             if self.socket_name == "samples":
-                reply = request(self.gen, *m.hello("probe", 0), timeout_ms=int(STALL_S * 1000), retries=0)
+                reply = request(self.gen, m.Hello("probe", 0), timeout_ms=int(STALL_S * 1000), retries=0)
                 ok = reply.type == m.CREDIT
             else:
-                reply = request(
-                    self.learner, *m.learner_hello(0, 0), timeout_ms=int(STALL_S * 1000), retries=0
-                )
+                reply = request(self.learner, m.LearnerHello(0, 0), timeout_ms=int(STALL_S * 1000), retries=0)
                 ok = reply.type == m.EMPTY
         except Exception as exc:  # noqa: BLE001 (any failure to answer is the finding)
             raise Crash(
@@ -832,26 +829,24 @@ class BufferTarget(RouterTarget):
         groups = [make_group(rng=rng) for _ in range(3)]
         ids = [g.group_id for g in groups]
         timeout = int(STALL_S * 1000)
-        request(self.gen, *m.hello("generator-0", 0), timeout_ms=timeout, retries=0)
-        credit = request(
-            self.gen, *m.credit_request("generator-0", len(groups)), timeout_ms=timeout, retries=0
-        )
-        ack = request(self.gen, *m.groups("generator-0", groups), timeout_ms=timeout, retries=0)
-        resend = request(self.gen, *m.groups("generator-0", groups[:1]), timeout_ms=timeout, retries=0)
-        request(self.learner, *m.learner_hello(0, 0), timeout_ms=timeout, retries=0)
-        batch = request(self.learner, *m.batch_request(0, 16, 0), timeout_ms=timeout, retries=0)
-        served = m.groups_from_body(batch.body) if batch.type == m.BATCH else []
-        commit = request(self.learner, *m.commit(1, ids), timeout_ms=timeout, retries=0)
+        request(self.gen, m.Hello("generator-0", 0), timeout_ms=timeout, retries=0)
+        credit = request(self.gen, m.CreditRequest("generator-0", len(groups)), timeout_ms=timeout, retries=0)
+        ack = request(self.gen, m.Groups("generator-0", groups), timeout_ms=timeout, retries=0)
+        resend = request(self.gen, m.Groups("generator-0", groups[:1]), timeout_ms=timeout, retries=0)
+        request(self.learner, m.LearnerHello(0, 0), timeout_ms=timeout, retries=0)
+        batch = request(self.learner, m.BatchRequest(0, 16, 0), timeout_ms=timeout, retries=0)
+        served = batch.body.groups if batch.type == m.BATCH else []
+        commit = request(self.learner, m.Commit(1, ids), timeout_ms=timeout, retries=0)
         after = scrape(self.metrics_url)
         out = {
             "accepted_before_check": accepted_before,
             "valid_groups_sent": len(groups),
-            "credits_granted": credit.body.get("granted"),
-            "acked_accepted": ack.body.get("accepted") == ids,
-            "resend_acked_as_duplicate": resend.body.get("duplicates") == ids[:1]
-            and not resend.body["accepted"],
+            "credits_granted": getattr(credit.body, "granted", None),
+            "acked_accepted": getattr(ack.body, "accepted", None) == ids,
+            "resend_acked_as_duplicate": getattr(resend.body, "duplicates", None) == ids[:1]
+            and not resend.body.accepted,
             "served_intact": served == groups,
-            "committed": commit.type == m.EMPTY and commit.body.get("reason") == "committed",
+            "committed": commit.type == m.EMPTY and commit.body.reason == "committed",
             "accepted_total": int(metric_sum(after, sample_name(catalogue(BufferMetrics).groups_accepted))),
             "duplicates_total": int(
                 metric_sum(after, sample_name(catalogue(BufferMetrics).groups_duplicate))
@@ -901,8 +896,8 @@ class WeightsTarget(RouterTarget):
 
     def judge_valid(self, msg: Message) -> Verdict:
         body = msg.body
-        if msg.type == m.CHUNK_REQUEST and body["version"] == self.info["version"]:
-            if body["index"] >= self.info["num_chunks"]:
+        if isinstance(body, m.ChunkRequest) and body.version == self.info["version"]:
+            if body.index >= self.info["num_chunks"]:
                 return Verdict("rejected", "bad_chunk_index")
         return Verdict("valid")
 
@@ -913,10 +908,10 @@ class WeightsTarget(RouterTarget):
             self.ctx, zmq.DEALER, connect=f"tcp://127.0.0.1:{self.tcp_port}", max_bytes=1 << 30
         ) as ep:
             try:
-                reply = request(ep, *m.weights_query(0), timeout_ms=int(STALL_S * 1000), retries=0)
+                reply = request(ep, m.WeightsQuery(0), timeout_ms=int(STALL_S * 1000), retries=0)
             except Exception as exc:  # noqa: BLE001
                 raise Crash(f"the weight server did not answer weights_query: {exc}") from exc
-        if reply.type != m.WEIGHTS_MANIFEST or reply.body["checksum"] != self.info["checksum"]:
+        if reply.type != m.WEIGHTS_MANIFEST or reply.body.checksum != self.info["checksum"]:
             raise Crash(f"the weight server answered weights_query with {reply.type}: {reply.body}")
 
     def check_after(self) -> dict[str, Any]:
@@ -1004,7 +999,7 @@ class CreditsTarget(Target):
                 peer, data = self.router.recv_multipart()
                 msg = decode(data, max_bytes=MAX_MESSAGE_BYTES)
                 if msg.type == m.HELLO:
-                    self.router.send_multipart([peer, encode(*m.credit(0, 0), request_id=msg.request_id)])
+                    self.router.send_multipart([peer, encode(m.Credit(0, 0), request_id=msg.request_id)])
                     return peer
             if not self.proc.alive():
                 break
@@ -1016,16 +1011,13 @@ class CreditsTarget(Target):
             return got
         if got.type not in self.served:
             return Verdict("rejected", "unexpected_type")
-        if got.type == m.CREDIT and got.body["granted"] > 0:
+        body = got.body
+        if isinstance(body, m.Credit) and body.granted > 0:
             return Verdict("skip")  # real credits: the generator would rightly hold them
-        if got.type == m.LEASE and got.body["expired"]:
+        if isinstance(body, m.Lease) and body.expired:
             return Verdict("skip")  # a real expiry: the generator would rightly drop its credits
-        if got.type == m.ACK:
-            named = {
-                *got.body["accepted"],
-                *got.body["duplicates"],
-                *(r["group_id"] for r in got.body["rejected"]),
-            }
+        if isinstance(body, m.Ack):
+            named = {*body.accepted, *body.duplicates, *(r.group_id for r in body.rejected)}
             if self.info["pending"] in named:
                 return Verdict("skip")
         return Verdict("valid")
@@ -1088,8 +1080,8 @@ class CreditsTarget(Target):
         """A valid credit (the reply to its credit request) and an ack for its pending group still land."""
         before = self._gauges()
         granted = 3
-        self.send([encode(*m.credit(granted, 0), request_id=self._await_credit_request())])
-        self.send([encode(*m.ack([self.info["pending"]]))])
+        self.send([encode(m.Credit(granted, 0), request_id=self._await_credit_request())])
+        self.send([encode(m.Ack([self.info["pending"]]))])
         deadline = time.monotonic() + STALL_S
         after = before
         while time.monotonic() < deadline:
@@ -1303,7 +1295,7 @@ def host_generator(config: Path, info: Path) -> int:
     )
     svc.start()  # metrics, buffer hello, heartbeat: the service's own start-up
     pending = make_group()
-    svc._send(*m.groups(svc.generator_id, [pending]))
+    svc._send(m.Groups(svc.generator_id, [pending]))
     svc.unacked.sent(pending, time.monotonic())
     _write_info(info, {"pending": pending.group_id})
     stop = threading.Event()

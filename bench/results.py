@@ -313,7 +313,7 @@ def render_transport(d: dict[str, Any]) -> str:
             ("encode", "encode"),
             ("decode", "decode"),
             ("encode+decode", "encode + decode"),
-            ("from_wire", "Group.from_wire"),
+            ("from_wire", "typed from maps (from_map)"),
         ):
             r = g["codec"][key]
             rows.append([payload, label, fmt(_med(r["gb_per_s"])), fmt(_med(r["msgs_per_s"])), ""])
@@ -507,6 +507,12 @@ EXTERNAL = (
         "python bench/drill.py --elastic --json docs/results/drill_elastic.json",
     ),
     ("Protocol fuzzer", "fuzz.json", "python bench/fuzz.py --json docs/results/fuzz.json"),
+    (
+        "Message codec choice: the hand-rolled validator (289e6bd) vs msgspec Structs vs pydantic models",
+        "codec_choice.json",
+        "python bench/codec_choice.py --json docs/results/codec_choice.json, in each tree measured "
+        "(its docstring says how the 289e6bd rows were made)",
+    ),
     (
         "Verifier hostile inputs under the pool",
         "verifier_hostile.json",

@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
 from bench.report import interleave, paired_ratio, summary  # noqa: E402
 from stream_dapo.transport import messages as m  # noqa: E402
 from stream_dapo.transport.codec import decode, encode  # noqa: E402
-from stream_dapo.transport.messages import Group, Sample  # noqa: E402
+from stream_dapo.transport.messages import Group, Sample, from_map, to_map  # noqa: E402
 from stream_dapo.transport.sockets import open_endpoint  # noqa: E402
 
 MAX_BYTES = 256 << 20
@@ -94,13 +94,16 @@ def _seconds(fn: Callable[[], None], repeats: int) -> list[float]:
 
 
 def bench_codec(group: Group, count: int, repeats: int) -> dict[str, Any]:
-    """Encode, decode, both, and Group.from_wire of ``count`` messages: GB/s and msg/s each."""
-    msg_type, body = m.groups("gen-0", [group])
-    data = encode(msg_type, body)
+    """Encode, decode (validated, typed), both, and from_map (the typed groups message checked and
+    built from plain maps, as the buffer's journal restores groups) of ``count`` messages: GB/s and
+    msg/s each."""
+    body = m.Groups("gen-0", [group])
+    data = encode(body)
+    wire = to_map(body)
 
     def enc() -> None:
         for _ in range(count):
-            encode(msg_type, body)
+            encode(body)
 
     def dec() -> None:
         for _ in range(count):
@@ -108,11 +111,11 @@ def bench_codec(group: Group, count: int, repeats: int) -> dict[str, Any]:
 
     def both() -> None:
         for _ in range(count):
-            decode(encode(msg_type, body), max_bytes=MAX_BYTES)
+            decode(encode(body), max_bytes=MAX_BYTES)
 
     def from_wire() -> None:
         for _ in range(count):
-            m.groups_from_body(body)
+            from_map(m.Groups, wire)
 
     ops = {"encode": enc, "decode": dec, "encode+decode": both, "from_wire": from_wire}
     return {name: _rates(len(data), count, _seconds(fn, repeats)) for name, fn in ops.items()}
@@ -124,16 +127,16 @@ def _sender(address: str, response_tokens: int, raw: bool) -> None:
     raw=True sends one pre-encoded message over and over: ZeroMQ alone, no codec.
     """
     group = make_group(response_tokens)
-    encoded = encode(*m.groups("gen-0", [group]))
+    encoded = encode(m.Groups("gen-0", [group]))
     ctx = zmq.Context()
     ep = open_endpoint(ctx, zmq.DEALER, connect=address, max_bytes=MAX_BYTES, peer="receiver", hwm=64)
-    ep.send(*m.hello("gen-0", 0))
-    while (got := ep.recv(TIMEOUT_MS)) is not None and got[1].body["granted"] > 0:
-        for _ in range(got[1].body["granted"]):
+    ep.send(m.Hello("gen-0", 0))
+    while (got := ep.recv(TIMEOUT_MS)) is not None and got[1].body.granted > 0:
+        for _ in range(got[1].body.granted):
             if raw:
                 ep.socket.send(encoded, copy=False)
             else:
-                ep.send(*m.groups("gen-0", [group]))
+                ep.send(m.Groups("gen-0", [group]))
     ep.close()
     ctx.term()
 
@@ -162,7 +165,7 @@ def bench_loopback(response_tokens: int, count: int, repeats: int) -> dict[str, 
     spawn = mp.get_context("spawn")
     procs: dict[str, Any] = {}
     peers: dict[str, bytes] = {}
-    nbytes = len(encode(*m.groups("gen-0", [make_group(response_tokens)])))
+    nbytes = len(encode(m.Groups("gen-0", [make_group(response_tokens)])))
     try:
         for mode in ("codec", "raw"):  # one at a time, so each hello names its mode
             procs[mode] = spawn.Process(target=_sender, args=(srv.address, response_tokens, mode == "raw"))
@@ -174,7 +177,7 @@ def bench_loopback(response_tokens: int, count: int, repeats: int) -> dict[str, 
 
         def loop_round(mode: str) -> float:
             start = time.perf_counter()
-            srv.send(*m.credit(count, 0), to=peers[mode])
+            srv.send(m.Credit(count, 0), to=peers[mode])
             for _ in range(count):
                 if mode == "raw":
                     if not srv.socket.poll(TIMEOUT_MS):
@@ -191,7 +194,7 @@ def bench_loopback(response_tokens: int, count: int, repeats: int) -> dict[str, 
             warmup=1,  # connection buffers, allocator
         )
         for mode in peers:
-            srv.send(*m.credit(0, 0), to=peers[mode])
+            srv.send(m.Credit(0, 0), to=peers[mode])
     finally:
         for proc in procs.values():
             proc.join(30)
@@ -290,7 +293,7 @@ def measure_transport(
             {
                 "response_tokens": tokens,
                 "samples": SAMPLES_PER_GROUP,
-                "message_bytes": len(encode(*m.groups("gen-0", [group]))),
+                "message_bytes": len(encode(m.Groups("gen-0", [group]))),
                 "count": count,
                 "codec": bench_codec(group, count, repeats),
                 "loopback": bench_loopback(tokens, count, repeats),
@@ -323,7 +326,7 @@ def print_report(result: dict[str, Any]) -> None:
             ("encode", "encode (validated)"),
             ("decode", "decode (validated)"),
             ("encode+decode", "encode+decode"),
-            ("from_wire", "Group.from_wire (validated)"),
+            ("from_wire", "from_map (validated)"),
         ):
             print(_line(label, g["codec"][name]))
         lb = g["loopback"]

@@ -7,6 +7,7 @@ import socket
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,6 +72,22 @@ def tiny_overrides(model: Path, out: Path, ports: list[int]) -> list[str]:
         "generator.kv_cache_gib=0.25",
         *port_overrides(ports),
     ]
+
+
+def admission_policy(**overrides: Any):  # -> stream_dapo.buffer.replay.AdmissionPolicy
+    """A small AdmissionPolicy for buffer tests: capacity 6 in line, 100 stored, B_v = 2, max
+    staleness 3, no reuse, G = 2; `overrides` replace any of them."""
+    from stream_dapo.buffer.replay import AdmissionPolicy
+
+    values: dict[str, Any] = {
+        "admission_capacity": 6,
+        "capacity_groups": 100,
+        "groups_per_version": 2,
+        "max_staleness": 3,
+        "max_reuse": 1,
+        "group_size": 2,
+    }
+    return AdmissionPolicy(**{**values, **overrides})
 
 
 def tiny_qwen2(seed: int = 0, tied: bool = True):  # -> transformers.Qwen2ForCausalLM (imported lazily)

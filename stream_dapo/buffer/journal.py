@@ -5,12 +5,13 @@ Files (both in the directory of `buffer.persist_path`)::
     state.msgpack            snapshot: the whole state, replaced atomically (write temp, fsync, rename)
     state.msgpack.journal    every state change since that snapshot, appended and fsynced
 
-Both files start with an 8-byte magic and then hold frames::
+Both files start with an 8-byte magic, which carries the format version (`FORMAT_VERSION`), and
+then hold frames::
 
     u64 seq | u32 length | u32 crc32(seq bytes + payload) | payload (msgpack, arrays as raw bytes)
 
 Payloads are encoded with the transport codec's `pack_value` (numpy arrays as dtype + shape + raw
-bytes, never pickle). Sequence numbers grow across compactions; the snapshot's first frame
+bytes, never pickle): one record each, a map whose "kind" says what it is (see `ReplayBuffer`). Sequence numbers grow across compactions; the snapshot's first frame
 records the last sequence number it contains, so journal frames it already covers (left behind
 by a crash between the rename and the journal reset) are skipped on load.
 
@@ -19,6 +20,11 @@ every acknowledged change is in complete frames. A kill -9 or power loss can lea
 garbled frame at the end of the journal; `load()` stops there, logs a warning with the number
 of bytes skipped, and truncates the file so that new frames follow the last good one. A damaged
 snapshot is different (it was fsynced before the rename): that is an error naming the file.
+
+Format versions: 1 (up to commit 289e6bd) used one-letter record keys ("k", "g", "t", "v", ...);
+2 spells them out ("kind", "group", "accepted_at", "learner_version", ...). Files of version 1 still
+load: `load()` renames their keys (`migrate_record`) and compacts at once, so the directory then
+holds version 2 only and the old code's files are never appended to.
 
 A full disk: a failed journal write raises `JournalDiskFullError` ("no space left on <file>") and
 marks the journal failed, so `close()` releases the file without retrying the write (nothing more
@@ -42,18 +48,60 @@ from typing import IO, Any
 from stream_dapo.disk import NO_SPACE_ERRNOS, DiskFullError, atomic_file, no_space_left
 from stream_dapo.transport.codec import CodecError, pack_value, unpack_value
 
-__all__ = ["JOURNAL_MAGIC", "SNAPSHOT_MAGIC", "Journal", "JournalDiskFullError", "JournalError", "LoadReport"]
+__all__ = [
+    "FORMAT_VERSION",
+    "JOURNAL_MAGIC",
+    "SNAPSHOT_MAGIC",
+    "Journal",
+    "JournalDiskFullError",
+    "JournalError",
+    "LoadReport",
+    "migrate_record",
+]
 
 logger = logging.getLogger(__name__)
 
-JOURNAL_MAGIC = b"SDAPOJ1\n"
-SNAPSHOT_MAGIC = b"SDAPOS1\n"
+FORMAT_VERSION = 2
+JOURNAL_MAGIC = b"SDAPOJ2\n"
+SNAPSHOT_MAGIC = b"SDAPOS2\n"
+_OLD_MAGICS = {b"SDAPOJ1\n": 1, b"SDAPOS1\n": 1}
+"""Magics of earlier format versions that `load()` still reads (and migrates)."""
 _FRAME = struct.Struct("<QII")
 _SEQ = struct.Struct("<Q")
 _META = "_snapshot"
 _END = "_end"
 
 Record = dict[str, Any]
+
+V1_KEYS = {
+    "k": "kind",
+    "g": "group",
+    "t": "accepted_at",
+    "v": "learner_version",
+    "n": "count",
+    "gen": "generator",
+    "out": "outstanding",
+    "ft": "filtered_total",
+    "rid": "request_id",
+    "ids": "group_ids",
+    "drop": "dropped",
+    "reuse": "reused",
+    "smax": "max_staleness_served",
+    "through": "committed_through",
+    "pos": "position",
+    "last_commit_rid": "last_commit_request_id",
+}
+"""Format 1's record keys and what format 2 calls them (the same name in every record kind)."""
+
+
+def migrate_record(record: Record, version: int) -> Record:
+    """A record read from a file of format `version`, as format 2 writes it."""
+    if version >= FORMAT_VERSION:
+        return record
+    out = {V1_KEYS.get(key, key): value for key, value in record.items()}
+    if out.get("kind") == "state" and out.get("format") == 1:
+        out["format"] = 2  # the state record's only change was its keys
+    return out
 
 
 class JournalError(RuntimeError):
@@ -82,6 +130,8 @@ class LoadReport:
         self.journal_skipped_covered = 0
         self.skipped_tail_bytes = 0
         self.last_seq = 0
+        self.migrated_from: int | None = None
+        """The older format version the files were in (they were rewritten in the current one)."""
 
     def __repr__(self) -> str:
         return (
@@ -94,14 +144,16 @@ def _encode_frame(seq: int, record: Record) -> bytes:
     try:
         payload = pack_value(record)
     except CodecError as exc:
-        raise JournalError(f"cannot encode a buffer record of kind {record.get('k')!r}: {exc}") from exc
+        raise JournalError(f"cannot encode a buffer record of kind {record.get('kind')!r}: {exc}") from exc
     crc = zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq)))
     return _FRAME.pack(seq, len(payload), crc) + payload
 
 
-def _read_frames(f: IO[bytes], start: int, size: int) -> Iterator[tuple[int, Record, int]]:
-    """Yield (seq, record, end offset) from `start` of a file of `size` bytes; raise _BadFrame at
-    the first bad frame."""
+def _read_frames(
+    f: IO[bytes], start: int, size: int, version: int = FORMAT_VERSION
+) -> Iterator[tuple[int, Record, int]]:
+    """Yield (seq, record, end offset) from `start` of a file of `size` bytes and format `version`
+    (records migrated to the current format); raise _BadFrame at the first bad frame."""
     offset = start
     while True:
         header = f.read(_FRAME.size)
@@ -122,7 +174,10 @@ def _read_frames(f: IO[bytes], start: int, size: int) -> Iterator[tuple[int, Rec
             record = unpack_value(payload, max_bytes=max(1, length))
         except CodecError as exc:
             raise _BadFrame(offset, f"undecodable payload ({exc})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("k"), str):
+        if not isinstance(record, dict):
+            raise _BadFrame(offset, "payload is not a record")
+        record = migrate_record(record, version)
+        if not isinstance(record.get("kind"), str):
             raise _BadFrame(offset, "payload is not a record")
         offset += _FRAME.size + length
         yield seq, record, offset
@@ -173,7 +228,24 @@ class Journal:
         records.extend(self._load_journal(covered))
         self._seq = max(covered, self.report.last_seq)
         self.report.last_seq = self._seq
+        if self.report.migrated_from is not None:
+            logger.info(
+                "%s: state files of format %d, rewriting them in format %d",
+                self.snapshot_path,
+                self.report.migrated_from,
+                FORMAT_VERSION,
+            )
+            self.compact(records)
         return records
+
+    def _file_version(self, magic: bytes, current: bytes) -> int | None:
+        """The format version a file's magic names (None: not a state file of ours)."""
+        if magic == current:
+            return FORMAT_VERSION
+        version = _OLD_MAGICS.get(magic) if magic[:6] == current[:6] else None  # "SDAPOS" / "SDAPOJ"
+        if version is not None:
+            self.report.migrated_from = version
+        return version
 
     def _load_snapshot(self) -> tuple[list[Record], int]:
         if not self.snapshot_path.exists():
@@ -185,24 +257,25 @@ class Journal:
         try:
             with open(self.snapshot_path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                if f.read(len(SNAPSHOT_MAGIC)) != SNAPSHOT_MAGIC:
+                version = self._file_version(f.read(len(SNAPSHOT_MAGIC)), SNAPSHOT_MAGIC)
+                if version is None:
                     raise JournalError(f"{self.snapshot_path} is not a stream-dapo buffer snapshot; {fix}")
-                frames = list(_read_frames(f, len(SNAPSHOT_MAGIC), size))
+                frames = list(_read_frames(f, len(SNAPSHOT_MAGIC), size, version))
         except _BadFrame as bad:
             raise JournalError(
                 f"snapshot {self.snapshot_path} is damaged at byte {bad.offset} ({bad.problem}); {fix}"
             ) from None
         except OSError as exc:
             raise JournalError(f"cannot read {self.snapshot_path}: {exc.strerror}") from exc
-        if len(frames) < 2 or frames[0][1]["k"] != _META or frames[-1][1]["k"] != _END:
+        if len(frames) < 2 or frames[0][1]["kind"] != _META or frames[-1][1]["kind"] != _END:
             raise JournalError(
                 f"snapshot {self.snapshot_path} is incomplete (no header or end marker); {fix}"
             )
         body = [record for _, record, _ in frames[1:-1]]
-        if frames[-1][1].get("n") != len(body):
+        if frames[-1][1].get("count") != len(body):
             raise JournalError(
                 f"snapshot {self.snapshot_path} holds {len(body)} records, its end marker says "
-                f"{frames[-1][1].get('n')}; {fix}"
+                f"{frames[-1][1].get('count')}; {fix}"
             )
         self.report.snapshot_records = len(body)
         return body, int(frames[0][1]["seq"])
@@ -240,7 +313,8 @@ class Journal:
             self._sync_raw()
             self._size = len(JOURNAL_MAGIC)
             return []
-        if magic != JOURNAL_MAGIC:
+        version = self._file_version(magic, JOURNAL_MAGIC)
+        if version is None:
             raise JournalError(
                 f"{self.journal_path} is not a stream-dapo buffer journal; move it aside or set "
                 "buffer.persist_path to another file"
@@ -249,7 +323,7 @@ class Journal:
         good = len(JOURNAL_MAGIC)
         last_seq = covered
         try:
-            for seq, record, end in _read_frames(f, good, size):
+            for seq, record, end in _read_frames(f, good, size, version):
                 if seq <= last_seq and seq > covered:
                     raise _BadFrame(good, f"sequence number {seq} after {last_seq}")
                 good = end
@@ -325,11 +399,11 @@ class Journal:
         try:
             with atomic_file(self.snapshot_path, tmp=self._tmp_path, sync_dir=True) as f:
                 f.write(SNAPSHOT_MAGIC)
-                f.write(_encode_frame(covered, {"k": _META, "seq": covered, "created": time.time()}))
+                f.write(_encode_frame(covered, {"kind": _META, "seq": covered, "created": time.time()}))
                 for record in records:
                     f.write(_encode_frame(covered, record))
                     n += 1
-                f.write(_encode_frame(covered, {"k": _END, "n": n}))
+                f.write(_encode_frame(covered, {"kind": _END, "count": n}))
                 size = f.tell()
         except OSError as exc:
             if exc.errno in NO_SPACE_ERRNOS:
@@ -345,7 +419,8 @@ class Journal:
             ) from exc
         # The snapshot covers every frame up to `covered`: the journal can start over. A crash
         # before this truncation is harmless: load() skips frames the snapshot covers.
-        self._truncate(len(JOURNAL_MAGIC))
+        self._truncate(0)  # and a fresh magic: the journal may be of an older format
+        self._write_raw(JOURNAL_MAGIC)
         self._sync_raw()
         self._size = len(JOURNAL_MAGIC)
         self.records_since_compaction = 0

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from stream_dapo.config import Config, ConfigError
 from stream_dapo.core.admission import AdmissionError
-from stream_dapo.transport.messages import MAX_FILTERED_TOTAL, Group
+from stream_dapo.transport.codec import wire_bytes
+from stream_dapo.transport.messages import MAX_FILTERED_TOTAL, Group, from_map, to_map
 
 __all__ = [
     "AddResult",
@@ -31,10 +32,10 @@ __all__ = [
     "Persistence",
     "ReplayBuffer",
     "ServeResult",
-    "wire_bytes",
 ]
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
+"""Version of the `state` record (2: readable record keys; `journal.migrate_record` upgrades 1)."""
 SEEN_IDS_PER_RECORD = 10_000
 """Seen ids are snapshotted in chunks so that no single record grows with the length of the run."""
 
@@ -65,7 +66,7 @@ class GroupState(enum.Enum):
 class AdmissionPolicy:
     """The numbers the buffer decides with, taken from the config once."""
 
-    line_capacity: int
+    admission_capacity: int
     """`AdmissionRule.capacity`: waiting groups + outstanding credits never exceed it."""
     capacity_groups: int
     """buffer.capacity_groups: hard cap on waiting + leased; credits never exceed it either."""
@@ -86,8 +87,8 @@ class AdmissionPolicy:
         for name in ("capacity_groups", "groups_per_version", "max_reuse", "group_size"):
             if getattr(self, name) < 1:
                 raise BufferInputError(f"AdmissionPolicy.{name} must be >= 1, got {getattr(self, name)}")
-        if self.line_capacity < 0 or self.max_staleness < 0:
-            raise BufferInputError("AdmissionPolicy.line_capacity and max_staleness must be >= 0")
+        if self.admission_capacity < 0 or self.max_staleness < 0:
+            raise BufferInputError("AdmissionPolicy.admission_capacity and max_staleness must be >= 0")
 
     @classmethod
     def from_config(cls, cfg: Config) -> AdmissionPolicy:
@@ -95,11 +96,11 @@ class AdmissionPolicy:
         for a config built without validation) and take the config's numbers."""
         rule = cfg.admission
         try:
-            line_capacity = rule.check(cfg.buffer.capacity_groups, cfg.learner.checkpoint_every)
+            admission_capacity = rule.check(cfg.buffer.capacity_groups, cfg.learner.checkpoint_every)
         except AdmissionError as exc:
             raise ConfigError(str(exc)) from None
         return cls(
-            line_capacity=line_capacity,
+            admission_capacity=admission_capacity,
             capacity_groups=cfg.buffer.capacity_groups,
             groups_per_version=rule.groups_per_version,
             max_staleness=cfg.algo.max_staleness,
@@ -203,7 +204,7 @@ class ReplayBuffer:
 
     Admission and back-pressure: a generator starts a group only with a credit, and credits are
     granted only while waiting groups + outstanding credits stay within
-    `AdmissionPolicy.line_capacity` (and waiting + leased + credits within capacity_groups). The
+    `AdmissionPolicy.admission_capacity` (and waiting + leased + credits within capacity_groups). The
     queue therefore never holds more than the learner consumes within max_staleness versions, so
     generators are paced instead of their work being thrown away; the gate in `serve` is only a
     backstop. Groups are served oldest policy first (then in arrival order), so a long group that
@@ -281,14 +282,14 @@ class ReplayBuffer:
                 buf._replay(record)
             except (KeyError, TypeError, ValueError) as exc:
                 raise BufferInputError(
-                    f"persisted record #{i} (kind {record.get('k')!r}) cannot be applied: {exc!r}; the state "
+                    f"persisted record #{i} (kind {record.get('kind')!r}) cannot be applied: {exc!r}; the state "
                     "files were written by another version or edited by hand"
                 ) from exc
         buf._sink = persistence if persistence is not None else MemoryLog()
         return buf
 
     def _replay(self, r: Record) -> None:
-        kind = r["k"]
+        kind = r["kind"]
         if kind not in _REPLAY:
             raise ValueError(f"unknown record kind {kind!r}")
         _REPLAY[kind](self, r)
@@ -330,7 +331,7 @@ class ReplayBuffer:
             if now - self._last_seen.get(gen, self._started_at) > lease_s
         ]
         for gen, n in gone:
-            self._log({"k": "expire", "gen": gen})
+            self._log({"kind": "expire", "generator": gen})
             self._log_credit(gen, 0, granted=0, uncredited=0, released=n)
             self._apply_expire(gen)
             self._expired.add(gen)
@@ -385,7 +386,7 @@ class ReplayBuffer:
         if request_id is not None and last is not None and last[0] == request_id:
             self._count_retry()
             return last[1]
-        granted = min(want, self.room)
+        granted = min(want, self.grantable)
         if granted:
             out = self._credits.get(generator_id, 0) + granted
             self._log_credit(generator_id, out, granted=granted, uncredited=0, released=0, rid=request_id)
@@ -419,14 +420,14 @@ class ReplayBuffer:
                 continue
             seen_now.add(gid)
             at = self._clock()
-            self._log({"k": "accept", "g": group.to_wire(), "t": at})
+            self._log({"kind": "accept", "group": to_map(group), "accepted_at": at})
             self._apply_accept(group, at)
             result.accepted.append(gid)
         if result.duplicates:
-            self._log({"k": "duplicate", "n": len(result.duplicates)})
+            self._log({"kind": "duplicate", "count": len(result.duplicates)})
             self._apply_duplicates(len(result.duplicates))
         for reason, n in reasons.items():
-            self._log({"k": "reject_groups", "reason": reason, "n": n})
+            self._log({"kind": "reject_groups", "reason": reason, "count": n})
             self._apply_rejected(self._rejected_groups, reason, n)
         redeemed = len(result.accepted) + len(result.rejected)
         if redeemed:
@@ -436,7 +437,7 @@ class ReplayBuffer:
     def _rejection_reason(self, group: Group) -> str | None:
         if group.num_samples != self.policy.group_size:
             return "wrong_group_size"
-        if self.held >= self.policy.capacity_groups:
+        if self.stored >= self.policy.capacity_groups:
             # Only reachable by groups sent without a credit: credits never exceed the cap.
             return "buffer_full"
         return None
@@ -453,17 +454,17 @@ class ReplayBuffer:
         rid: int | None = None,
     ) -> None:
         record: Record = {
-            "k": "credit",
-            "gen": gen,
-            "out": out,
+            "kind": "credit",
+            "generator": gen,
+            "outstanding": out,
             "granted": granted,
             "uncredited": uncredited,
             "released": released,
         }
         if filtered_total is not None:
-            record["ft"] = filtered_total
+            record["filtered_total"] = filtered_total
         if rid is not None:
-            record["rid"] = rid
+            record["request_id"] = rid
         self._log(record)
         self._apply_credit(gen, out, granted, uncredited, released, filtered_total, rid)
 
@@ -476,7 +477,9 @@ class ReplayBuffer:
         _check_version(learner_version, "learner_version")
         _check_version(committed_through, "committed_through")
         n = len(self._leased)
-        self._log({"k": "requeue", "v": learner_version, "through": committed_through})
+        self._log(
+            {"kind": "requeue", "learner_version": learner_version, "committed_through": committed_through}
+        )
         self._apply_requeue(learner_version, committed_through)
         return n
 
@@ -538,12 +541,12 @@ class ReplayBuffer:
             smax = max(staleness) if staleness else None
             self._log(
                 {
-                    "k": "lease",
-                    "v": learner_version,
-                    "ids": chosen,
-                    "drop": dropped,
-                    "smax": smax,
-                    "rid": request_id,
+                    "kind": "lease",
+                    "learner_version": learner_version,
+                    "group_ids": chosen,
+                    "dropped": dropped,
+                    "max_staleness_served": smax,
+                    "request_id": request_id,
                 }
             )
             self._apply_lease(learner_version, chosen, dropped, smax, request_id)
@@ -585,12 +588,12 @@ class ReplayBuffer:
                 done.append(gid)
         if done or reuse or unknown:
             record = {
-                "k": "commit",
-                "v": learner_version,
+                "kind": "commit",
+                "learner_version": learner_version,
                 "done": done,
-                "reuse": reuse,
+                "reused": reuse,
                 "unknown": len(unknown),
-                "rid": request_id,
+                "request_id": request_id,
             }
             self._log(record)
             self._apply_commit(learner_version, done, reuse, len(unknown), request_id)
@@ -599,7 +602,7 @@ class ReplayBuffer:
         return CommitResult(done, reuse, unknown)
 
     def _count_retry(self) -> None:
-        self._log({"k": "retry"})
+        self._log({"kind": "retry"})
         self._apply_retry()
 
     def _apply_expire(self, gen: str) -> None:
@@ -614,12 +617,12 @@ class ReplayBuffer:
         """Count malformed or misdirected messages (the service forwards the endpoint's counts)."""
         if n <= 0:
             return
-        self._log({"k": "reject_message", "reason": reason, "n": n})
+        self._log({"kind": "reject_message", "reason": reason, "count": n})
         self._apply_rejected(self._rejected_messages, reason, n)
 
     def _note_version(self, v: int) -> None:
         if v != self.learner_version:
-            self._log({"k": "version", "v": v})
+            self._log({"kind": "version", "learner_version": v})
             self._apply_version(v)
 
     # ---------------------------------------------------------------------------------- apply
@@ -721,7 +724,7 @@ class ReplayBuffer:
         """The whole state as records that `restore` accepts: state, seen ids, then groups in
         queue order (waiting front to back, then leased in serve order)."""
         yield {
-            "k": "state",
+            "kind": "state",
             "format": SNAPSHOT_FORMAT,
             "counters": dict(self._counters),
             "rejected_messages": dict(self._rejected_messages),
@@ -729,25 +732,25 @@ class ReplayBuffer:
             # A list of pairs, not a map: there may be more generators than a map may have keys.
             "credits": [[gen, n] for gen, n in self._credits.items()],
             "filtered": [[gen, n] for gen, n in self._filtered.items()],
-            "v": self.learner_version,
-            "through": self.committed_through,
-            "pos": [self._pos_version, self._pos],
-            "smax": self._max_staleness_served,
+            "learner_version": self.learner_version,
+            "committed_through": self.committed_through,
+            "position": [self._pos_version, self._pos],
+            "max_staleness_served": self._max_staleness_served,
             "last_lease": None if self._last_lease is None else [self._last_lease[0], self._last_lease[1]],
-            "last_commit_rid": self._last_commit_rid,
+            "last_commit_request_id": self._last_commit_rid,
             "last_grants": [[gen, rid, n] for gen, (rid, n) in self._last_grant.items()],
         }
         ids = sorted(self._seen)
         for start in range(0, len(ids), SEEN_IDS_PER_RECORD):
-            yield {"k": "seen", "ids": ids[start : start + SEEN_IDS_PER_RECORD]}
+            yield {"kind": "seen", "group_ids": ids[start : start + SEEN_IDS_PER_RECORD]}
         for state, table in ((GroupState.WAITING, self._waiting), (GroupState.LEASED, self._leased)):
             for entry in table.values():
                 yield {
-                    "k": "group",
+                    "kind": "group",
                     "state": state.value,
                     "uses": entry.uses,
-                    "t": entry.accepted_at,
-                    "g": entry.group.to_wire(),
+                    "accepted_at": entry.accepted_at,
+                    "group": to_map(entry.group),
                 }
 
     def _apply_state(self, r: Record) -> None:
@@ -760,19 +763,20 @@ class ReplayBuffer:
         self._rejected_groups = {str(k): int(v) for k, v in r["rejected_groups"].items()}
         self._credits = {str(gen): int(n) for gen, n in r["credits"] if int(n) > 0}
         self._filtered = {str(gen): int(n) for gen, n in r.get("filtered", []) if int(n) > 0}
-        self.learner_version = int(r["v"])
-        self.committed_through = int(r["through"])
-        self._pos_version, self._pos = (int(x) for x in r["pos"])
-        self._max_staleness_served = None if r["smax"] is None else int(r["smax"])
+        self.learner_version = int(r["learner_version"])
+        self.committed_through = int(r["committed_through"])
+        self._pos_version, self._pos = (int(x) for x in r["position"])
+        smax = r["max_staleness_served"]
+        self._max_staleness_served = None if smax is None else int(smax)
         lease = r.get("last_lease")
         self._last_lease = None if lease is None else (int(lease[0]), [str(g) for g in lease[1]])
-        rid = r.get("last_commit_rid")
+        rid = r.get("last_commit_request_id")
         self._last_commit_rid = None if rid is None else int(rid)
         self._last_grant = {str(gen): (int(rid), int(n)) for gen, rid, n in r.get("last_grants", [])}
 
     def _apply_snapshot_group(self, r: Record) -> None:
-        group = Group.from_wire(r["g"])
-        entry = _Entry(group, float(r["t"]), int(r["uses"]))
+        group = from_map(Group, r["group"])
+        entry = _Entry(group, float(r["accepted_at"]), int(r["uses"]))
         table = self._waiting if GroupState(r["state"]) is GroupState.WAITING else self._leased
         table[group.group_id] = entry
         self._seen.add(group.group_id)
@@ -788,7 +792,7 @@ class ReplayBuffer:
         return len(self._leased)
 
     @property
-    def held(self) -> int:
+    def stored(self) -> int:
         """Groups stored: waiting + leased."""
         return len(self._waiting) + len(self._leased)
 
@@ -817,23 +821,28 @@ class ReplayBuffer:
         return self._credits.get(generator_id, 0)
 
     @property
-    def line(self) -> int:
-        """The admission line: waiting groups + credits that may still turn into groups."""
+    def admitted(self) -> int:
+        """Groups admitted and not yet served (the admission line): waiting groups + outstanding
+        credits, which may still turn into groups. `stats()` reports it as "line"."""
         return len(self._waiting) + self.credits_outstanding
 
     @property
-    def line_limit(self) -> int:
-        return max(0, min(self.policy.line_capacity, self.policy.capacity_groups - len(self._leased)))
+    def admission_limit(self) -> int:
+        """What `admitted` may reach now: the policy's admission capacity, less what leased groups
+        take of capacity_groups. `stats()` reports it as "line_capacity"."""
+        return max(0, min(self.policy.admission_capacity, self.policy.capacity_groups - len(self._leased)))
 
     @property
-    def room(self) -> int:
-        """Credits that may be granted now."""
+    def grantable(self) -> int:
+        """Credits that may be granted now (the room left under `admission_limit`)."""
         if self.policy.lockstep:
             return max(
                 0,
-                min(self.policy.rollout_batch_prompts, self.line_limit) - self._served_this_round - self.line,
+                min(self.policy.rollout_batch_prompts, self.admission_limit)
+                - self._served_this_round
+                - self.admitted,
             )
-        return max(0, self.line_limit - self.line)
+        return max(0, self.admission_limit - self.admitted)
 
     @property
     def _served_this_round(self) -> int:
@@ -874,8 +883,8 @@ class ReplayBuffer:
             "waiting": len(self._waiting),
             "leased": len(self._leased),
             "seen_ids": len(self._seen),
-            "line": self.line,
-            "line_capacity": self.line_limit,
+            "line": self.admitted,
+            "line_capacity": self.admission_limit,
             "learner_version": self.learner_version,
             "committed_through": self.committed_through,
         }
@@ -883,50 +892,39 @@ class ReplayBuffer:
 
 _REPLAY: dict[str, Callable[[ReplayBuffer, Record], None]] = {
     # journal records: one per state change
-    "accept": lambda b, r: b._apply_accept(Group.from_wire(r["g"]), float(r["t"])),
-    "duplicate": lambda b, r: b._apply_duplicates(int(r["n"])),
-    "reject_groups": lambda b, r: b._apply_rejected(b._rejected_groups, r["reason"], int(r["n"])),
-    "reject_message": lambda b, r: b._apply_rejected(b._rejected_messages, r["reason"], int(r["n"])),
+    "accept": lambda b, r: b._apply_accept(from_map(Group, r["group"]), float(r["accepted_at"])),
+    "duplicate": lambda b, r: b._apply_duplicates(int(r["count"])),
+    "reject_groups": lambda b, r: b._apply_rejected(b._rejected_groups, r["reason"], int(r["count"])),
+    "reject_message": lambda b, r: b._apply_rejected(b._rejected_messages, r["reason"], int(r["count"])),
     "credit": lambda b, r: b._apply_credit(
-        r["gen"],
-        int(r["out"]),
+        r["generator"],
+        int(r["outstanding"]),
         int(r["granted"]),
         int(r["uncredited"]),
         int(r["released"]),
-        r.get("ft"),
-        None if r.get("rid") is None else int(r["rid"]),
+        r.get("filtered_total"),
+        None if r.get("request_id") is None else int(r["request_id"]),
     ),
-    "expire": lambda b, r: b._apply_expire(r["gen"]),
+    "expire": lambda b, r: b._apply_expire(r["generator"]),
     "lease": lambda b, r: b._apply_lease(
-        int(r["v"]), list(r["ids"]), list(r["drop"]), r["smax"], r.get("rid")
+        int(r["learner_version"]),
+        list(r["group_ids"]),
+        list(r["dropped"]),
+        r["max_staleness_served"],
+        r.get("request_id"),
     ),
     "commit": lambda b, r: b._apply_commit(
-        int(r["v"]), list(r["done"]), list(r["reuse"]), int(r["unknown"]), r.get("rid")
+        int(r["learner_version"]), list(r["done"]), list(r["reused"]), int(r["unknown"]), r.get("request_id")
     ),
     "retry": lambda b, r: b._apply_retry(),
-    "requeue": lambda b, r: b._apply_requeue(int(r["v"]), int(r["through"])),
-    "version": lambda b, r: b._apply_version(int(r["v"])),
+    "requeue": lambda b, r: b._apply_requeue(int(r["learner_version"]), int(r["committed_through"])),
+    "version": lambda b, r: b._apply_version(int(r["learner_version"])),
     # snapshot records: the whole state
     "state": lambda b, r: b._apply_state(r),
-    "seen": lambda b, r: b._seen.update(r["ids"]),
+    "seen": lambda b, r: b._seen.update(r["group_ids"]),
     "group": lambda b, r: b._apply_snapshot_group(r),
 }
 """How each persisted record kind is applied on restore (live changes call the same methods)."""
-
-
-_WIRE_OVERHEAD_PER_SAMPLE = 160
-"""msgpack keys, scalars and three array headers of one sample, rounded up."""
-_WIRE_OVERHEAD_PER_GROUP = 256
-
-
-def wire_bytes(group: Group) -> int:
-    """An upper estimate of a group's encoded size: its array bytes plus per-field overhead.
-    Used to keep a batch under the learner's message size limit."""
-    arrays = group.prompt_tokens.nbytes + sum(
-        s.tokens.nbytes + s.logprobs.nbytes + s.versions.nbytes for s in group.samples
-    )
-    strings = sum(len(x.encode()) for x in (group.group_id, group.prompt_id, group.generator_id, group.gold))
-    return _WIRE_OVERHEAD_PER_GROUP + strings + arrays + _WIRE_OVERHEAD_PER_SAMPLE * len(group.samples)
 
 
 def _check_id(value: Any, name: str) -> None:

@@ -12,9 +12,7 @@ Statistics, not state: the tally is not journaled and restarts from 0 with the b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from stream_dapo.transport.messages import ROLLOUT_FIELDS
+from stream_dapo.transport.messages import ROLLOUT_FIELDS, Rollouts
 
 
 class RolloutTally:
@@ -26,9 +24,10 @@ class RolloutTally:
         """The generator said hello: its next tally counts from 0."""
         self._last.pop(generator_id, None)
 
-    def observe(self, generator_id: str, tally: Mapping[str, int]) -> None:
+    def observe(self, generator_id: str, rollouts: Rollouts) -> None:
         """Add what `generator_id` finished since its previous report. A field that went down means
         the generator restarted without a hello the buffer saw: its whole tally is new."""
+        tally = {k: getattr(rollouts, k) for k in ROLLOUT_FIELDS}
         last = self._last.get(generator_id, {})
         restarted = any(tally[k] < last.get(k, 0) for k in ROLLOUT_FIELDS)
         for key in ROLLOUT_FIELDS:

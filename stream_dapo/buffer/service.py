@@ -45,7 +45,7 @@ from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
 from stream_dapo.transport.curve import curve_server, start_authenticator
-from stream_dapo.transport.messages import Body, Outgoing, SchemaError
+from stream_dapo.transport.messages import Body, SchemaError
 from stream_dapo.transport.sockets import (
     CurveKeys,
     Endpoint,
@@ -78,8 +78,8 @@ STATUS_KEYS = (
     "learner_version",
 )
 
-Handler = Callable[[Body, int | None], Outgoing]
-"""(body, request id) -> reply; the id lets a handler recognise a retried request."""
+Handler = Callable[[Any, int | None], Body]
+"""(body struct, request id) -> reply; the id lets a handler recognise a retried request."""
 
 
 def persist_path(cfg: Config) -> Path:
@@ -144,7 +144,7 @@ class BufferService:
             self.samples.address,
             self.batches.address,
             self.metrics_port,
-            policy.line_capacity,
+            policy.admission_capacity,
         )
 
     # ---------------------------------------------------------------------------------- set-up
@@ -289,19 +289,19 @@ class BufferService:
             return
         self._reply(endpoint, peer, reply, rid)
 
-    def _reply(self, endpoint: Endpoint, peer: bytes, reply: Outgoing, request_id: int | None) -> None:
+    def _reply(self, endpoint: Endpoint, peer: bytes, reply: Body, request_id: int | None) -> None:
         # Write-ahead: whatever this reply acknowledges is on disk before the peer can know it,
         # and in /metrics too, so what a peer saw acknowledged is never missing from a scrape.
         self._count_endpoint_rejections()
         self.journal.sync()
         self._export_metrics()
         try:
-            endpoint.send(*reply, to=peer, request_id=request_id)
+            endpoint.send(reply, to=peer, request_id=request_id)
         except PeerUnreachable:
             # Gone since it asked. A generator resends unacknowledged groups (they become
             # duplicates); a learner's lost batch returns to the queue on its next learner_hello.
             self._refusals.warn(
-                "peer_gone", "%s: peer %r left before its %s reply", endpoint.address, peer, reply[0]
+                "peer_gone", "%s: peer %r left before its %s reply", endpoint.address, peer, reply.TYPE
             )
         except TransportTimeout as exc:
             # Its queue is full: it is not reading. Waiting would stall every other peer behind it, so
@@ -315,53 +315,53 @@ class BufferService:
             reason, "%s: refused a message from %r (%s): %s", endpoint.address, peer, reason, detail
         )
         self.buffer.count_rejected_message(reason)
-        self._reply(endpoint, peer, m.error(reason, detail[:4096]), request_id)
+        self._reply(endpoint, peer, m.Error(reason, detail[:4096]), request_id)
 
     # ---------------------------------------------------------------------------------- handlers
 
-    def _on_hello(self, body: Body, rid: int | None) -> Outgoing:
-        version = self.buffer.generator_hello(body["generator_id"])
-        self.rollouts.restart(body["generator_id"])
-        log.info("generator %s connected (policy version %d)", body["generator_id"], body["policy_version"])
-        return m.credit(0, version)
+    def _on_hello(self, body: m.Hello, rid: int | None) -> m.Credit:
+        version = self.buffer.generator_hello(body.generator_id)
+        self.rollouts.restart(body.generator_id)
+        log.info("generator %s connected (policy version %d)", body.generator_id, body.policy_version)
+        return m.Credit(0, version)
 
-    def _on_credit_request(self, body: Body, rid: int | None) -> Outgoing:
-        granted = self.buffer.grant_credits(body["generator_id"], body["want"], request_id=rid)
-        return m.credit(granted, self.buffer.learner_version)
+    def _on_credit_request(self, body: m.CreditRequest, rid: int | None) -> m.Credit:
+        granted = self.buffer.grant_credits(body.generator_id, body.want, request_id=rid)
+        return m.Credit(granted, self.buffer.learner_version)
 
-    def _on_groups(self, body: Body, rid: int | None) -> Outgoing:
-        groups = m.groups_from_body(body)
-        result = self.buffer.add_groups(body["generator_id"], groups, body.get("filtered_total"))
-        if "rollouts" in body:
-            self.rollouts.observe(body["generator_id"], body["rollouts"])
-        return m.ack(result.accepted, result.duplicates, result.rejected)
+    def _on_groups(self, body: m.Groups, rid: int | None) -> m.Ack:
+        result = self.buffer.add_groups(body.generator_id, body.groups, body.filtered_total)
+        if body.rollouts is not None:
+            self.rollouts.observe(body.generator_id, body.rollouts)
+        rejected = [m.Rejection(gid, reason) for gid, reason in result.rejected]
+        return m.Ack(result.accepted, result.duplicates, rejected)
 
-    def _on_heartbeat(self, body: Body, rid: int | None) -> Outgoing:
-        credits, expired = self.buffer.heartbeat(body["generator_id"], body["filtered_total"])
-        if "rollouts" in body:
-            self.rollouts.observe(body["generator_id"], body["rollouts"])
+    def _on_heartbeat(self, body: m.Heartbeat, rid: int | None) -> m.Lease:
+        credits, expired = self.buffer.heartbeat(body.generator_id, body.filtered_total)
+        if body.rollouts is not None:
+            self.rollouts.observe(body.generator_id, body.rollouts)
         if expired:
             log.warning(
                 "generator %s is back after its lease expired: it drops the credits it held",
-                body["generator_id"],
+                body.generator_id,
             )
-        return m.lease(credits, expired, self.buffer.learner_version)
+        return m.Lease(credits, expired, self.buffer.learner_version)
 
-    def _on_learner_hello(self, body: Body, rid: int | None) -> Outgoing:
-        n = self.buffer.learner_hello(body["learner_version"], body["committed_through"])
+    def _on_learner_hello(self, body: m.LearnerHello, rid: int | None) -> m.Empty:
+        n = self.buffer.learner_hello(body.learner_version, body.committed_through)
         log.info(
             "learner connected at version %d (committed through %d): %d leased groups back to the front",
-            body["learner_version"],
-            body["committed_through"],
+            body.learner_version,
+            body.committed_through,
             n,
         )
-        return m.empty("ready")
+        return m.Empty("ready")
 
-    def _on_batch_request(self, body: Body, rid: int | None) -> Outgoing:
+    def _on_batch_request(self, body: m.BatchRequest, rid: int | None) -> m.Batch | m.Empty:
         result = self.buffer.serve(
-            body["learner_version"],
-            body["max_groups"],
-            body["max_tokens"],
+            body.learner_version,
+            body.max_groups,
+            body.max_tokens,
             max_bytes=max(1, self.cfg.transport.max_message_bytes - BATCH_BYTES_HEADROOM),
             request_id=rid,
         )
@@ -372,20 +372,20 @@ class BufferService:
         for stale in result.staleness:
             self.metrics.staleness.observe(stale)
         if result.groups:
-            return m.batch(result.groups, len(result.dropped_stale), self.rollouts.totals)
-        return m.empty("all_stale" if result.dropped_stale else "no_waiting_groups")
+            return m.Batch(result.groups, len(result.dropped_stale), m.Rollouts(**self.rollouts.totals))
+        return m.Empty("all_stale" if result.dropped_stale else "no_waiting_groups")
 
-    def _on_commit(self, body: Body, rid: int | None) -> Outgoing:
-        result = self.buffer.commit(body["learner_version"], body["group_ids"], request_id=rid)
+    def _on_commit(self, body: m.Commit, rid: int | None) -> m.Empty:
+        result = self.buffer.commit(body.learner_version, body.group_ids, request_id=rid)
         if result.retried:
             log.info("commit %s retried: already applied", rid)
         elif result.unknown:
             log.info(
                 "commit at version %d named %d groups not held (already committed)",
-                body["learner_version"],
+                body.learner_version,
                 len(result.unknown),
             )
-        return m.empty("committed")
+        return m.Empty("committed")
 
     # ---------------------------------------------------------------------------------- chores
 

@@ -161,7 +161,7 @@ class UnackedGroups:
             p.sent_at = float("-inf")
 
     def ack(
-        self, accepted: Iterable[str], duplicates: Iterable[str], rejected: Iterable[dict[str, str]]
+        self, accepted: Iterable[str], duplicates: Iterable[str], rejected: Iterable[m.Rejection]
     ) -> AckOutcome:
         """Apply an ``ack``: accepted and duplicate ids are done, rejected ones are dropped (the buffer
         will never take them; resending would not help)."""
@@ -172,10 +172,10 @@ class UnackedGroups:
             else:
                 result.acked += 1
         for item in rejected:
-            if self._pending.pop(item["group_id"], None) is None:
+            if self._pending.pop(item.group_id, None) is None:
                 result.unknown += 1
             else:
-                result.rejected.append((item["group_id"], item["reason"]))
+                result.rejected.append((item.group_id, item.reason))
         return result
 
 
@@ -184,7 +184,8 @@ class Heartbeat(BackgroundThread):
     (a long weight load, a slow engine step) does not lose its credits.
 
     Every ``every_s`` it sends ``heartbeat{generator_id, filtered_total, rollouts}`` (``rollouts``:
-    the generator's rollout tally, for tracking) on its own connection to the buffer and reads the ``lease`` replies: ``expired`` is set when one says the buffer had taken
+    the generator's rollout tally, for tracking) on its own connection to the buffer and reads the
+    ``lease`` replies: ``expired`` is set when one says the buffer had taken
     the credits back, and ``last_answer`` is when the buffer last replied (readiness). It stops
     renewing while ``progressing()`` is false (the main loop made no progress for its liveness
     bound), so a hung generator loses its credits like a dead one.
@@ -218,17 +219,17 @@ class Heartbeat(BackgroundThread):
             while not self._stop.is_set():
                 if self._progressing():
                     try:
-                        tally = self._rollouts() if self._rollouts is not None else None
-                        endpoint.send(*m.heartbeat(self.generator_id, self._filtered_total(), tally))
+                        tally = m.Rollouts(**self._rollouts()) if self._rollouts is not None else None
+                        endpoint.send(m.Heartbeat(self.generator_id, self._filtered_total(), tally))
                         self.sent += 1
                     except TransportTimeout:  # the queue to a hung buffer is full: try again later
                         pass
                 deadline = time.monotonic() + self.every_s
                 while not self._stop.is_set() and (left_ms := int((deadline - time.monotonic()) * 1000)) > 0:
                     got = endpoint.recv(min(left_ms, 200))
-                    if got is not None and got[1].type == m.LEASE:
+                    if got is not None and isinstance(lease := got[1].body, m.Lease):
                         self.last_answer = time.monotonic()
-                        if got[1].body["expired"]:
+                        if lease.expired:
                             self.expired.set()
         finally:
             endpoint.close()

@@ -69,6 +69,7 @@ from stream_dapo.metrics import (
 )
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import messages as m
+from stream_dapo.transport.codec import Message
 from stream_dapo.transport.curve import curve_client
 from stream_dapo.transport.messages import Group
 from stream_dapo.transport.sockets import (
@@ -259,7 +260,7 @@ class GeneratorService:
         try:
             reply = request(
                 self.buffer,
-                *m.hello(self.generator_id, 0),
+                m.Hello(self.generator_id, 0),
                 timeout_ms=int(t.timeout_s * 1000),
                 retries=0,
                 accept=lambda msg: msg.type == m.CREDIT,
@@ -272,7 +273,7 @@ class GeneratorService:
                 + ")"
             ) from None
         log.info(
-            "buffer at %s answered (learner version %d)", self.buffer_address, reply.body["learner_version"]
+            "buffer at %s answered (learner version %d)", self.buffer_address, reply.body.learner_version
         )
         self._monitor = self.buffer.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
 
@@ -445,16 +446,17 @@ class GeneratorService:
                 self.unacked.expire()
                 self.credits.forget_request()
 
-    def _on_buffer_message(self, msg: Any) -> None:
-        if msg.type == m.CREDIT:
-            if not self.credits.granted(msg.body["granted"], time.monotonic(), msg.request_id):
+    def _on_buffer_message(self, msg: Message) -> None:
+        body = msg.body
+        if isinstance(body, m.Credit):
+            if not self.credits.granted(body.granted, time.monotonic(), msg.request_id):
                 self.metrics.stale_credit_replies.inc()
-            elif msg.body["granted"]:
-                self._credit_version = max(self._credit_version, msg.body["learner_version"])
-        elif msg.type == m.ACK:
-            self._on_ack(msg.body)
-        elif msg.type == m.ERROR:
-            log.warning("the buffer answered error %s: %s", msg.body["reason"], msg.body["detail"])
+            elif body.granted:
+                self._credit_version = max(self._credit_version, body.learner_version)
+        elif isinstance(body, m.Ack):
+            self._on_ack(body)
+        elif isinstance(body, m.Error):
+            log.warning("the buffer answered error %s: %s", body.reason, body.detail)
         else:
             self.metrics.messages_rejected.labels(reason="unexpected_type").inc()
             self._warnings.warn("unexpected_type", "unexpected %r message from the buffer; ignored", msg.type)
@@ -498,8 +500,8 @@ class GeneratorService:
             self.health.detail["buffer_responding"] = responding
         self.health.ready = responding and not self._disconnected
 
-    def _on_ack(self, body: dict[str, Any]) -> None:
-        result = self.unacked.ack(body["accepted"], body["duplicates"], body["rejected"])
+    def _on_ack(self, body: m.Ack) -> None:
+        result = self.unacked.ack(body.accepted, body.duplicates, body.rejected)
         self.metrics.groups_acked.inc(result.acked)
         for gid, reason in result.rejected:
             log.warning("the buffer rejected group %s: %s", gid, reason)
@@ -510,7 +512,7 @@ class GeneratorService:
             return
         req = self.credits.request(self._engine.num_in_flight, time.monotonic())
         if req is not None:
-            self._send(*m.credit_request(self.generator_id, req.want), request_id=req.request_id)
+            self._send(m.CreditRequest(self.generator_id, req.want), request_id=req.request_id)
 
     def _start_groups(self) -> None:
         assert self.prompts is not None
@@ -559,8 +561,11 @@ class GeneratorService:
 
     def _send_groups(self, groups: list[Group]) -> None:
         self._send(
-            *m.groups(
-                self.generator_id, groups, filtered_total=self.credits.filtered_total, rollouts=self._rollouts
+            m.Groups(
+                self.generator_id,
+                groups,
+                filtered_total=self.credits.filtered_total,
+                rollouts=m.Rollouts(**self._rollouts),
             )
         )
         self._filtered_sent = self.credits.filtered_total
@@ -584,10 +589,10 @@ class GeneratorService:
             self._send_groups([group])
             self.metrics.groups_sent.inc()
 
-    def _send(self, msg_type: str, body: dict[str, Any], request_id: int | None = None) -> None:
+    def _send(self, body: m.Body, request_id: int | None = None) -> None:
         assert self.buffer is not None
         try:
-            self.buffer.send(msg_type, body, request_id=request_id)
+            self.buffer.send(body, request_id=request_id)
         except TransportTimeout as exc:  # the queue to the buffer is full: unacked groups are resent later
             log.warning("%s", exc)
 

@@ -283,7 +283,7 @@ class LearnerService:
         v = self.learner.version
         t = self.cfg.transport
         try:
-            self._request(*m.learner_hello(v, v), attempts=3)
+            self._request(m.LearnerHello(v, v), attempts=3)
         except TransportTimeout as exc:
             raise PeerUnavailable(
                 f"{exc} The learner needs the buffer at {t.buffer_address('batches')}: start `stream-dapo buffer` "
@@ -294,7 +294,7 @@ class LearnerService:
 
     # ------------------------------------------------------------------ data
 
-    def _request(self, msg_type: str, body: dict[str, Any], attempts: int | None = None) -> codec.Message:
+    def _request(self, body: m.Body, attempts: int | None = None) -> codec.Message:
         """Send one request to the buffer and return its reply.
 
         Each attempt waits transport.timeout_s and all carry one request id, so the buffer answers a
@@ -313,13 +313,13 @@ class LearnerService:
             discarded = self._buffer.discarded
             try:
                 reply = request(
-                    self._buffer, msg_type, body, timeout_ms=int(timeout_s * 1000), retries=0, request_id=rid
+                    self._buffer, body, timeout_ms=int(timeout_s * 1000), retries=0, request_id=rid
                 )
             except TransportTimeout:
                 if (tried >= attempts) if attempts is not None else self._stop.is_set():
                     raise
                 self.metrics.request_retries.inc()
-                self._buffer_reachable(False, f"no reply to {msg_type} for {tried * timeout_s:.0f} s")
+                self._buffer_reachable(False, f"no reply to {body.TYPE} for {tried * timeout_s:.0f} s")
                 continue
             finally:
                 self.metrics.stale_replies.inc(self._buffer.discarded - discarded)
@@ -372,15 +372,16 @@ class LearnerService:
 
     def _request_groups(self, n: int) -> list[m.Group]:
         try:
-            reply = self._request(*m.batch_request(self.learner.version, n, 0))
+            reply = self._request(m.BatchRequest(self.learner.version, n, 0))
         except TransportTimeout:  # only when stopping: nothing was leased that a hello will not requeue
             return []
-        if reply.type == m.BATCH:
-            if "rollouts" in reply.body:
-                self._rollouts_latest = dict(reply.body["rollouts"])
-            if reply.body["dropped_stale"]:
-                log.warning("buffer dropped %d stale groups for this batch", reply.body["dropped_stale"])
-            return m.groups_from_body(reply.body)
+        batch = reply.body
+        if isinstance(batch, m.Batch):
+            if batch.rollouts is not None:
+                self._rollouts_latest = m.to_map(batch.rollouts)
+            if batch.dropped_stale:
+                log.warning("buffer dropped %d stale groups for this batch", batch.dropped_stale)
+            return batch.groups
         if reply.type != m.EMPTY:
             raise TransportError(
                 f"buffer answered batch_request with {reply.type!r}; expected batch or empty"
@@ -418,14 +419,14 @@ class LearnerService:
         """Rank 0's groups on every rank, sent as one encoded `batch` message (no pickle)."""
         if self.world_size == 1:
             return groups
-        data = codec.encode(*m.batch(groups, 0)) if self.rank == 0 else b""
+        data = codec.encode(m.Batch(groups, 0)) if self.rank == 0 else b""
         data = distributed.broadcast_bytes(
             data, rank=self.rank, device=self.learner.device, world_size=self.world_size
         )
         if self.rank == 0:
             return groups
         msg = codec.decode(data, max_bytes=len(data) + 1)
-        return m.groups_from_body(msg.body)
+        return msg.body.groups
 
     # ------------------------------------------------------------------ weights, checkpoints, commits
 
@@ -471,7 +472,7 @@ class LearnerService:
 
     def _commit(self, version: int, group_ids: list[str]) -> None:
         try:
-            self._request(*m.commit(version, group_ids), attempts=3 if self._stop.is_set() else None)
+            self._request(m.Commit(version, group_ids), attempts=3 if self._stop.is_set() else None)
         except TransportTimeout as exc:
             # The ids are in the checkpoint's state: the next start-up resends them.
             log.error("commit of %d groups at version %d got no reply: %s", len(group_ids), version, exc)

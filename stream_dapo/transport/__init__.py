@@ -2,7 +2,8 @@
 
     from stream_dapo.transport import messages, open_endpoint, request
     ep = open_endpoint(ctx, zmq.DEALER, connect="tcp://buffer:5555", max_bytes=64 * MIB, peer="buffer")
-    reply = request(ep, *messages.hello("gen-0", policy_version=0), timeout_ms=2000, retries=3)
+    reply = request(ep, messages.Hello("gen-0", policy_version=0), timeout_ms=2000, retries=3)
+    reply.body.learner_version  # typed: reply.body is a messages.Credit
 
 Nothing here imports torch or the project config: callers pass addresses, limits and keys.
 """
@@ -17,6 +18,7 @@ from stream_dapo.transport.codec import (
     encode,
     pack_value,
     unpack_value,
+    wire_bytes,
 )
 from stream_dapo.transport.messages import Group, Sample, SchemaError
 from stream_dapo.transport.sockets import (
@@ -61,4 +63,5 @@ __all__ = [
     "pack_value",
     "request",
     "unpack_value",
+    "wire_bytes",
 ]

@@ -27,7 +27,7 @@ import zmq
 
 from stream_dapo.transport.codec import CodecError, Message, encode
 from stream_dapo.transport.codec import decode as _decode
-from stream_dapo.transport.messages import ERROR
+from stream_dapo.transport.messages import ERROR, Body, Error
 
 logger = logging.getLogger(__name__)
 
@@ -291,13 +291,12 @@ class Endpoint:
         if self._closed:
             raise TransportError(f"endpoint {self.address} is closed")
 
-    def send(
-        self, msg_type: str, body: dict[str, Any], *, to: bytes | None = None, request_id: int | None = None
-    ) -> None:
-        """Encode and send. A ROUTER needs `to` (the peer identity from `recv`); others must not.
+    def send(self, body: Body, *, to: bytes | None = None, request_id: int | None = None) -> None:
+        """Encode and send one message (`messages.Hello(...)`, ...). A ROUTER needs `to` (the peer
+        identity from `recv`); others must not.
         `request_id`: the request's id, on a request (see `request`) and on the reply to it.
 
-        Raises CodecError if `body` does not match its schema, PeerUnreachable if `to` is gone,
+        Raises CodecError if `body` is not a message struct, PeerUnreachable if `to` is gone,
         TransportTimeout if the peer's queue stays full for send_timeout_ms.
         """
         self._check_open()
@@ -305,7 +304,7 @@ class Endpoint:
             raise ValueError("a ROUTER endpoint must be told which peer to send to: send(..., to=peer_id)")
         if not self.routing and to is not None:
             raise ValueError("only a ROUTER endpoint sends to a peer identity; drop to=")
-        self._send_frames(encode(msg_type, body, request_id), to, what=msg_type)
+        self._send_frames(encode(body, request_id), to, what=body.TYPE)
 
     def _send_frames(self, data: bytes, to: bytes | None, *, what: str) -> None:
         frames = [data] if to is None else [to, data]
@@ -368,7 +367,7 @@ class Endpoint:
         )
         if self.reply_errors and self.routing and peer_id is not None:
             try:
-                reply = encode(ERROR, {"reason": reason, "detail": detail[:4096]})
+                reply = encode(Error(reason, detail[:4096]))
                 self.socket.send_multipart([peer_id, reply], zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass  # the peer is gone or its queue is full: the error reply is best effort
@@ -391,8 +390,7 @@ def new_request_id() -> int:
 
 def request(
     endpoint: Endpoint,
-    msg_type: str,
-    body: dict[str, Any],
+    body: Body,
     *,
     timeout_ms: int,
     retries: int,
@@ -424,13 +422,13 @@ def request(
     delay_ms = float(backoff_ms)
     for attempt in range(attempts):
         try:
-            endpoint.send(msg_type, body, request_id=rid)
+            endpoint.send(body, request_id=rid)
             reply = _await_reply(endpoint, timeout_ms, rid, accept)
         except TransportTimeout:
             reply = None
         if reply is not None:
             if reply.type == ERROR:
-                raise RemoteError(reply.body["reason"], reply.body["detail"], endpoint.address)
+                raise RemoteError(reply.body.reason, reply.body.detail, endpoint.address)
             return reply
         if attempt + 1 < attempts:
             # Jitter spreads out many generators retrying against one restarting buffer.
@@ -438,7 +436,7 @@ def request(
             delay_ms = min(delay_ms * 2, max_backoff_ms)
     hint = " and that both sides use matching Curve keys" if endpoint.curve else ""
     raise TransportTimeout(
-        f"no reply to {msg_type!r} from {endpoint.address} after {attempts} attempt(s) of {timeout_ms} ms: "
+        f"no reply to {body.TYPE!r} from {endpoint.address} after {attempts} attempt(s) of {timeout_ms} ms: "
         f"is the {endpoint.peer} running at {endpoint.address}? Check the address in the config{hint}."
     )
 

@@ -297,11 +297,12 @@ class NcclAnnouncementSource(ZmqWeightSource):
     def __call__(self, have: int) -> WeightUpdate | None:
         reply = request(
             self._ep(),
-            *messages.weights_query(max(have, 0)),
+            messages.WeightsQuery(max(have, 0)),
             timeout_ms=int(self.timeout_s * 1000),
             retries=0,
             accept=lambda msg: msg.type in (messages.WEIGHTS_MANIFEST, messages.NOT_AVAILABLE),
         )
-        if reply.type == messages.NOT_AVAILABLE or reply.body["version"] == have:
+        manifest = reply.body
+        if not isinstance(manifest, messages.WeightsManifest) or manifest.version == have:
             return None
-        return WeightUpdate(int(reply.body["version"]), None, int(reply.body["total_bytes"]))
+        return WeightUpdate(manifest.version, None, manifest.total_bytes)

@@ -223,8 +223,8 @@ class WeightServer:
                     continue
                 peer, msg = got
                 assert peer is not None
-                reply = self._answer(msg.type, msg.body)
-                ep.send(*reply, to=peer, request_id=msg.request_id)
+                reply = self._answer(msg)
+                ep.send(reply, to=peer, request_id=msg.request_id)
             except (PeerUnreachable, TransportTimeout) as exc:
                 # The generator went away or stopped reading; it will ask again when it comes back.
                 self.stats["errors"] += 1
@@ -236,19 +236,20 @@ class WeightServer:
                 log.warning("weight server socket error: %s", exc)
                 time.sleep(self.poll_ms / 1000)
 
-    def _answer(self, msg_type: str, body: dict[str, Any]) -> messages.Outgoing:
-        if msg_type == messages.WEIGHTS_QUERY:
-            return self._answer_query(body["have_version"])
-        if msg_type == messages.CHUNK_REQUEST:
-            return self._answer_chunk(body["version"], body["index"])
+    def _answer(self, msg: Message) -> messages.Body:
+        body = msg.body
+        if isinstance(body, messages.WeightsQuery):
+            return self._answer_query(body.have_version)
+        if isinstance(body, messages.ChunkRequest):
+            return self._answer_chunk(body.version, body.index)
         return self._refuse(
-            "unexpected_type", f"the weight server answers weights_query and chunk_request, not {msg_type}"
+            "unexpected_type", f"the weight server answers weights_query and chunk_request, not {msg.type}"
         )
 
-    def _refuse(self, reason: str, detail: str) -> messages.Outgoing:
+    def _refuse(self, reason: str, detail: str) -> messages.Body:
         self.stats["errors"] += 1
         self._count_rejected(reason, 1)
-        return messages.error(reason, detail)
+        return messages.Error(reason, detail)
 
     def _count_endpoint_rejections(self, ep: Endpoint) -> None:
         """Forward the endpoint's decode failures (counted there, answered with `error`)."""
@@ -263,23 +264,23 @@ class WeightServer:
         if self._rejected_metric is not None:
             self._rejected_metric.labels(reason=reason).inc(n)
 
-    def _answer_query(self, have_version: int) -> messages.Outgoing:
+    def _answer_query(self, have_version: int) -> messages.Body:
         self.stats["queries"] += 1
         current = self._current()
         if current is None:
             self.stats["not_available"] += 1
-            return messages.not_available(have_version, 0, "no_weights_yet")
+            return messages.NotAvailable(have_version, 0, "no_weights_yet")
         self.stats["manifests"] += 1
-        return messages.weights_manifest(
+        return messages.WeightsManifest.of(
             current.version, current.checksum, current.total_bytes, self.chunk_bytes
         )
 
-    def _answer_chunk(self, version: int, index: int) -> messages.Outgoing:
+    def _answer_chunk(self, version: int, index: int) -> messages.Body:
         payload = self._get(version)
         if payload is None:
             self.stats["not_available"] += 1
             current = self.current_version
-            return messages.not_available(version, current if current is not None else 0, "version_gone")
+            return messages.NotAvailable(version, current if current is not None else 0, "version_gone")
         num_chunks = -(-payload.total_bytes // self.chunk_bytes)
         if index >= num_chunks:
             return self._refuse(
@@ -289,7 +290,7 @@ class WeightServer:
         data = memoryview(payload.data)[lo : lo + self.chunk_bytes]
         self.stats["chunks"] += 1
         self.stats["bytes"] += len(data)
-        return messages.chunk(version, index, data)
+        return messages.Chunk(version, index, data)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -397,19 +398,19 @@ def _fetch(
     )
     # The wire schema has no "nothing" version; the server answers with the current manifest whatever
     # have_version says, so 0 stands in for -1 and the comparison below stays local.
-    query = messages.weights_query(max(have_version, 0))
+    query = messages.WeightsQuery(max(have_version, 0))
     for _attempt in range(3):
         reply = request(
             ep,
-            *query,
+            query,
             timeout_ms=timeout_ms,
             retries=retries,
             accept=lambda m: m.type in (messages.WEIGHTS_MANIFEST, messages.NOT_AVAILABLE),
         )
         if reply.type == messages.NOT_AVAILABLE:
             return have_version, None
-        manifest = reply.body
-        version = int(manifest["version"])
+        manifest: messages.WeightsManifest = reply.body
+        version = manifest.version
         if version == have_version:
             return version, None
         if have_version > version:
@@ -428,10 +429,10 @@ def _fetch(
 
 
 def _download(
-    ep: Endpoint, manifest: dict[str, Any], out_dir: Path, timeout_ms: int, retries: int
+    ep: Endpoint, manifest: messages.WeightsManifest, out_dir: Path, timeout_ms: int, retries: int
 ) -> Path | None:
     """Fetch every chunk into a temp file, verify, rename. None if the version disappeared."""
-    version, num_chunks = int(manifest["version"]), int(manifest["num_chunks"])
+    version, num_chunks = manifest.version, manifest.num_chunks
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / weights_file_name(version)
     digest = hashlib.sha256()
@@ -441,22 +442,22 @@ def _download(
             for index in range(num_chunks):
                 reply = request(
                     ep,
-                    *messages.chunk_request(version, index),
+                    messages.ChunkRequest(version, index),
                     timeout_ms=timeout_ms,
                     retries=retries,
                     accept=_chunk_filter(version, index),
                 )
                 if reply.type == messages.NOT_AVAILABLE:
                     raise _VersionGone
-                data = reply.body["data"]
+                data = reply.body.data
                 digest.update(data)
                 f.write(data)
                 received += len(data)
-            if received != manifest["total_bytes"] or digest.hexdigest() != manifest["checksum"]:
+            if received != manifest.total_bytes or digest.hexdigest() != manifest.checksum:
                 raise ChecksumMismatch(
                     f"weights version {version}: received {received} bytes with sha256 "
-                    f"{digest.hexdigest()[:16]}..., announced {manifest['total_bytes']} bytes with "
-                    f"{manifest['checksum'][:16]}...; discarded. A corrupting link or a buggy publisher: the "
+                    f"{digest.hexdigest()[:16]}..., announced {manifest.total_bytes} bytes with "
+                    f"{manifest.checksum[:16]}...; discarded. A corrupting link or a buggy publisher: the "
                     "next poll retries"
                 )
     except _VersionGone:
@@ -474,7 +475,8 @@ def _chunk_filter(version: int, index: int) -> Callable[[Message], bool]:
     def accept(msg: Message) -> bool:
         if msg.type == messages.NOT_AVAILABLE:
             return True
-        return msg.type == messages.CHUNK and msg.body["version"] == version and msg.body["index"] == index
+        body = msg.body
+        return isinstance(body, messages.Chunk) and (body.version, body.index) == (version, index)
 
     return accept
 

@@ -97,9 +97,9 @@ class Peers:
         )
 
     def ask(
-        self, endpoint: Endpoint, outgoing: m.Outgoing, retries: int = 0, request_id: int | None = None
+        self, endpoint: Endpoint, outgoing: m.Body, retries: int = 0, request_id: int | None = None
     ) -> m.Message:  # type: ignore[name-defined]
-        return request(endpoint, *outgoing, timeout_ms=WAIT_MS, retries=retries, request_id=request_id)
+        return request(endpoint, outgoing, timeout_ms=WAIT_MS, retries=retries, request_id=request_id)
 
     def close(self) -> None:
         self.gen.close()
@@ -157,31 +157,37 @@ def test_groups_in_acked_batch_out_committed(tmp_path: Path) -> None:
         assert metric(scrape(svc.metrics_port)[1], "stream_dapo_buffer_max_staleness_versions") == 4.0
         peers = Peers(cfg)
         try:
-            hello = peers.ask(peers.gen, m.hello("gen-0", 0))
-            assert (hello.type, hello.body) == (m.CREDIT, {"granted": 0, "learner_version": 0})
-            assert peers.ask(peers.learner, m.learner_hello(0, 0)).body == {"reason": "ready"}
+            hello = peers.ask(peers.gen, m.Hello("gen-0", 0))
+            assert (hello.type, hello.body) == (m.CREDIT, m.Credit(0, 0))
+            assert m.to_map(peers.ask(peers.learner, m.LearnerHello(0, 0)).body) == {"reason": "ready"}
 
-            assert peers.ask(peers.gen, m.credit_request("gen-0", 10)).body["granted"] == 6  # the capacity
+            assert peers.ask(peers.gen, m.CreditRequest("gen-0", 10)).body.granted == 6  # the capacity
             sent = [make_group(f"g{i}") for i in range(4)]
-            ack = peers.ask(peers.gen, m.groups("gen-0", sent))
-            assert ack.body == {"accepted": ["g0", "g1", "g2", "g3"], "duplicates": [], "rejected": []}
-            resend = peers.ask(peers.gen, m.groups("gen-0", sent[:2]))
-            assert resend.body == {"accepted": [], "duplicates": ["g0", "g1"], "rejected": []}
+            ack = peers.ask(peers.gen, m.Groups("gen-0", sent))
+            assert m.to_map(ack.body) == {
+                "accepted": ["g0", "g1", "g2", "g3"],
+                "duplicates": [],
+                "rejected": [],
+            }
+            resend = peers.ask(peers.gen, m.Groups("gen-0", sent[:2]))
+            assert m.to_map(resend.body) == {"accepted": [], "duplicates": ["g0", "g1"], "rejected": []}
             # The two other credits went to groups the dynamic-sampling filter dropped.
-            assert peers.ask(peers.gen, m.groups("gen-0", [], filtered_total=2)).body["accepted"] == []
-            assert peers.ask(peers.gen, m.credit_request("gen-0", 10)).body["granted"] == 2  # 4 waiting
+            assert peers.ask(peers.gen, m.Groups("gen-0", [], filtered_total=2)).body.accepted == []
+            assert peers.ask(peers.gen, m.CreditRequest("gen-0", 10)).body.granted == 2  # 4 waiting
 
-            got = peers.ask(peers.learner, m.batch_request(0, 3, 0))
-            assert got.type == m.BATCH and got.body["dropped_stale"] == 0
-            assert m.groups_from_body(got.body) == sent[:3]
+            got = peers.ask(peers.learner, m.BatchRequest(0, 3, 0))
+            assert got.type == m.BATCH and got.body.dropped_stale == 0
+            assert got.body.groups == sent[:3]
             # A token budget below one group still serves one group.
-            rest = peers.ask(peers.learner, m.batch_request(0, 3, max_tokens=1))
-            assert [g.group_id for g in m.groups_from_body(rest.body)] == ["g3"]
-            assert peers.ask(peers.learner, m.batch_request(1, 3, 0)).body == {"reason": "no_waiting_groups"}
-            assert peers.ask(peers.learner, m.commit(2, [g.group_id for g in sent])).body == {
+            rest = peers.ask(peers.learner, m.BatchRequest(0, 3, max_tokens=1))
+            assert [g.group_id for g in rest.body.groups] == ["g3"]
+            assert m.to_map(peers.ask(peers.learner, m.BatchRequest(1, 3, 0)).body) == {
+                "reason": "no_waiting_groups"
+            }
+            assert m.to_map(peers.ask(peers.learner, m.Commit(2, [g.group_id for g in sent])).body) == {
                 "reason": "committed"
             }
-            assert peers.ask(peers.gen, m.credit_request("gen-0", 10)).body == {
+            assert m.to_map(peers.ask(peers.gen, m.CreditRequest("gen-0", 10)).body) == {
                 "granted": 4,
                 "learner_version": 2,
             }
@@ -206,12 +212,12 @@ def test_stale_group_is_dropped_at_dequeue_and_counted(tmp_path: Path) -> None:
     with service_in_thread(cfg) as svc:
         peers = Peers(cfg)
         try:
-            peers.ask(peers.gen, m.groups("gen-0", [make_group("old", 1), make_group("fresh", 6)]))
-            reply = peers.ask(peers.learner, m.batch_request(8, 4, 0))  # "old" is 7 versions behind
-            assert reply.body["dropped_stale"] == 1
-            assert [g.group_id for g in m.groups_from_body(reply.body)] == ["fresh"]
-            peers.ask(peers.gen, m.groups("gen-0", [make_group("older", 0)]))
-            assert peers.ask(peers.learner, m.batch_request(9, 4, 0)).body == {"reason": "all_stale"}
+            peers.ask(peers.gen, m.Groups("gen-0", [make_group("old", 1), make_group("fresh", 6)]))
+            reply = peers.ask(peers.learner, m.BatchRequest(8, 4, 0))  # "old" is 7 versions behind
+            assert reply.body.dropped_stale == 1
+            assert [g.group_id for g in reply.body.groups] == ["fresh"]
+            peers.ask(peers.gen, m.Groups("gen-0", [make_group("older", 0)]))
+            assert m.to_map(peers.ask(peers.learner, m.BatchRequest(9, 4, 0)).body) == {"reason": "all_stale"}
         finally:
             peers.close()
         _, text = scrape(svc.metrics_port)
@@ -229,21 +235,19 @@ def test_hostile_messages_are_rejected_counted_and_the_service_keeps_serving(tmp
             raw.send(msgpack.packb({"v": 99, "t": "hello", "b": {"generator_id": "g", "policy_version": 0}}))
             raw.send(b"\0" * (MAX_BYTES + 1))
             replies = [peers.gen.recv(WAIT_MS) for _ in range(3)]
-            assert [r[1].body["reason"] for r in replies if r] == ["malformed", "bad_version", "oversized"]
+            assert [r[1].body.reason for r in replies if r] == ["malformed", "bad_version", "oversized"]
             # Valid messages the buffer cannot act on: on the wrong socket, or a wrong-sized group.
-            peers.gen.send(*m.batch_request(0, 1, 0))
+            peers.gen.send(m.BatchRequest(0, 1, 0))
             wrong = peers.gen.recv(WAIT_MS)
             assert (
-                wrong is not None
-                and wrong[1].type == m.ERROR
-                and wrong[1].body["reason"] == "unexpected_type"
+                wrong is not None and wrong[1].type == m.ERROR and wrong[1].body.reason == "unexpected_type"
             )
-            ack = peers.ask(peers.gen, m.groups("gen-0", [make_group("three", samples=3), make_group("ok")]))
-            assert ack.body["rejected"] == [{"group_id": "three", "reason": "wrong_group_size"}]
+            ack = peers.ask(peers.gen, m.Groups("gen-0", [make_group("three", samples=3), make_group("ok")]))
+            assert ack.body.rejected == [m.Rejection("three", "wrong_group_size")]
             # Still serving, on both sockets.
-            assert peers.ask(peers.gen, m.hello("gen-0", 0)).type == m.CREDIT
-            batch = peers.ask(peers.learner, m.batch_request(0, 4, 0))
-            assert [g.group_id for g in m.groups_from_body(batch.body)] == ["ok"]
+            assert peers.ask(peers.gen, m.Hello("gen-0", 0)).type == m.CREDIT
+            batch = peers.ask(peers.learner, m.BatchRequest(0, 4, 0))
+            assert [g.group_id for g in batch.body.groups] == ["ok"]
         finally:
             peers.close()
         _, text = scrape(svc.metrics_port)
@@ -266,7 +270,7 @@ def test_an_absurd_filtered_count_is_refused_and_the_buffer_keeps_running(tmp_pa
     with service_in_thread(cfg) as svc:
         peers = Peers(cfg)
         try:
-            odd = make_group("odd", samples=3).to_wire()  # a refused group: redeemed is then 2**64
+            odd = m.to_map(make_group("odd", samples=3))  # a refused group: redeemed is then 2**64
             for groups in ([odd], [], []):
                 body = {"generator_id": "gen-0", "groups": groups, "filtered_total": 2**64 - 1}
                 peers.gen.socket.send(
@@ -274,9 +278,9 @@ def test_an_absurd_filtered_count_is_refused_and_the_buffer_keeps_running(tmp_pa
                 )  # unchecked
                 reply = peers.gen.recv(WAIT_MS)
                 assert reply is not None and reply[1].type == m.ERROR
-                assert reply[1].body["reason"] == "bad_schema"
-            ack = peers.ask(peers.gen, m.groups("gen-0", [make_group("ok")]))
-            assert ack.body["accepted"] == ["ok"]
+                assert reply[1].body.reason == "bad_schema"
+            ack = peers.ask(peers.gen, m.Groups("gen-0", [make_group("ok")]))
+            assert ack.body.accepted == ["ok"]
             svc.persist()  # a snapshot of the counters still encodes
         finally:
             peers.close()
@@ -297,14 +301,14 @@ def test_a_peer_that_never_reads_its_replies_does_not_stall_the_others(tmp_path:
         try:
             big = [_long_group(f"big{i}") for i in range(2)]
             for group in big:
-                assert peers.ask(peers.gen, m.groups("gen-0", [group])).body["accepted"] == [group.group_id]
-            again = [encode(*m.learner_hello(0, 0)), encode(*m.batch_request(0, 2, 0))]
+                assert peers.ask(peers.gen, m.Groups("gen-0", [group])).body.accepted == [group.group_id]
+            again = [encode(m.LearnerHello(0, 0)), encode(m.BatchRequest(0, 2, 0))]
             for _ in range(100):  # each batch_request is answered with both groups
                 flooder.send_multipart(again[:1])
                 flooder.send_multipart(again[1:])
             time.sleep(1.0)  # its replies fill every queue on the way to it
             t0 = time.monotonic()
-            assert peers.ask(peers.gen, m.hello("gen-0", 0)).type == m.CREDIT
+            assert peers.ask(peers.gen, m.Hello("gen-0", 0)).type == m.CREDIT
             assert time.monotonic() - t0 < 3.0
         finally:
             flooder.close(linger=0)
@@ -352,7 +356,7 @@ def test_unreadable_state_fails_at_start_naming_the_files(tmp_path: Path) -> Non
     cfg = load_config(overrides=overrides(tmp_path), environ={})
     journal = Journal(persist_path(cfg))
     journal.load()
-    journal.append({"k": "from-a-future-release"})
+    journal.append({"kind": "from-a-future-release"})
     journal.close()
     with pytest.raises(
         JournalError, match=r"cannot restore the buffer from .*state\.msgpack.*Move both aside"
@@ -445,25 +449,25 @@ def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
     with BufferProcess(tmp_path) as buffer:
         sent = [make_group(f"g{i}", 0) for i in range(6)]
         with Peers(buffer.cfg) as peers:
-            assert peers.ask(peers.gen, m.credit_request("gen-0", 6)).body["granted"] == 6
+            assert peers.ask(peers.gen, m.CreditRequest("gen-0", 6)).body.granted == 6
             for i in range(0, 6, 2):
-                assert peers.ask(peers.gen, m.groups("gen-0", sent[i : i + 2])).body["accepted"] == [
+                assert peers.ask(peers.gen, m.Groups("gen-0", sent[i : i + 2])).body.accepted == [
                     f"g{i}",
                     f"g{i + 1}",
                 ]
-            leased = peers.ask(peers.learner, m.batch_request(0, 2, 0))
-            assert [g.group_id for g in m.groups_from_body(leased.body)] == ["g0", "g1"]
+            leased = peers.ask(peers.learner, m.BatchRequest(0, 2, 0))
+            assert [g.group_id for g in leased.body.groups] == ["g0", "g1"]
         buffer.kill_and_restart()
         with Peers(buffer.cfg) as peers:
             # The generator cannot tell what survived, so it resends everything: all duplicates.
-            resend = peers.ask(peers.gen, m.groups("gen-0", sent))
-            assert resend.body["duplicates"] == [g.group_id for g in sent] and resend.body["accepted"] == []
+            resend = peers.ask(peers.gen, m.Groups("gen-0", sent))
+            assert resend.body.duplicates == [g.group_id for g in sent] and resend.body.accepted == []
             # Its credits were redeemed before the crash and stay redeemed.
-            assert peers.ask(peers.gen, m.credit_request("gen-0", 6)).body["granted"] == 2
+            assert peers.ask(peers.gen, m.CreditRequest("gen-0", 6)).body.granted == 2
             # The learner restarted too: its lease returns to the front, then every group is served once.
-            assert peers.ask(peers.learner, m.learner_hello(0, 0)).body == {"reason": "ready"}
-            batch = peers.ask(peers.learner, m.batch_request(0, 6, 0))
-            assert m.groups_from_body(batch.body) == sent
+            assert m.to_map(peers.ask(peers.learner, m.LearnerHello(0, 0)).body) == {"reason": "ready"}
+            batch = peers.ask(peers.learner, m.BatchRequest(0, 6, 0))
+            assert batch.body.groups == sent
         buffer.drain()
     log_path = buffer.log_path
     state = tmp_path / "buffer"
@@ -483,12 +487,12 @@ def test_a_credit_grant_journaled_before_a_crash_is_granted_again_to_its_repeate
     must get those 6 back; a fresh grant of 0 would leave the 6 counted against the line forever."""
     with BufferProcess(tmp_path) as buffer:
         with Peers(buffer.cfg) as peers:
-            assert peers.ask(peers.gen, m.credit_request("gen-0", 6), request_id=900).body["granted"] == 6
+            assert peers.ask(peers.gen, m.CreditRequest("gen-0", 6), request_id=900).body.granted == 6
         buffer.kill_and_restart()
         with Peers(buffer.cfg) as peers:
-            repeat = peers.ask(peers.gen, m.credit_request("gen-0", 6), request_id=900)
-            assert repeat.request_id == 900 and repeat.body["granted"] == 6
-            assert peers.ask(peers.gen, m.credit_request("gen-0", 6), request_id=901).body["granted"] == 0
+            repeat = peers.ask(peers.gen, m.CreditRequest("gen-0", 6), request_id=900)
+            assert repeat.request_id == 900 and repeat.body.granted == 6
+            assert peers.ask(peers.gen, m.CreditRequest("gen-0", 6), request_id=901).body.granted == 0
             status, text = scrape(buffer.cfg.metrics.buffer_port)
             assert status == 200
             assert metric(text, "stream_dapo_buffer_credits_outstanding") == 6, "granted once, not twice"
@@ -515,10 +519,10 @@ def test_curve_admits_only_clients_whose_keys_are_listed(tmp_path: Path) -> None
                 curve = CurveKeys(public, secret, server_public)
                 with open_endpoint(ctx, zmq.DEALER, connect=address, max_bytes=MAX_BYTES, curve=curve) as ep:
                     if admitted:
-                        assert request(ep, *m.hello(name, 0), timeout_ms=WAIT_MS, retries=0).type == m.CREDIT
+                        assert request(ep, m.Hello(name, 0), timeout_ms=WAIT_MS, retries=0).type == m.CREDIT
                     else:
                         with pytest.raises(TransportTimeout):
-                            request(ep, *m.hello(name, 0), timeout_ms=500, retries=0)
+                            request(ep, m.Hello(name, 0), timeout_ms=500, retries=0)
         finally:
             ctx.term()
 
@@ -557,10 +561,10 @@ def test_a_flood_of_misrouted_messages_is_answered_and_counted_but_logged_once(
         peers = Peers(cfg)
         try:
             for _ in range(50):
-                peers.gen.send(*m.batch_request(0, 1, 0))  # the learner's request, on the wrong socket
+                peers.gen.send(m.BatchRequest(0, 1, 0))  # the learner's request, on the wrong socket
                 reply = peers.gen.recv(WAIT_MS)
                 assert reply is not None and reply[1].type == m.ERROR
-                assert reply[1].body["reason"] == "unexpected_type"
+                assert reply[1].body.reason == "unexpected_type"
         finally:
             peers.close()
         _, text = scrape(svc.metrics_port)

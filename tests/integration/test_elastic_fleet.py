@@ -63,26 +63,26 @@ class StandIn:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def _ask(self, outgoing: m.Outgoing) -> m.Message:  # type: ignore[name-defined]
-        return request(self.ep, *outgoing, timeout_ms=60_000, retries=0)
+    def _ask(self, outgoing: m.Body) -> m.Message:  # type: ignore[name-defined]
+        return request(self.ep, outgoing, timeout_ms=60_000, retries=0)
 
     def _run(self) -> None:
         try:
-            self._ask(m.hello(self.gen_id, 0))
+            self._ask(m.Hello(self.gen_id, 0))
             seed = abs(hash(self.gen_id)) % 10_000
             next_beat = 0.0
             while not self._leave.is_set():
                 if self._die.is_set() and self.held > 0:
                     break  # dies holding credits it was granted, as a killed generator does
                 if time.monotonic() >= next_beat:
-                    lease = self._ask(m.heartbeat(self.gen_id, self.filtered_total))
-                    if lease.body["expired"]:
+                    lease = self._ask(m.Heartbeat(self.gen_id, self.filtered_total))
+                    if lease.body.expired:
                         self.expired_told += 1
                         self.held = 0
                     next_beat = time.monotonic() + HEARTBEAT_S
                 if self.held == 0:
-                    credit = self._ask(m.credit_request(self.gen_id, 2))
-                    self.held, version = credit.body["granted"], credit.body["learner_version"]
+                    credit = self._ask(m.CreditRequest(self.gen_id, 2))
+                    self.held, version = credit.body.granted, credit.body.learner_version
                     if self.held == 0:
                         time.sleep(0.02)
                         continue
@@ -90,12 +90,12 @@ class StandIn:
                 (group,) = make_groups(seed, n=1, version=version, group_size=2)
                 group.generator_id = self.gen_id
                 self.held -= 1
-                ack = self._ask(m.groups(self.gen_id, [group], filtered_total=self.filtered_total))
-                self.acked += ack.body["accepted"]
+                ack = self._ask(m.Groups(self.gen_id, [group], filtered_total=self.filtered_total))
+                self.acked += ack.body.accepted
             if self._leave.is_set():  # a drain: the credits it still holds go back with the total
                 self.filtered_total += self.held
                 self.held = 0
-                self._ask(m.heartbeat(self.gen_id, self.filtered_total))
+                self._ask(m.Heartbeat(self.gen_id, self.filtered_total))
         except TransportTimeout:
             pass
         finally:

@@ -91,28 +91,28 @@ class ScriptedBuffer:
             peer, msg = got
             reply = self._answer(msg.type, msg.body)
             if reply is not None:
-                self.ep.send(*reply, to=peer, request_id=msg.request_id)
+                self.ep.send(reply, to=peer, request_id=msg.request_id)
 
-    def _answer(self, msg_type: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    def _answer(self, msg_type: str, body: Any) -> m.Body | None:
         if msg_type == m.HELLO:
             self.hellos += 1
-            return m.credit(0, 0)
+            return m.Credit(0, 0)
         if msg_type == m.HEARTBEAT:
             self.heartbeats += 1
-            self.filtered = body["filtered_total"]
-            return m.lease(CREDIT_BUDGET - self.granted, False, 0)
+            self.filtered = body.filtered_total
+            return m.Lease(CREDIT_BUDGET - self.granted, False, 0)
         if msg_type == m.CREDIT_REQUEST:
-            grant = min(body["want"], CREDIT_BUDGET - self.granted)
+            grant = min(body.want, CREDIT_BUDGET - self.granted)
             self.granted += grant
-            return m.credit(grant, 0)
+            return m.Credit(grant, 0)
         assert msg_type == m.GROUPS
-        self.filtered = body.get("filtered_total", self.filtered)
-        groups = m.groups_from_body(body)
+        self.filtered = body.filtered_total
+        groups = body.groups
         self.received.extend(groups)
         if groups and self.acks_dropped == 0:
             self.acks_dropped += 1
             return None  # lost on the way back
-        return m.ack([g.group_id for g in groups])
+        return m.Ack([g.group_id for g in groups])
 
     def close(self) -> None:
         self.stop.set()

@@ -233,10 +233,10 @@ class FakeBuffer:
             peer, msg = got
             if msg.type == m.LEARNER_HELLO:
                 self.hellos.append(msg.body)
-                reply = m.empty("ready")
+                reply = m.Empty("ready")
             elif msg.type == m.COMMIT:
                 self.commits.append(msg.body)
-                reply = m.empty("committed")
+                reply = m.Empty("committed")
             else:
                 self.batch_requests += 1
                 if self.fetched is None:
@@ -244,19 +244,19 @@ class FakeBuffer:
                     self.fetched = fetch_weights_zmq(
                         weights, -1, timeout=10, dest_dir=Path(self.cfg.run.out_dir) / "gen"
                     )
-                    reply = m.empty("no_waiting_groups")
+                    reply = m.Empty("no_waiting_groups")
                 else:
                     seed += 1
                     groups = make_groups(
                         seed,
-                        n=msg.body["max_groups"],
-                        version=msg.body["learner_version"],
+                        n=msg.body.max_groups,
+                        version=msg.body.learner_version,
                         group_size=self.cfg.algo.group_size,
                     )
                     self.groups.extend(groups)
                     self.served.extend(g.group_id for g in groups)
-                    reply = m.batch(groups, 0)
-            self.endpoint.send(*reply, to=peer, request_id=msg.request_id)
+                    reply = m.Batch(groups, 0)
+            self.endpoint.send(reply, to=peer, request_id=msg.request_id)
 
     def close(self) -> None:
         self._stop.set()
@@ -291,13 +291,13 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
     assert buffer.fetched is not None and buffer.fetched[0] == 0
     fetched = load_file(buffer.fetched[1])
     assert all(torch.equal(fetched[n], p) for n, p in params_of(initial).items() if n in fetched)
-    assert buffer.hellos == [{"learner_version": 0, "committed_through": 0}]
+    assert buffer.hellos == [m.LearnerHello(0, 0)]
     # Two steps per rollout batch of two groups; checkpoints at 2 and 4, each followed by its commit.
     trained = read_jsonl(run_dir / "learner" / "trained_groups.jsonl")
     assert [row["version"] for row in trained] == [1, 2, 3, 4]
     assert [gid for row in trained for gid in row["group_ids"]] == buffer.served
-    assert [c["learner_version"] for c in buffer.commits] == [2, 4]
-    assert buffer.commits[0]["group_ids"] == buffer.served[:2]
+    assert [c.learner_version for c in buffer.commits] == [2, 4]
+    assert buffer.commits[0].group_ids == buffer.served[:2]
     metrics = read_jsonl(run_dir / "learner" / "metrics.jsonl")
     assert [row["version"] for row in metrics] == [1, 2, 3, 4]
     for key in (
@@ -337,12 +337,12 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
         assert StopDuringStep5(cfg, max_steps=10).run() == 0
     finally:
         buffer.close()
-    assert buffer.hellos == [{"learner_version": 4, "committed_through": 4}]
+    assert buffer.hellos == [m.LearnerHello(4, 4)]
     # The resumed checkpoint's commit is resent after the hello (it may never have arrived), then
     # the drain checkpoint commits the one group step 5 trained; the other one leased stays
     # uncommitted and goes back to the queue at the next hello.
-    assert [c["learner_version"] for c in buffer.commits] == [4, 5]
-    assert buffer.commits[1]["group_ids"] == buffer.served[:1] and len(buffer.served) == 2
+    assert [c.learner_version for c in buffer.commits] == [4, 5]
+    assert buffer.commits[1].group_ids == buffer.served[:1] and len(buffer.served) == 2
     assert (ckpts / "latest").read_text().strip() == "step_000005"
     assert [row["version"] for row in read_jsonl(run_dir / "learner" / "trained_groups.jsonl")] == [
         1,
@@ -395,7 +395,7 @@ def test_two_process_zero3_service_matches_one_process(tmp_path: Path) -> None:
     finally:
         buffer.close()
     assert buffer.fetched is not None and buffer.fetched[0] == 0
-    assert [c["learner_version"] for c in buffer.commits] == [2] and len(buffer.groups) == 4
+    assert [c.learner_version for c in buffer.commits] == [2] and len(buffer.groups) == 4
 
     single_cfg = cfg.model_copy(deep=True)
     single_cfg.learner.zero_stage = 0

@@ -73,16 +73,16 @@ class Feeder:
         self.sent = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _ask(self, outgoing: m.Outgoing) -> m.Message:  # type: ignore[name-defined]
-        return request(self.ep, *outgoing, timeout_ms=60_000, retries=0)
+    def _ask(self, outgoing: m.Body) -> m.Message:  # type: ignore[name-defined]
+        return request(self.ep, outgoing, timeout_ms=60_000, retries=0)
 
     def _run(self) -> None:
-        self._ask(m.hello("feeder", 0))
+        self._ask(m.Hello("feeder", 0))
         seed = 1000
         while not self.stop.is_set():
             try:
-                credit = self._ask(m.credit_request("feeder", 4))
-                n, version = credit.body["granted"], credit.body["learner_version"]
+                credit = self._ask(m.CreditRequest("feeder", 4))
+                n, version = credit.body.granted, credit.body.learner_version
                 if n == 0:
                     time.sleep(0.05)
                     continue
@@ -90,7 +90,7 @@ class Feeder:
                 groups = make_groups(seed, n=n, version=version, group_size=2)
                 for g in groups:
                     g.generator_id = "feeder"
-                self._ask(m.groups("feeder", groups))
+                self._ask(m.Groups("feeder", groups))
                 self.sent += n
             except TransportTimeout:
                 continue

@@ -15,12 +15,19 @@ from pathlib import Path
 
 import torch
 
-from stream_dapo.buffer.journal import Journal
+from stream_dapo.buffer.journal import FORMAT_VERSION, JOURNAL_MAGIC, SNAPSHOT_MAGIC, Journal
 from stream_dapo.buffer.replay import AdmissionPolicy, ReplayBuffer
 from stream_dapo.config import Config, load_config
-from tests.helpers import tiny_qwen2
+from tests.helpers import admission_policy, tiny_qwen2
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "formats_6d41d82"
+DATA_289E6BD = Path(__file__).resolve().parents[1] / "data" / "formats_289e6bd"
+"""Written by `Journal` + `ReplayBuffer` at 289e6bd (format 1, one-letter record keys) with the
+policy below and a fixed clock: hello, grants, accepted / duplicate groups, a lease and a commit,
+then a compaction (the snapshot), then a journal tail holding every record kind the buffer writes
+(grants and a retried grant, accepts, a wrong-sized group, a heartbeat's filtered total, a requeue,
+leases, commits and a retried commit, an expiry, rejected messages, a version, a stale drop);
+`expected.json` is what that code reported afterwards."""
 
 
 def config(out: Path) -> Config:
@@ -47,6 +54,42 @@ def test_a_buffer_journal_written_by_the_old_code_restores_the_same_state(tmp_pa
         assert buf.stats()["credits_granted"] == 4
     finally:
         journal.close()
+
+
+def test_a_format_1_journal_with_every_record_kind_restores_and_is_rewritten_in_the_current_format(
+    tmp_path: Path,
+) -> None:
+    shutil.copytree(DATA_289E6BD / "buffer", tmp_path / "buffer")
+    expected = json.loads((DATA_289E6BD / "expected.json").read_text())
+    policy = admission_policy(admission_capacity=8, capacity_groups=16, max_staleness=4, max_reuse=2)
+    snapshot = tmp_path / "buffer" / "state.msgpack"
+    journal = Journal(snapshot)
+    try:
+        records = journal.load()
+        assert journal.report.migrated_from == 1 and FORMAT_VERSION == 2
+        kinds = {r["kind"] for r in records}
+        assert kinds == {
+            "state", "seen", "group", "accept", "duplicate", "reject_groups", "reject_message", "credit",
+            "expire", "lease", "commit", "retry", "requeue", "version",
+        }  # fmt: skip
+        buf = ReplayBuffer.restore(policy, records, journal)
+        assert buf.stats() == expected["stats"]
+        assert (buf.waiting_ids(), buf.leased_ids()) == (expected["waiting"], expected["leased"])
+        g4 = next(g for g in buf.serve(5, 1).groups if g.group_id == "g4")  # the group itself came back
+        assert (g4.prompt_tokens.tolist(), g4.samples[1].tokens.tolist()) == ([7, 8, 4], [5, 2, 3])
+    finally:
+        journal.close()
+    # Load rewrote both files in the current format; restoring from them gives the same state.
+    assert snapshot.read_bytes().startswith(SNAPSHOT_MAGIC)
+    assert Path(f"{snapshot}.journal").read_bytes().startswith(JOURNAL_MAGIC)
+    again = Journal(snapshot)
+    try:
+        records = again.load()
+        assert again.report.migrated_from is None
+        restored = ReplayBuffer.restore(policy, records, again)
+        assert restored.stats() == {**expected["stats"], "served": 7, "leased": 3, "waiting": 0, "line": 0}
+    finally:
+        again.close()
 
 
 def test_a_learner_checkpoint_written_by_the_old_code_resumes_with_its_weights_and_state(

@@ -20,8 +20,9 @@ from stream_dapo.buffer.journal import (
     JournalDiskFullError,
     JournalError,
 )
-from stream_dapo.buffer.replay import AdmissionPolicy, ReplayBuffer
+from stream_dapo.buffer.replay import ReplayBuffer
 from stream_dapo.transport.messages import Group, Sample
+from tests.helpers import admission_policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,9 +40,7 @@ def make_group(gid: str, version: int = 0) -> Group:
     return Group(gid, "p", "gen-0", "7", np.array([5, 6], dtype=np.int32), 3.0, [sample, sample])
 
 
-POLICY = AdmissionPolicy(
-    line_capacity=10, capacity_groups=100, groups_per_version=2, max_staleness=4, max_reuse=1, group_size=2
-)
+POLICY = admission_policy(admission_capacity=10, max_staleness=4)
 
 
 def open_buffer(path: Path) -> tuple[ReplayBuffer, Journal]:
@@ -61,14 +60,14 @@ def test_records_round_trip_through_the_journal(tmp_path: Path) -> None:
     path = tmp_path / "state.msgpack"
     journal = Journal(path)
     assert journal.load() == []
-    journal.append({"k": "version", "v": 3})
-    journal.append({"k": "blob", "data": np.arange(3, dtype=np.int32), "text": "é"})
+    journal.append({"kind": "version", "learner_version": 3})
+    journal.append({"kind": "blob", "data": np.arange(3, dtype=np.int32), "text": "é"})
     assert journal.dirty
     journal.sync()
     assert not journal.dirty
     journal.close()
     got = records_of(path)
-    assert got[0] == {"k": "version", "v": 3}
+    assert got[0] == {"kind": "version", "learner_version": 3}
     np.testing.assert_array_equal(got[1]["data"], np.arange(3, dtype=np.int32))
     assert got[1]["text"] == "é"
     assert Path(f"{path}.journal").read_bytes().startswith(JOURNAL_MAGIC)
@@ -118,10 +117,10 @@ def test_truncated_tail_record_is_skipped_with_a_warning(
     path = tmp_path / "state.msgpack"
     journal = Journal(path)
     journal.load()
-    journal.append({"k": "version", "v": 1})
+    journal.append({"kind": "version", "learner_version": 1})
     journal.sync()
     good_size = journal.journal_bytes
-    journal.append({"k": "version", "v": 2, "pad": "x" * 100})
+    journal.append({"kind": "version", "learner_version": 2, "pad": "x" * 100})
     journal.sync()
     journal.close()
     journal_path = Path(f"{path}.journal")
@@ -130,14 +129,17 @@ def test_truncated_tail_record_is_skipped_with_a_warning(
 
     with caplog.at_level(logging.WARNING, logger="stream_dapo.buffer.journal"):
         journal = Journal(path)
-        assert journal.load() == [{"k": "version", "v": 1}]
+        assert journal.load() == [{"kind": "version", "learner_version": 1}]
     assert "torn or corrupt tail" in caplog.text
     assert journal.report.skipped_tail_bytes > 0
     # The torn bytes are gone: what is appended now is readable after the next restart.
-    journal.append({"k": "version", "v": 3})
+    journal.append({"kind": "version", "learner_version": 3})
     journal.sync()
     journal.close()
-    assert records_of(path) == [{"k": "version", "v": 1}, {"k": "version", "v": 3}]
+    assert records_of(path) == [
+        {"kind": "version", "learner_version": 1},
+        {"kind": "version", "learner_version": 3},
+    ]
 
 
 def test_corrupt_tail_record_is_detected_by_its_checksum(tmp_path: Path) -> None:
@@ -145,27 +147,30 @@ def test_corrupt_tail_record_is_detected_by_its_checksum(tmp_path: Path) -> None
     journal = Journal(path)
     journal.load()
     for v in range(3):
-        journal.append({"k": "version", "v": v})
+        journal.append({"kind": "version", "learner_version": v})
     journal.close()
     journal_path = Path(f"{path}.journal")
     data = bytearray(journal_path.read_bytes())
     data[-1] ^= 0xFF
     journal_path.write_bytes(bytes(data))
-    assert records_of(path) == [{"k": "version", "v": 0}, {"k": "version", "v": 1}]
+    assert records_of(path) == [
+        {"kind": "version", "learner_version": 0},
+        {"kind": "version", "learner_version": 1},
+    ]
 
 
 def test_garbled_length_is_a_torn_tail_not_a_huge_allocation(tmp_path: Path) -> None:
     path = tmp_path / "state.msgpack"
     journal = Journal(path)
     journal.load()
-    journal.append({"k": "version", "v": 0})
+    journal.append({"kind": "version", "learner_version": 0})
     journal.close()
     journal_path = Path(f"{path}.journal")
     # seq 2, length 4 GiB - 1, any checksum: the file ends long before.
     journal_path.write_bytes(
         journal_path.read_bytes() + (2).to_bytes(8, "little") + b"\xff\xff\xff\xff" + b"\0" * 8
     )
-    assert records_of(path) == [{"k": "version", "v": 0}]
+    assert records_of(path) == [{"kind": "version", "learner_version": 0}]
 
 
 def test_frames_the_snapshot_already_holds_are_not_replayed_twice(tmp_path: Path) -> None:
@@ -239,7 +244,7 @@ def test_a_second_buffer_on_the_same_files_is_refused(tmp_path: Path) -> None:
 
 def test_append_before_load_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(JournalError, match=r"call load\(\) first"):
-        Journal(tmp_path / "s").append({"k": "version", "v": 1})
+        Journal(tmp_path / "s").append({"kind": "version", "learner_version": 1})
 
 
 def test_unwritable_location_names_the_setting(tmp_path: Path) -> None:
@@ -349,17 +354,19 @@ def test_a_full_disk_fails_the_sync_naming_the_file_and_close_still_releases_it(
     path = tmp_path / "state.msgpack"
     journal = Journal(path)
     journal.load()
-    journal.append({"k": "version", "v": 1})
+    journal.append({"kind": "version", "learner_version": 1})
     journal.sync()
     full_disk.fill()
-    journal.append({"k": "version", "v": 2})
+    journal.append({"kind": "version", "learner_version": 2})
     with pytest.raises(
         JournalDiskFullError, match=rf"^no space left on {re.escape(str(path))}\.journal .*fsync failed"
     ):
         journal.sync()
     journal.close()  # no second error: the failed write is not retried
     full_disk.free()
-    assert records_of(path) == [{"k": "version", "v": 1}]  # what was synced; the lock is released
+    assert records_of(path) == [
+        {"kind": "version", "learner_version": 1}
+    ]  # what was synced; the lock is released
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.msgpack.journal"]
 
 

@@ -132,7 +132,7 @@ def test_a_generator_given_a_malformed_data_file_exits_2_with_the_message_alone(
         while not stop.is_set():
             got = buffer.recv(20)
             if got is not None and got[1].type == m.HELLO:
-                buffer.send(*m.credit(0, 0), to=got[0], request_id=got[1].request_id)
+                buffer.send(m.Credit(0, 0), to=got[0], request_id=got[1].request_id)
 
     thread = threading.Thread(target=answer_hellos, daemon=True)
     thread.start()
@@ -228,7 +228,7 @@ def test_a_buffer_whose_disk_fills_exits_1_and_says_so_without_a_traceback(
         address = f"tcp://127.0.0.1:{cfg.transport.batches_port}"
         learner = open_endpoint(ctx, zmq.DEALER, connect=address, max_bytes=1 << 20, peer="buffer")
         try:
-            learner.send(*m.learner_hello(0, 0))  # journalled before its reply: the write hits the full disk
+            learner.send(m.LearnerHello(0, 0))  # journalled before its reply: the write hits the full disk
             if not done.wait(30):
                 request_stop()  # only when something is broken: end the test instead of hanging it
         finally:

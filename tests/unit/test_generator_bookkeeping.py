@@ -19,6 +19,7 @@ import pytest
 from stream_dapo.generator.credits import CreditLedger, CreditRequest, UnackedGroups
 from stream_dapo.generator.engine import GroupAssembler, RolloutEngine, WeightUpdateError, versions_from_spans
 from stream_dapo.generator.weight_watcher import WeightWatcher
+from stream_dapo.transport import messages as m
 from stream_dapo.transport.messages import Group, Sample
 from stream_dapo.weights import WeightUpdate
 
@@ -460,9 +461,7 @@ def test_unacked_groups_are_resent_after_the_timeout_until_acknowledged() -> Non
     assert [g.group_id for g in pending.due(now=20.0)] == ["a", "b", "c"]
     assert pending.resent == 4
 
-    result = pending.ack(
-        accepted=["a"], duplicates=["b"], rejected=[{"group_id": "c", "reason": "wrong_group_size"}]
-    )
+    result = pending.ack(accepted=["a"], duplicates=["b"], rejected=[m.Rejection("c", "wrong_group_size")])
     assert result.acked == 2 and result.rejected == [("c", "wrong_group_size")] and result.unknown == 0
     assert len(pending) == 0 and pending.due(now=100.0) == []
     assert pending.ack(["a"], [], []).unknown == 1
@@ -529,11 +528,11 @@ def test_a_message_the_generator_does_not_expect_is_counted_as_rejected() -> Non
 
     svc = GeneratorService(load_config(environ={}))
     try:
-        svc._on_buffer_message(Message(m.EMPTY, {"reason": "ready"}))  # the learner's reply, not ours
+        svc._on_buffer_message(Message(m.EMPTY, m.Empty("ready")))  # the learner's reply, not ours
         req = svc.credits.request(in_flight=0, now=0.0)
         assert req is not None
-        svc._on_buffer_message(Message(m.CREDIT, {"granted": 2, "learner_version": 0}, req.request_id))
-        svc._on_buffer_message(Message(m.CREDIT, {"granted": 2, "learner_version": 0}, req.request_id))
+        svc._on_buffer_message(Message(m.CREDIT, m.Credit(2, 0), req.request_id))
+        svc._on_buffer_message(Message(m.CREDIT, m.Credit(2, 0), req.request_id))
         rejected = svc.registry.get_sample_value(
             "stream_dapo_generator_messages_rejected_total", {"reason": "unexpected_type"}
         )
@@ -574,10 +573,10 @@ def test_heartbeats_carry_the_running_total_and_an_expired_lease_is_reported() -
         got = [buffer.recv(5000) for _ in range(3)]
         assert all(g is not None for g in got)
         bodies = [g[1].body for g in got]  # type: ignore[index]
-        assert [b["generator_id"] for b in bodies] == ["gen-7"] * 3
-        assert [b["filtered_total"] for b in bodies] == [0, 1, 2]
+        assert [b.generator_id for b in bodies] == ["gen-7"] * 3
+        assert [b.filtered_total for b in bodies] == [0, 1, 2]
         answered_before = beat.last_answer
-        buffer.send(*m.lease(0, True, 3), to=got[-1][0])  # type: ignore[index]
+        buffer.send(m.Lease(0, True, 3), to=got[-1][0])  # type: ignore[index]
         assert beat.expired.wait(5)
         assert beat.last_answer > answered_before
         # A main loop that stopped making progress stops renewing: its credits will expire too.

@@ -115,7 +115,7 @@ def test_the_learner_keeps_its_newest_checkpoints(tmp_path: Path, monkeypatch: p
     ckpts = tmp_path / "run" / "checkpoints"
     assert names(ckpts) == [LATEST, "step_000003", "step_000004"]
     assert read_latest(ckpts) == "step_000004"
-    assert [c["learner_version"] for c in buffer.commits] == [1, 2, 3, 4]
+    assert [c.learner_version for c in buffer.commits] == [1, 2, 3, 4]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -183,4 +183,4 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_last_good_one_and_exits_1(
     assert (ckpts / "step_000001" / "hf" / "model.safetensors").is_file()
     assert [p for p in (tmp_path / "run").rglob("*") if ".tmp" in p.name] == []
     # Only step 1's groups were committed: step 2's return to the queue at the next learner_hello.
-    assert [c["learner_version"] for c in buffer.commits] == [1]
+    assert [c.learner_version for c in buffer.commits] == [1]

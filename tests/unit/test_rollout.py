@@ -145,10 +145,10 @@ def test_group_fields_are_exact() -> None:
 def test_group_survives_the_wire() -> None:
     out = build_group(group(MIXED), results(*MIXED_CORRECT), settings(), "generator-0")
     assert out.group is not None
-    data = codec.encode(*m.groups("generator-0", [out.group], filtered_total=2))
+    data = codec.encode(m.Groups("generator-0", [out.group], filtered_total=2))
     msg = codec.decode(data, max_bytes=1 << 20)
-    assert msg.body["filtered_total"] == 2
-    assert m.groups_from_body(msg.body) == [out.group]
+    assert msg.body.filtered_total == 2
+    assert msg.body.groups == [out.group]
 
 
 @pytest.mark.parametrize(
@@ -228,4 +228,4 @@ def test_settings_mirror_the_algo_config() -> None:
 def test_wire_group_has_no_extra_fields() -> None:
     out = build_group(group(MIXED), results(*MIXED_CORRECT), settings(), "generator-0")
     assert isinstance(out.group, Group)
-    assert set(out.group.to_wire()) == set(m.GROUP.fields)
+    assert list(m.to_map(out.group)) == list(Group.__struct_fields__)

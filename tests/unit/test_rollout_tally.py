@@ -7,7 +7,8 @@ import pytest
 from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.tracking import rollout_window, tracked_scalars
 from stream_dapo.transport import messages as m
-from stream_dapo.transport.messages import ROLLOUT_FIELDS, SCHEMAS, SchemaError
+from stream_dapo.transport.codec import CodecError, decode, encode, pack_value
+from stream_dapo.transport.messages import ROLLOUT_FIELDS, SchemaError
 
 
 def tally(**counts: int) -> dict[str, int]:
@@ -17,17 +18,21 @@ def tally(**counts: int) -> dict[str, int]:
     return {key: counts.get(key, 0) for key in ROLLOUT_FIELDS}
 
 
+def report(**counts: int) -> m.Rollouts:
+    return m.Rollouts(**tally(**counts))
+
+
 def test_the_buffer_sums_what_each_generator_adds_and_counts_a_restart_from_zero() -> None:
     t = RolloutTally()
-    t.observe("g0", tally(mixed=2, samples=8, correct=4))
-    t.observe("g1", tally(all_wrong=1, samples=4))
-    t.observe("g0", tally(mixed=3, samples=12, correct=6))  # +1 group, +4 samples, +2 correct
-    t.observe("g0", tally(mixed=3, samples=12, correct=6))  # a repeated report adds nothing
+    t.observe("g0", report(mixed=2, samples=8, correct=4))
+    t.observe("g1", report(all_wrong=1, samples=4))
+    t.observe("g0", report(mixed=3, samples=12, correct=6))  # +1 group, +4 samples, +2 correct
+    t.observe("g0", report(mixed=3, samples=12, correct=6))  # a repeated report adds nothing
     assert t.totals == tally(mixed=3, all_wrong=1, samples=16, correct=6)
     t.restart("g1")  # hello: g1's tally starts again from 0
-    t.observe("g1", tally(all_correct=1, samples=4, correct=4))
+    t.observe("g1", report(all_correct=1, samples=4, correct=4))
     assert t.totals == tally(mixed=3, all_correct=1, all_wrong=1, samples=20, correct=10)
-    t.observe("g0", tally(mixed=1, samples=4, correct=2))  # went down without a hello: restarted
+    t.observe("g0", report(mixed=1, samples=4, correct=2))  # went down without a hello: restarted
     assert t.totals == tally(mixed=4, all_correct=1, all_wrong=1, samples=24, correct=12)
 
 
@@ -60,16 +65,20 @@ def test_the_learner_window_is_the_increase_between_two_batches() -> None:
 
 def test_heartbeat_and_batch_carry_the_tally_and_refuse_a_bad_one() -> None:
     t = tally(mixed=1, samples=4, correct=2)
-    kind, body = m.heartbeat("g0", 3, t)
-    SCHEMAS[kind].check(body, kind)
-    assert body["rollouts"] == t
-    SCHEMAS[m.HEARTBEAT].check(m.heartbeat("g0", 3)[1], kind)  # optional: older generators
-    kind, body = m.groups("g0", [], 2, t)
-    SCHEMAS[kind].check(body, kind)
-    assert body["rollouts"] == t
-    kind, body = m.batch([], 0, t)
-    SCHEMAS[kind].check(body, kind)
-    with pytest.raises(SchemaError, match="missing field"):
-        SCHEMAS[m.HEARTBEAT].check({**m.heartbeat("g0", 3)[1], "rollouts": {"mixed": 1}}, "heartbeat")
-    with pytest.raises(SchemaError, match="expected int"):
-        SCHEMAS[m.BATCH].check({**m.batch([], 0)[1], "rollouts": {**t, "correct": 1.5}}, "batch")
+    for body in (
+        m.Heartbeat("g0", 3, report(**t)),
+        m.Groups("g0", [], 2, report(**t)),
+        m.Batch([], 0, report(**t)),
+    ):
+        got = decode(encode(body), max_bytes=1 << 16).body
+        assert got == body and m.to_map(got.rollouts) == t
+    assert decode(encode(m.Heartbeat("g0", 3)), max_bytes=1 << 16).body.rollouts is None  # optional
+    with pytest.raises(SchemaError, match="Rollouts: is missing field 'all_correct'"):
+        m.from_map(m.Rollouts, {"mixed": 1})
+    envelope = {
+        "v": 2,
+        "t": "batch",
+        "b": {"groups": [], "dropped_stale": 0, "rollouts": {**t, "correct": 1.5}},
+    }
+    with pytest.raises(CodecError, match=r"batch.rollouts.correct: expected int, got float"):
+        decode(pack_value(envelope), max_bytes=1 << 16)

@@ -23,8 +23,9 @@ from stream_dapo.transport.codec import (
     encode,
     pack_value,
     unpack_value,
+    wire_bytes,
 )
-from stream_dapo.transport.messages import Group, Sample, SchemaError
+from stream_dapo.transport.messages import Group, Sample, SchemaError, from_map, to_map
 
 # Hypothesis' per-example deadline is a timing assertion; the test machine is shared and slow.
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -35,7 +36,10 @@ ALLOWED_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "float16", "float3
 
 def assert_same(a: Any, b: Any, path: str = "") -> None:
     """Exact structural equality: same types, arrays bit-for-bit (NaN payloads and -0.0 included)."""
-    if isinstance(a, np.ndarray):
+    if isinstance(a, m.Wire):
+        assert type(b) is type(a), path
+        assert_same(to_map(a), to_map(b), path)
+    elif isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray), path
         assert (b.dtype, b.shape) == (a.dtype.newbyteorder("<"), a.shape), path
         assert np.ascontiguousarray(a, dtype=b.dtype).tobytes() == b.tobytes(), path
@@ -139,33 +143,30 @@ def groups(draw: st.DrawFn) -> Group:
 
 
 hex_digests = st.binary(min_size=32, max_size=32).map(bytes.hex)
-rollout_tallies = st.none() | st.fixed_dictionaries(
-    {field: st.integers(0, m.MAX_FILTERED_TOTAL) for field in m.ROLLOUT_FIELDS}
-)
+tallies = st.integers(0, m.MAX_FILTERED_TOTAL)
+rollout_tallies = st.none() | st.builds(m.Rollouts, *[tallies] * len(m.ROLLOUT_FIELDS))
 
-STRATEGIES: dict[str, st.SearchStrategy[tuple[str, dict[str, Any]]]] = {
-    "hello": st.builds(m.hello, ids, versions),
-    "credit_request": st.builds(m.credit_request, ids, counts),
-    "groups": st.builds(
-        m.groups, ids, st.lists(groups(), max_size=3), st.integers(0, m.MAX_FILTERED_TOTAL), rollout_tallies
-    ),
-    "heartbeat": st.builds(m.heartbeat, ids, st.integers(0, m.MAX_FILTERED_TOTAL), rollout_tallies),
-    "credit": st.builds(m.credit, counts, versions),
-    "lease": st.builds(m.lease, counts, st.booleans(), versions),
-    "ack": st.builds(m.ack, st.lists(ids), st.lists(ids), st.lists(st.tuples(ids, reasons))),
-    "learner_hello": st.builds(m.learner_hello, versions, versions),
-    "batch_request": st.builds(m.batch_request, versions, st.integers(1, 10_000), counts),
-    "commit": st.builds(m.commit, versions, st.lists(ids)),
-    "batch": st.builds(m.batch, st.lists(groups(), max_size=3), counts, rollout_tallies),
-    "empty": st.builds(m.empty, reasons),
-    "weights_query": st.builds(m.weights_query, versions),
+STRATEGIES: dict[str, st.SearchStrategy[m.Body]] = {
+    "hello": st.builds(m.Hello, ids, versions),
+    "credit_request": st.builds(m.CreditRequest, ids, counts),
+    "groups": st.builds(m.Groups, ids, st.lists(groups(), max_size=3), tallies, rollout_tallies),
+    "heartbeat": st.builds(m.Heartbeat, ids, tallies, rollout_tallies),
+    "credit": st.builds(m.Credit, counts, versions),
+    "lease": st.builds(m.Lease, counts, st.booleans(), versions),
+    "ack": st.builds(m.Ack, st.lists(ids), st.lists(ids), st.lists(st.builds(m.Rejection, ids, reasons))),
+    "learner_hello": st.builds(m.LearnerHello, versions, versions),
+    "batch_request": st.builds(m.BatchRequest, versions, st.integers(1, 10_000), counts),
+    "commit": st.builds(m.Commit, versions, st.lists(ids)),
+    "batch": st.builds(m.Batch, st.lists(groups(), max_size=3), counts, rollout_tallies),
+    "empty": st.builds(m.Empty, reasons),
+    "weights_query": st.builds(m.WeightsQuery, versions),
     "weights_manifest": st.builds(
-        m.weights_manifest, versions, hex_digests, st.integers(0, 2**40), st.integers(1, 2**30)
+        m.WeightsManifest.of, versions, hex_digests, st.integers(0, 2**40), st.integers(1, 2**30)
     ),
-    "chunk_request": st.builds(m.chunk_request, versions, counts),
-    "chunk": st.builds(m.chunk, versions, counts, st.binary(max_size=2000)),
-    "not_available": st.builds(m.not_available, versions, versions, reasons),
-    "error": st.builds(m.error, reasons, st.text(max_size=200)),
+    "chunk_request": st.builds(m.ChunkRequest, versions, counts),
+    "chunk": st.builds(m.Chunk, versions, counts, st.binary(max_size=2000)),
+    "not_available": st.builds(m.NotAvailable, versions, versions, reasons),
+    "error": st.builds(m.Error, reasons, st.text(max_size=200)),
 }
 
 
@@ -176,25 +177,26 @@ STRATEGIES: dict[str, st.SearchStrategy[tuple[str, dict[str, Any]]]] = {
 
 def test_every_message_type_has_a_round_trip_strategy() -> None:
     # A new message type without a round-trip test fails here.
-    assert set(STRATEGIES) == set(m.SCHEMAS)
+    assert set(STRATEGIES) == set(m.MESSAGES)
 
 
 @pytest.mark.parametrize("msg_type", sorted(STRATEGIES))
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_message_type_round_trips_exactly(msg_type: str, data: st.DataObject) -> None:
-    built_type, body = data.draw(STRATEGIES[msg_type])
-    assert built_type == msg_type  # the builder produces the type it is named for
-    msg = decode(encode(msg_type, body), max_bytes=MAX)
+    body = data.draw(STRATEGIES[msg_type])
+    assert body.TYPE == msg_type  # the struct is the type it is registered as
+    msg = decode(encode(body), max_bytes=MAX)
     assert msg.type == msg_type
     assert_same(body, msg.body)
+    assert msg.body == body
 
 
 @FAST
 @given(st.lists(groups(), min_size=1, max_size=3))
 def test_groups_survive_encode_decode_as_equal_objects(gs: list[Group]) -> None:
-    msg = decode(encode(*m.groups("gen-0", gs)), max_bytes=MAX)
-    assert m.groups_from_body(msg.body) == gs
+    msg = decode(encode(m.Groups("gen-0", gs)), max_bytes=MAX)
+    assert msg.body.groups == gs
 
 
 @FAST
@@ -231,8 +233,8 @@ def test_arrays_travel_as_raw_bytes_not_element_lists() -> None:
 
 
 def test_decoded_arrays_are_read_only_views() -> None:
-    msg = decode(encode(*m.groups("gen-0", [make_group()])), max_bytes=MAX)
-    tokens = msg.body["groups"][0]["samples"][0]["tokens"]
+    msg = decode(encode(m.Groups("gen-0", [make_group()])), max_bytes=MAX)
+    tokens = msg.body.groups[0].samples[0].tokens
     assert not tokens.flags.writeable
     assert tokens.tolist() == [1, 2, 3]
 
@@ -240,9 +242,11 @@ def test_decoded_arrays_are_read_only_views() -> None:
 def test_weight_chunks_accept_memoryview_slices_and_arrive_as_bytes() -> None:
     payload = bytes(range(256)) * 4
     view = memoryview(payload)[100:612]
-    msg = decode(encode(*m.chunk(3, 1, view)), max_bytes=MAX)
-    assert msg.body["data"] == payload[100:612]
-    assert type(msg.body["data"]) is bytes
+    msg = decode(encode(m.Chunk(3, 1, view)), max_bytes=MAX)
+    assert msg.body.data == payload[100:612]
+    assert type(msg.body.data) is bytes
+    assert m.Chunk(3, 1, view).data is view  # sent without a copy
+    assert to_map(m.Chunk(3, 1, view))["data"] is view
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,28 +297,46 @@ def test_bad_samples_fail_at_construction_naming_the_field(overrides: dict[str, 
 
 
 def test_group_rejects_empty_and_oversized_sample_lists_and_raw_maps() -> None:
-    with pytest.raises(SchemaError, match=r"1\.\.1024 samples, got 0"):
+    with pytest.raises(SchemaError, match=r"Group.samples: must have at least 1 items"):
         make_group(samples=[])
-    with pytest.raises(SchemaError, match=r"1\.\.1024 samples, got 1025"):
+    with pytest.raises(SchemaError, match=r"Group.samples: must have at most 1024 items"):
         make_group(samples=[make_sample(1)] * 1025)
     with pytest.raises(SchemaError, match=r"Group.samples\[0\]: expected Sample"):
-        make_group(samples=[make_sample(1).to_wire()])  # type: ignore[list-item]
+        make_group(samples=[to_map(make_sample(1))])  # type: ignore[list-item]
     with pytest.raises(SchemaError, match=r"Group.group_id: must have at least 1 characters"):
         make_group(group_id="")
 
 
 def test_from_wire_is_strict_about_dtypes_where_the_constructor_converts() -> None:
-    wire = make_group().to_wire()
+    wire = to_map(make_group())
+    assert from_map(Group, wire) == make_group()
     wire["samples"][1]["tokens"] = wire["samples"][1]["tokens"].astype(np.int64)
     with pytest.raises(SchemaError, match=r"Group.samples\[1\].tokens: expected dtype int32, got int64"):
-        Group.from_wire(wire)
+        from_map(Group, wire)
 
 
 def test_weights_manifest_builder_derives_the_chunk_count() -> None:
-    _, body = m.weights_manifest(4, "ab" * 32, total_bytes=10, chunk_bytes=4)
-    assert body["num_chunks"] == 3
-    _, body = m.weights_manifest(4, "ab" * 32, total_bytes=8, chunk_bytes=4)
-    assert body["num_chunks"] == 2
+    assert m.WeightsManifest.of(4, "ab" * 32, total_bytes=10, chunk_bytes=4).num_chunks == 3
+    assert m.WeightsManifest.of(4, "ab" * 32, total_bytes=8, chunk_bytes=4).num_chunks == 2
+    with pytest.raises(
+        SchemaError, match=r"WeightsManifest: num_chunks must be ceil\(total_bytes / chunk_bytes\) = 3"
+    ):
+        m.WeightsManifest(4, "ab" * 32, 10, 4, 2)
+
+
+def test_wire_bytes_is_an_upper_estimate_of_the_encoded_size() -> None:
+    big = Group(
+        "b" * 200,
+        "p",
+        "gen-0",
+        "42",
+        np.arange(300, dtype=np.int32),
+        1.0,
+        [make_sample(1000) for _ in range(16)],
+    )
+    for group in (make_group(), big):
+        single = len(encode(m.Batch([group], 0)))
+        assert single <= wire_bytes(group) < single * 1.5 + 1000
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,13 +352,13 @@ def test_garbage_bytes_are_malformed(data: bytes) -> None:
 
 
 def test_every_truncation_of_a_valid_message_is_malformed() -> None:
-    data = encode(*m.groups("gen-0", [make_group()]))
+    data = encode(m.Groups("gen-0", [make_group()]))
     # The envelope map ends with the body, so every strict prefix is an incomplete message.
     assert {reason_of(data[:n]) for n in range(len(data))} == {"malformed"}
 
 
 def test_size_is_checked_before_parsing() -> None:
-    data = encode(*m.groups("gen-0", [make_group()]))
+    data = encode(m.Groups("gen-0", [make_group()]))
     assert decode(data, max_bytes=len(data)).type == "groups"
     with pytest.raises(CodecError) as info:
         decode(data, max_bytes=len(data) - 1)
@@ -367,8 +389,7 @@ def test_wrong_version_names_both_versions_and_says_to_upgrade() -> None:
         ),  # str and bytes keys mixed
         raw_envelope(HELLO_BODY, t=7),
         msgpack.packb({"v": SCHEMA_VERSION, "t": "hello", "b": {1: 2}}),  # non-string map key
-        raw_envelope({"generator_id": "x" * (MAX_STR_LEN + 1), "policy_version": 1}),
-        raw_envelope(msgpack.ExtType(42, b"")),  # ext code we never use
+        msgpack.packb({"v": SCHEMA_VERSION, "t": "hello", "b": {**HELLO_BODY, b"raw": 1}}),  # bytes key
         raw_envelope(HELLO_BODY, id=-1),
         raw_envelope(HELLO_BODY, id="7"),
         raw_envelope(HELLO_BODY, id=True),
@@ -379,14 +400,22 @@ def test_bad_envelopes_are_malformed(data: bytes) -> None:
     assert reason_of(data) == "malformed"
 
 
+def test_nesting_too_deep_is_malformed() -> None:
+    deep = b"\x91" * 100_000 + b"\xc0"  # [[[...[nil]...]]]
+    assert reason_of(deep) == "malformed"
+    head = b"\x83" + b"".join(msgpack.packb(x) for x in ("v", SCHEMA_VERSION, "t", "hello", "b"))
+    assert reason_of(head + deep) == "malformed"  # as the body
+
+
 def test_a_request_id_travels_in_the_envelope_and_only_when_given() -> None:
-    with_id = decode(encode("hello", HELLO_BODY, request_id=(1 << 63) - 1), max_bytes=MAX)
-    assert with_id.request_id == (1 << 63) - 1 and with_id.body == HELLO_BODY
-    without = decode(encode("hello", HELLO_BODY), max_bytes=MAX)
+    hello = m.Hello(**HELLO_BODY)
+    with_id = decode(encode(hello, request_id=(1 << 63) - 1), max_bytes=MAX)
+    assert with_id.request_id == (1 << 63) - 1 and with_id.body == hello
+    without = decode(encode(hello), max_bytes=MAX)
     assert without.request_id is None
-    assert set(msgpack.unpackb(encode("hello", HELLO_BODY))) == {"v", "t", "b"}
+    assert set(msgpack.unpackb(encode(hello))) == {"v", "t", "b"}
     with pytest.raises(CodecError, match="request id"):
-        encode("hello", HELLO_BODY, request_id=-3)
+        encode(hello, request_id=-3)
 
 
 def test_a_filtered_total_beyond_its_bound_is_bad_schema() -> None:
@@ -398,9 +427,10 @@ def test_a_filtered_total_beyond_its_bound_is_bad_schema() -> None:
             ("heartbeat", {"generator_id": "gen-0", "filtered_total": count}),
         ):
             assert reason_of(raw_envelope(body, t=t)) == "bad_schema"
-    largest = encode(*m.groups("gen-0", [], filtered_total=m.MAX_FILTERED_TOTAL))
-    assert decode(largest, max_bytes=MAX).body["filtered_total"] == m.MAX_FILTERED_TOTAL
-    assert "filtered_total" not in decode(encode(*m.groups("gen-0", [])), max_bytes=MAX).body
+    largest = encode(m.Groups("gen-0", [], filtered_total=m.MAX_FILTERED_TOTAL))
+    assert decode(largest, max_bytes=MAX).body.filtered_total == m.MAX_FILTERED_TOTAL
+    assert "filtered_total" not in msgpack.unpackb(encode(m.Groups("gen-0", [])))["b"]  # left out when 0
+    assert decode(encode(m.Groups("gen-0", [])), max_bytes=MAX).body.filtered_total == 0
 
 
 def test_unknown_type_is_reported_as_such() -> None:
@@ -411,7 +441,7 @@ def test_unknown_type_is_reported_as_such() -> None:
 
 
 def _bad_group_wire(**sample_changes: Any) -> dict[str, Any]:
-    wire = make_group().to_wire()
+    wire = to_map(make_group())
     wire["samples"][0].update(sample_changes)
     return {"generator_id": "gen-0", "groups": [wire]}
 
@@ -419,9 +449,13 @@ def _bad_group_wire(**sample_changes: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("msg_type", "body", "where"),
     [
-        ("hello", {"generator_id": "gen-0"}, "missing field(s) ['policy_version']"),
-        ("hello", {**HELLO_BODY, "extra": 1}, "unknown field(s) [\"'extra'\"]"),
-        ("hello", {**HELLO_BODY, b"raw": 1}, "unknown field(s) [\"b'raw'\"]"),
+        ("hello", {"generator_id": "gen-0"}, "hello: is missing field 'policy_version'"),
+        ("hello", {**HELLO_BODY, "extra": 1}, "hello: has unknown field 'extra'"),
+        (
+            "hello",
+            {**HELLO_BODY, "generator_id": "x" * (MAX_STR_LEN + 1)},
+            "must have at most 256 characters",
+        ),
         ("hello", {**HELLO_BODY, "policy_version": "3"}, "hello.policy_version: expected int, got str"),
         ("hello", {**HELLO_BODY, "policy_version": True}, "hello.policy_version: expected int, got bool"),
         ("hello", {**HELLO_BODY, "policy_version": -1}, "hello.policy_version: must be >= 0"),
@@ -469,10 +503,21 @@ def test_schema_violations_are_bad_schema_and_name_the_field(msg_type: str, body
         )
     assert decoded.value.reason == "bad_schema"
     assert where in decoded.value.detail
-    # The sender finds out first: encode validates the same way.
-    with pytest.raises(CodecError) as encoded:
-        encode(msg_type, body)
-    assert (encoded.value.reason, encoded.value.detail) == ("bad_schema", decoded.value.detail)
+    # The same declaration checks a struct built from that map the same way.
+    with pytest.raises(SchemaError) as built:
+        from_map(m.MESSAGES[msg_type], body, msg_type)
+    assert str(built.value) == decoded.value.detail
+
+
+def test_a_struct_built_with_a_bad_value_fails_at_the_sender_naming_the_field() -> None:
+    with pytest.raises(SchemaError, match=r"^Hello.policy_version: must be >= 0$"):
+        m.Hello("gen-0", -1)
+    with pytest.raises(SchemaError, match=r"^BatchRequest.max_groups: expected int, got str$"):
+        m.BatchRequest(1, "8")  # type: ignore[arg-type]
+    with pytest.raises(SchemaError, match=r"^Ack.rejected\[0\]: expected Rejection, got tuple"):
+        m.Ack([], [], [("g-1", "stale")])  # type: ignore[list-item]
+    with pytest.raises(SchemaError, match=r"^WeightsManifest.checksum: must match"):
+        m.WeightsManifest.of(1, "AB" * 32, 8, 4)
 
 
 def pack_value_default(obj: Any) -> Any:
@@ -482,11 +527,17 @@ def pack_value_default(obj: Any) -> Any:
 
 
 def _sample_body_with(tokens: msgpack.ExtType) -> bytes:
-    wire = make_group().to_wire()
+    wire = to_map(make_group())
     sample = wire["samples"][0]
     body = {"generator_id": "gen-0", "groups": [wire]}
     sample["tokens"] = tokens
     return msgpack.packb({"v": SCHEMA_VERSION, "t": "groups", "b": body}, default=pack_value_default)
+
+
+def test_an_ext_code_we_never_use_is_malformed() -> None:
+    assert reason_of(_sample_body_with(msgpack.ExtType(42, b""))) == "malformed"
+    # Where no array belongs, any ext value is just the wrong type.
+    assert reason_of(raw_envelope({**HELLO_BODY, "policy_version": msgpack.ExtType(42, b"")})) == "bad_schema"
 
 
 @pytest.mark.parametrize(
@@ -530,7 +581,7 @@ def test_unsendable_arrays_are_refused_at_the_sender(arr: np.ndarray) -> None:
 
 def test_encode_refuses_unknown_types_and_non_wire_values() -> None:
     with pytest.raises(CodecError) as info:
-        encode("teleport", {})
+        encode({"generator_id": "gen-0", "policy_version": 3})  # type: ignore[arg-type]
     assert info.value.reason == "unknown_type"
     with pytest.raises(CodecError) as info:
         pack_value({"x": {1, 2}})
@@ -547,11 +598,11 @@ def test_decode_demands_a_positive_limit() -> None:
 # --------------------------------------------------------------------------------------------
 
 VALID = [
-    encode(*m.groups("gen-0", [make_group()])),
-    encode(*m.hello("gen-0", 3)),
-    encode(*m.ack(["a", "b"], ["c"], [("d", "stale")])),
-    encode(*m.weights_manifest(2, "0f" * 32, 1000, 300)),
-    encode(*m.chunk(2, 1, b"\x00\x01" * 50)),
+    encode(m.Groups("gen-0", [make_group()])),
+    encode(m.Hello("gen-0", 3)),
+    encode(m.Ack(["a", "b"], ["c"], [m.Rejection("d", "stale")])),
+    encode(m.WeightsManifest.of(2, "0f" * 32, 1000, 300)),
+    encode(m.Chunk(2, 1, b"\x00\x01" * 50)),
 ]
 
 
@@ -592,7 +643,7 @@ wire_trees = st.recursive(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(sorted(m.SCHEMAS) + ["nope"]), wire_trees, st.sampled_from([0, 1, 2, "1"]))
+@given(st.sampled_from(sorted(m.MESSAGES) + ["nope"]), wire_trees, st.sampled_from([0, 1, 2, "1"]))
 def test_random_msgpack_trees_in_an_envelope_only_ever_raise_codec_error(
     msg_type: str, body: Any, version: Any
 ) -> None:
@@ -603,9 +654,10 @@ def test_random_msgpack_trees_in_an_envelope_only_ever_raise_codec_error(
 @st.composite
 def near_valid_bodies(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     """A valid body with one field replaced by a random tree: exercises every field's check."""
-    msg_type, body = draw(st.sampled_from(sorted(STRATEGIES)).flatmap(STRATEGIES.__getitem__))
+    struct = draw(st.sampled_from(sorted(STRATEGIES)).flatmap(STRATEGIES.__getitem__))
+    body = to_map(struct)
     key = draw(st.sampled_from(sorted(body)))
-    return msg_type, {**body, key: draw(wire_trees)}
+    return struct.TYPE, {**body, key: draw(wire_trees)}
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -73,17 +73,17 @@ def a_group(group_id: str) -> Group:
 def test_groups_request_reply_round_trips_between_dealer_and_router(ctx: zmq.Context[Any]) -> None:
     with server(ctx) as srv, client(ctx, srv.address) as cli:
         sent = [a_group("g-1"), a_group("g-2")]
-        cli.send(*m.groups("gen-0", sent))
+        cli.send(m.Groups("gen-0", sent))
         got = srv.recv(WAIT_MS)
         assert got is not None
         peer_id, msg = got
         assert msg.type == m.GROUPS
-        assert m.groups_from_body(msg.body) == sent
-        srv.send(*m.ack(["g-1"], duplicates=["g-2"]), to=peer_id)
+        assert msg.body.groups == sent
+        srv.send(m.Ack(["g-1"], duplicates=["g-2"]), to=peer_id)
         reply = cli.recv(WAIT_MS)
         assert reply is not None
         assert reply[0] is None
-        assert reply[1].body == {"accepted": ["g-1"], "duplicates": ["g-2"], "rejected": []}
+        assert m.to_map(reply[1].body) == {"accepted": ["g-1"], "duplicates": ["g-2"], "rejected": []}
         assert srv.rejected == {} and cli.rejected == {}
 
 
@@ -92,26 +92,26 @@ def test_a_garbage_frame_is_counted_answered_and_the_next_message_still_arrives(
 ) -> None:
     with server(ctx) as srv, client(ctx, srv.address) as cli:
         cli.socket.send(b"\xc1 not msgpack")
-        cli.send(*m.hello("gen-0", 1))
+        cli.send(m.Hello("gen-0", 1))
         got = srv.recv(WAIT_MS)
         assert got is not None
-        assert got[1].body == {"generator_id": "gen-0", "policy_version": 1}
+        assert m.to_map(got[1].body) == {"generator_id": "gen-0", "policy_version": 1}
         assert srv.rejected == {"malformed": 1}
         # The sender learns why its message was dropped.
         err = cli.recv(WAIT_MS)
         assert err is not None and err[1].type == m.ERROR
-        assert err[1].body["reason"] == "malformed"
+        assert err[1].body.reason == "malformed"
 
 
 def test_oversized_and_multi_frame_messages_are_counted_by_reason(ctx: zmq.Context[Any]) -> None:
     with server(ctx, max_bytes=1000, reply_errors=False) as srv, client(ctx, srv.address) as cli:
-        cli.send(*m.chunk(1, 0, b"x" * 2000))
+        cli.send(m.Chunk(1, 0, b"x" * 2000))
         cli.socket.send_multipart(
-            [b"", encode(*m.hello("gen-0", 1))]
+            [b"", encode(m.Hello("gen-0", 1))]
         )  # REQ-style delimiter: 3 frames at the ROUTER
-        cli.send(*m.hello("gen-0", 2))
+        cli.send(m.Hello("gen-0", 2))
         got = srv.recv(WAIT_MS)
-        assert got is not None and got[1].body["policy_version"] == 2
+        assert got is not None and got[1].body.policy_version == 2
         assert srv.rejected == {"oversized": 1, "malformed": 1}
         assert cli.recv(0) is None  # reply_errors=False: nothing was sent back
 
@@ -121,11 +121,11 @@ def test_a_frame_far_beyond_the_limit_is_never_read_whole_the_connection_drops(c
     frame makes libzmq drop the connection instead of buffering it (the peer reconnects)."""
     with server(ctx, max_bytes=1000, reply_errors=False) as srv, client(ctx, srv.address) as cli:
         assert srv.socket.maxmsgsize == 2 * 1000 + OVERSIZE_SLACK_BYTES
-        cli.send(*m.chunk(1, 0, b"x" * 1500))  # over the limit, under the socket's bound
+        cli.send(m.Chunk(1, 0, b"x" * 1500))  # over the limit, under the socket's bound
         cli.socket.send(b"\0" * (4 << 20))  # 4 MiB: far beyond both
-        cli.send(*m.hello("gen-0", 3))  # after the reconnect
+        cli.send(m.Hello("gen-0", 3))  # after the reconnect
         got = srv.recv(WAIT_MS)
-        assert got is not None and got[1].body["policy_version"] == 3
+        assert got is not None and got[1].body.policy_version == 3
         assert srv.rejected == {"oversized": 1}  # the 4 MiB frame never reached the decoder
 
 
@@ -135,7 +135,7 @@ def test_rejections_are_logged_once_per_interval(
     with server(ctx, reply_errors=False) as srv, client(ctx, srv.address) as cli:
         for _ in range(5):
             cli.socket.send(b"\xc1")
-        cli.send(*m.hello("gen-0", 1))
+        cli.send(m.Hello("gen-0", 1))
         with caplog.at_level(logging.WARNING, logger="stream_dapo.transport.sockets"):
             assert srv.recv(WAIT_MS) is not None
     assert srv.rejected == {"malformed": 5}
@@ -154,7 +154,7 @@ def test_request_names_the_address_when_no_server_is_there(ctx: zmq.Context[Any]
     address = free_tcp_address()
     with client(ctx, address) as cli:
         with pytest.raises(TransportTimeout) as info:
-            request(cli, *m.hello("gen-0", 0), timeout_ms=30, retries=2, backoff_ms=1)
+            request(cli, m.Hello("gen-0", 0), timeout_ms=30, retries=2, backoff_ms=1)
     text = str(info.value)
     assert f"is the buffer running at {address}?" in text
     assert "after 3 attempt(s)" in text
@@ -169,14 +169,14 @@ def test_request_retries_until_the_server_answers(ctx: zmq.Context[Any]) -> None
             for _ in range(2):
                 got = srv.recv(WAIT_MS)
                 assert got is not None
-                seen.append((got[1].body["want"], got[1].request_id))
-            srv.send(*m.credit(4, 9), to=got[0], request_id=got[1].request_id)
+                seen.append((got[1].body.want, got[1].request_id))
+            srv.send(m.Credit(4, 9), to=got[0], request_id=got[1].request_id)
 
         thread = threading.Thread(target=serve)
         thread.start()
-        reply = request(cli, *m.credit_request("gen-0", 4), timeout_ms=300, retries=5, backoff_ms=1)
+        reply = request(cli, m.CreditRequest("gen-0", 4), timeout_ms=300, retries=5, backoff_ms=1)
         thread.join(WAIT_MS / 1000)
-        assert reply.body == {"granted": 4, "learner_version": 9}
+        assert m.to_map(reply.body) == {"granted": 4, "learner_version": 9}
         # Both copies carry one id: the server can tell a retry from a second request.
         assert [want for want, _ in seen] == [4, 4]
         assert seen[0][1] is not None and seen[0][1] == seen[1][1] == reply.request_id
@@ -187,7 +187,7 @@ def test_a_request_never_reads_the_reply_of_an_earlier_request(ctx: zmq.Context[
     one per copy it queued), and then B. B must get B's reply; the copies of A's are discarded."""
     with server(ctx) as srv, client(ctx, srv.address) as cli:
         with pytest.raises(TransportTimeout):
-            request(cli, *m.batch_request(3, 8), timeout_ms=50, retries=1, backoff_ms=1)
+            request(cli, m.BatchRequest(3, 8), timeout_ms=50, retries=1, backoff_ms=1)
         copies = [srv.recv(WAIT_MS) for _ in range(2)]
         assert all(c is not None for c in copies)
         rid_a = copies[0][1].request_id  # type: ignore[index]
@@ -196,16 +196,16 @@ def test_a_request_never_reads_the_reply_of_an_earlier_request(ctx: zmq.Context[
 
         def serve() -> None:
             for _ in copies:
-                srv.send(*m.empty("no_waiting_groups"), to=peer, request_id=rid_a)
+                srv.send(m.Empty("no_waiting_groups"), to=peer, request_id=rid_a)
             got = srv.recv(WAIT_MS)
             assert got is not None and got[1].type == m.COMMIT
-            srv.send(*m.empty("committed"), to=peer, request_id=got[1].request_id)
+            srv.send(m.Empty("committed"), to=peer, request_id=got[1].request_id)
 
         thread = threading.Thread(target=serve)
         thread.start()
-        reply = request(cli, *m.commit(3, ["g-1"]), timeout_ms=WAIT_MS, retries=0)
+        reply = request(cli, m.Commit(3, ["g-1"]), timeout_ms=WAIT_MS, retries=0)
         thread.join(WAIT_MS / 1000)
-        assert reply.body == {"reason": "committed"} and reply.request_id != rid_a
+        assert m.to_map(reply.body) == {"reason": "committed"} and reply.request_id != rid_a
         assert cli.discarded == 2
 
 
@@ -213,13 +213,13 @@ def test_request_ids_differ_between_requests_and_name_the_reply(ctx: zmq.Context
     ids = {new_request_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(0 <= i < 2**63 for i in ids)
     with server(ctx) as srv, client(ctx, srv.address) as cli:
-        cli.send(*m.hello("gen-0", 0), request_id=7)
+        cli.send(m.Hello("gen-0", 0), request_id=7)
         got = srv.recv(WAIT_MS)
         assert got is not None and got[1].request_id == 7
-        srv.send(*m.credit(0, 0), to=got[0], request_id=7)
+        srv.send(m.Credit(0, 0), to=got[0], request_id=7)
         back = cli.recv(WAIT_MS)
         assert back is not None and back[1].request_id == 7
-        cli.send(*m.hello("gen-0", 0))  # one-way messages carry no id
+        cli.send(m.Hello("gen-0", 0))  # one-way messages carry no id
         got = srv.recv(WAIT_MS)
         assert got is not None and got[1].request_id is None
 
@@ -228,37 +228,37 @@ def test_request_raises_remote_error_on_an_error_reply_and_skips_unaccepted_repl
     ctx: zmq.Context[Any],
 ) -> None:
     with server(ctx) as srv, client(ctx, srv.address) as cli:
-        cli.send(*m.hello("gen-0", 0))
+        cli.send(m.Hello("gen-0", 0))
         got = srv.recv(WAIT_MS)
         assert got is not None
         peer = got[0]
         rid = new_request_id()
         # A reply with the right id that `accept` refuses, then the one it takes.
-        srv.send(*m.chunk(5, 0, b"old"), to=peer, request_id=rid)
-        srv.send(*m.chunk(5, 1, b"new"), to=peer, request_id=rid)
+        srv.send(m.Chunk(5, 0, b"old"), to=peer, request_id=rid)
+        srv.send(m.Chunk(5, 1, b"new"), to=peer, request_id=rid)
         reply = request(
             cli,
-            *m.chunk_request(5, 1),
+            m.ChunkRequest(5, 1),
             timeout_ms=WAIT_MS,
             retries=0,
-            accept=lambda r: r.body["index"] == 1,
+            accept=lambda r: r.body.index == 1,
             request_id=rid,
         )
-        assert reply.body["data"] == b"new"
+        assert reply.body.data == b"new"
         assert cli.discarded == 1
         # An error that names no id answers a message the server could not decode: this one.
-        srv.send(*m.error("draining", "buffer is shutting down"), to=peer)
+        srv.send(m.Error("draining", "buffer is shutting down"), to=peer)
         with pytest.raises(RemoteError, match="draining") as info:
-            request(cli, *m.hello("gen-0", 0), timeout_ms=WAIT_MS, retries=3)
+            request(cli, m.Hello("gen-0", 0), timeout_ms=WAIT_MS, retries=3)
         assert info.value.detail == "buffer is shutting down"
 
 
 def test_router_send_to_a_vanished_peer_raises(ctx: zmq.Context[Any]) -> None:
     with server(ctx) as srv:
         with pytest.raises(PeerUnreachable, match="b'gone'"):
-            srv.send(*m.credit(1, 0), to=b"gone")
+            srv.send(m.Credit(1, 0), to=b"gone")
         with pytest.raises(ValueError, match="to=peer_id"):
-            srv.send(*m.credit(1, 0))
+            srv.send(m.Credit(1, 0))
 
 
 def test_binding_an_address_in_use_names_it(ctx: zmq.Context[Any]) -> None:
@@ -301,15 +301,15 @@ def test_curve_client_with_the_right_server_key_talks_and_one_with_a_wrong_key_d
     bad = client(ctx, srv.address, curve=CurveKeys(client_public, client_secret, wrong_public))
     try:
         assert good.curve
-        good.send(*m.hello("gen-0", 2))
+        good.send(m.Hello("gen-0", 2))
         got = srv.recv(WAIT_MS)
-        assert got is not None and got[1].body == {"generator_id": "gen-0", "policy_version": 2}
-        srv.send(*m.credit(1, 2), to=got[0])
+        assert got is not None and m.to_map(got[1].body) == {"generator_id": "gen-0", "policy_version": 2}
+        srv.send(m.Credit(1, 2), to=got[0])
         reply = good.recv(WAIT_MS)
-        assert reply is not None and reply[1].body == {"granted": 1, "learner_version": 2}
+        assert reply is not None and m.to_map(reply[1].body) == {"granted": 1, "learner_version": 2}
         # The handshake fails with the wrong server key: nothing gets through.
         with pytest.raises(TransportTimeout, match="matching Curve keys"):
-            request(bad, *m.hello("gen-1", 0), timeout_ms=200, retries=0)
+            request(bad, m.Hello("gen-1", 0), timeout_ms=200, retries=0)
         assert srv.recv(0) is None
     finally:
         for ep in (srv, good, bad):

@@ -96,14 +96,14 @@ def test_pruned_version_is_reported_gone_and_bad_requests_do_not_stop_the_server
         server.publish(payload_of(0, version=v))
     ctx = zmq.Context.instance()
     with open_endpoint(ctx, zmq.DEALER, connect=server.address, max_bytes=1 << 24) as ep:
-        reply = request(ep, *messages.chunk_request(0, 0), timeout_ms=5000, retries=0)
-        assert reply.type == messages.NOT_AVAILABLE and reply.body["reason"] == "version_gone"
-        assert reply.body["current_version"] == 2
+        reply = request(ep, messages.ChunkRequest(0, 0), timeout_ms=5000, retries=0)
+        assert reply.type == messages.NOT_AVAILABLE and reply.body.reason == "version_gone"
+        assert reply.body.current_version == 2
         ep.socket.send(b"\x00 not msgpack")
         reply = ep.recv(5000)
         assert reply is not None and reply[1].type == messages.ERROR
-        reply = request(ep, *messages.chunk_request(1, 0), timeout_ms=5000, retries=0)
-        assert reply.type == messages.CHUNK and reply.body["index"] == 0
+        reply = request(ep, messages.ChunkRequest(1, 0), timeout_ms=5000, retries=0)
+        assert reply.type == messages.CHUNK and reply.body.index == 0
 
 
 def test_refused_requests_are_counted_by_reason_in_the_learners_metrics() -> None:
@@ -120,16 +120,16 @@ def test_refused_requests_are_counted_by_reason_in_the_learners_metrics() -> Non
         ctx = zmq.Context.instance()
         with open_endpoint(ctx, zmq.DEALER, connect=srv.address, max_bytes=1 << 24) as ep:
             ep.socket.send(b"\x00 not msgpack")
-            ep.send(*messages.hello("gen-0", 0))
-            ep.send(*messages.chunk_request(1, 10**6))
+            ep.send(messages.Hello("gen-0", 0))
+            ep.send(messages.ChunkRequest(1, 10**6))
             reasons = []
             for _ in range(3):
                 got = ep.recv(5000)
                 assert got is not None and got[1].type == messages.ERROR
-                reasons.append(got[1].body["reason"])
+                reasons.append(got[1].body.reason)
             assert reasons == ["malformed", "unexpected_type", "bad_chunk_index"]
             assert (
-                request(ep, *messages.weights_query(0), timeout_ms=5000, retries=0).type
+                request(ep, messages.WeightsQuery(0), timeout_ms=5000, retries=0).type
                 == messages.WEIGHTS_MANIFEST
             )
     assert dict(srv.rejected) == {"malformed": 1, "unexpected_type": 1, "bad_chunk_index": 1}
@@ -150,13 +150,13 @@ def test_a_generator_that_never_reads_its_chunks_does_not_stall_the_others() -> 
         hog.linger, hog.rcvhwm, hog.rcvbuf = 0, 1, 4096
         hog.connect(srv.address)
         try:
-            ask = encode(*messages.chunk_request(1, 0))
+            ask = encode(messages.ChunkRequest(1, 0))
             for _ in range(100):
                 hog.send(ask)
             time.sleep(1.0)
             with open_endpoint(ctx, zmq.DEALER, connect=srv.address, max_bytes=1 << 24) as ep:
                 t0 = time.monotonic()
-                reply = request(ep, *messages.weights_query(0), timeout_ms=5000, retries=0)
+                reply = request(ep, messages.WeightsQuery(0), timeout_ms=5000, retries=0)
                 assert reply.type == messages.WEIGHTS_MANIFEST
                 assert time.monotonic() - t0 < 3.0
         finally:
