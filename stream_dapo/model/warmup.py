@@ -498,31 +498,24 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
                     f"no worked solution has at most warmup.max_solution_tokens = {w.max_solution_tokens} "
                     "tokens; raise it (0: all)"
                 )
+        # (examples, steps, peak lr, batch-order seed) per phase: the reference solutions, then the slips.
+        phases = [(examples, w.steps, w.lr, w.seed)]
+        if w.slip_rate:
+            slipped = build_examples(train_items, tokenizer, slip_rate=w.slip_rate, seed=w.seed)
+            if w.max_solution_tokens:
+                slipped = [(ids, n) for ids, n in slipped if len(ids) - n <= w.max_solution_tokens]
+            phases.append((slipped, w.slip_steps, w.slip_lr, w.seed + 1))
         t_train = time.perf_counter()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(w.seed)
-            final_loss = train_supervised(
-                model,
-                examples,
-                steps=w.steps,
-                batch_size=w.batch_size,
-                lr=w.lr,
-                seed=w.seed,
-                pad_id=tokenizer.pad_token_id,
-                threads=w.threads,
-                by_length=w.batch_by_length,
-            )
-            if w.slip_rate:
-                slipped = build_examples(train_items, tokenizer, slip_rate=w.slip_rate, seed=w.seed)
-                if w.max_solution_tokens:
-                    slipped = [(ids, n) for ids, n in slipped if len(ids) - n <= w.max_solution_tokens]
+            for phase_examples, steps, lr, seed in phases:
                 final_loss = train_supervised(
                     model,
-                    slipped,
-                    steps=w.slip_steps,
+                    phase_examples,
+                    steps=steps,
                     batch_size=w.batch_size,
-                    lr=w.slip_lr,
-                    seed=w.seed + 1,
+                    lr=lr,
+                    seed=seed,
                     pad_id=tokenizer.pad_token_id,
                     threads=w.threads,
                     by_length=w.batch_by_length,

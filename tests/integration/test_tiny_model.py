@@ -255,6 +255,39 @@ def test_slipped_examples_rework_chain_solutions_at_the_rate_seeded_by_prompt(tm
     assert 0.3 * len(items) < wrong_answers < 0.9 * len(items)
 
 
+def test_the_slip_phase_trains_on_after_the_reference_steps_and_keys_the_cache(tmp_path):
+    def chain_warmup(root: Path, *extra: str) -> WarmupResult:
+        cfg = load_config(
+            overrides=[
+                "data.synthetic.kind=chain",
+                "data.synthetic.min_ops=2",
+                "data.synthetic.max_ops=4",
+                "data.synthetic.num_train=64",
+                "data.synthetic.num_eval=4",
+                "warmup.steps=3",
+                "warmup.batch_size=4",
+                "warmup.eval_prompts=2",
+                "warmup.fold_temperature=1.0",
+                "algo.max_response_len=16",
+                "algo.overlong_cache_len=4",
+                f'run.out_dir="{root}"',
+                f'model.path="{root / "warm"}"',
+                *extra,
+            ],
+            environ={},
+        )
+        return warmup.warmup(cfg)
+
+    from safetensors.torch import load_file
+
+    plain = chain_warmup(tmp_path / "plain")
+    slipped = chain_warmup(tmp_path / "slipped", "warmup.slip_rate=0.2", "warmup.slip_steps=2")
+    assert read_marker(plain.path)["key"] != read_marker(slipped.path)["key"]
+    a, b = load_file(plain.path / "model.safetensors"), load_file(slipped.path / "model.safetensors")
+    # Same init and the same first 3 steps; the 2 slip steps then move every trained weight.
+    assert a.keys() == b.keys() and all(not torch.equal(a[k], b[k]) for k in a)
+
+
 def test_thread_picker_keeps_the_faster_count_and_retimes_when_steps_slow_down(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(warmup.time, "perf_counter", lambda: clock[0])
