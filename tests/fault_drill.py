@@ -198,7 +198,7 @@ class FaultDrill:
             buffer = ReplayBuffer.restore(AdmissionPolicy.from_config(self.cfg), journal.load())
         finally:
             journal.close()
-        seen = {gid for r in buffer.snapshot_records() if r["k"] == "seen" for gid in r["ids"]}
+        seen = {gid for r in buffer.snapshot_records() if r["kind"] == "seen" for gid in r["group_ids"]}
         held = set(buffer.waiting_ids()) | set(buffer.leased_ids())
         log_path = self.out / "learner" / "trained_groups.jsonl"
         rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]

@@ -35,7 +35,10 @@ def test_fuzzed_sockets_survive_count_rejections_and_still_serve(tmp_path: Path)
         # The service's own counters, read from its /metrics, equal what the codec says of each message.
         assert s["rejections_match_oracle"], (name, s["rejections"], s["expected_rejections"])
         assert sum(s["rejections"].values()) > 1000, name
-        assert {"malformed", "bad_schema", "bad_array"} <= set(s["rejections"]), name
+        # Only the samples socket takes messages with arrays (groups): elsewhere a mutated groups
+        # message is refused by its type before its arrays are looked at.
+        reasons = {"malformed", "bad_schema"} | ({"bad_array"} if name == "samples" else set())
+        assert reasons <= set(s["rejections"]), name
         assert s["after_fuzzing_ok"], (name, s["after_fuzzing"])
     for name in ("samples", "batches"):
         after = by_socket[name]["after_fuzzing"]
