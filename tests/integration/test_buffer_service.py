@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -42,27 +41,23 @@ from stream_dapo.transport.sockets import (
     open_endpoint,
     request,
 )
+from tests.helpers import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_MS = 5000  # only reached when something is broken
 MAX_BYTES = 256 * 1024
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def overrides(out_dir: Path) -> list[str]:
     # G = 2, B_v = 4 / 2 = 2 groups per step, S = 4 / 2 = 2 steps per rollout, max_staleness 4:
     # admission capacity (4 - 2 - 0 + 1) * 2 = 6 groups.
+    samples, batches, weights, metrics = free_ports(4)  # held open together, so they differ
     return [
-        f"transport.samples_port={free_port()}",
-        f"transport.batches_port={free_port()}",
-        f"transport.weights_port={free_port()}",
+        f"transport.samples_port={samples}",
+        f"transport.batches_port={batches}",
+        f"transport.weights_port={weights}",
         f"transport.max_message_bytes={MAX_BYTES}",
-        f"metrics.buffer_port={free_port()}",
+        f"metrics.buffer_port={metrics}",
         f'run.out_dir="{out_dir}"',
         "algo.group_size=2",
         "learner.mini_batch_samples=4",
