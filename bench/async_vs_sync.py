@@ -57,6 +57,9 @@ def time_breakdown(run_dir: Path, summary: dict, steps_per_rollout: int) -> dict
     def total(key: str, of: list[dict]) -> float:
         return round(sum(r.get(key) or 0.0 for r in of), 2)
 
+    from stream_dapo.metrics import GeneratorMetrics, catalogue, sample_name
+
+    names = catalogue(GeneratorMetrics)
     gen: dict[str, float] = {}
     for path in sorted((run_dir / "final-metrics").glob("generator-*.json")):
         for key, value in json.loads(path.read_text()).items():
@@ -68,13 +71,11 @@ def time_breakdown(run_dir: Path, summary: dict, steps_per_rollout: int) -> dict
         "learner_proximal_seconds": total("proximal_seconds", firsts),
         "learner_publish_seconds": total("weight_sync_seconds", rows),
         "generator_weight_load_seconds": round(
-            gen.get("stream_dapo_generator_weight_sync_seconds_sum", 0.0), 2
+            gen.get(sample_name(names.weight_sync_seconds, "_sum"), 0.0), 2
         ),
-        "generator_verify_seconds": round(
-            gen.get("stream_dapo_generator_verifier_latency_seconds_sum", 0.0), 2
-        ),
+        "generator_verify_seconds": round(gen.get(sample_name(names.verifier_latency, "_sum"), 0.0), 2),
         "generator_tokens_per_second": round(
-            gen.get("stream_dapo_generator_tokens_total", 0.0) / summary["train_seconds"], 1
+            gen.get(sample_name(names.tokens), 0.0) / summary["train_seconds"], 1
         ),
     }
 
