@@ -32,7 +32,16 @@ from bench.report import median, paired_ratio  # noqa: E402
 from tests.helpers import free_ports, tiny_overrides  # noqa: E402
 
 
-def run_once(mode: str, steps: int, config: Path, model: Path, out: Path, seed: int | None = None) -> dict:
+def run_once(
+    mode: str,
+    steps: int,
+    config: Path,
+    model: Path,
+    out: Path,
+    seed: int | None = None,
+    extra: Sequence[str] = (),
+) -> dict:
+    """One `stream-dapo run` without evaluation in ``out``; ``extra`` are more ``--set`` items."""
     overrides = tiny_overrides(model, out, free_ports(8))
     # Keep the tiny config's batch shape; only move ports and the run directory.
     overrides = [
@@ -41,7 +50,7 @@ def run_once(mode: str, steps: int, config: Path, model: Path, out: Path, seed: 
     argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--config", str(config), "--no-eval", "--quiet"]
     argv += ["--mode", mode]
     seeded = [] if seed is None else [f"generator.seed={seed}"]
-    for item in [*overrides, f"learner.total_steps={steps}", *seeded]:
+    for item in [*overrides, f"learner.total_steps={steps}", *seeded, *extra]:
         argv += ["--set", item]
     subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL, env=dict(os.environ))
     return json.loads((out / "summary.json").read_text())

@@ -269,6 +269,14 @@ class GeneratorConfig(_Section):
     """OpenMP threads of the vLLM CPU worker."""
     weight_poll_s: float = Field(0.5, gt=0.0)
     """How often the generator asks for a newer weight version."""
+    kv_on_update: Literal["recompute", "keep", "between-groups"] = "recompute"
+    """What a weight update does to the samples in flight. "recompute": swap at once and drop their
+    KV, which they recompute with the new weights (every later token's behaviour log-prob is the new
+    policy's; costs a prefill of each running sample's context per update). "keep": swap at once
+    and keep the old-weight KV (no recompute; later tokens attend to KV the old weights made).
+    "between-groups": start no new group while an update waits, swap once the in-flight groups
+    finished (every sample one version; the engine runs emptier while the slowest sample ends).
+    Measured on the long-CoT recipe by bench/kv_on_update.py (docs/operations.md)."""
     heartbeat_s: float = Field(5.0, gt=0.0)
     """How often a generator tells the buffer it is alive (keeps its credit lease, see
     buffer.generator_lease_s; a buffer that stops answering makes /readyz fail)."""

@@ -112,6 +112,21 @@ class GeneratorMetrics:
         self.prefix_cache_hit_tokens = Counter(
             p + "prefix_cache_hit_tokens", "Prompt tokens served from vLLM's prefix cache.", registry=registry
         )
+        self.tokens_recomputed = Counter(
+            p + "kv_recompute_tokens",
+            "Context tokens weight swaps made the engine prefill again (generator.kv_on_update).",
+            registry=registry,
+        )
+        self.multi_version_samples = Counter(
+            p + "multi_version_samples",
+            "Responses whose tokens more than one weight version sampled.",
+            registry=registry,
+        )
+        self.weight_hold_seconds = Counter(
+            p + "weight_hold_seconds",
+            "Seconds an update waited for in-flight groups, no new group starting (between-groups).",
+            registry=registry,
+        )
         self.engine_start_seconds = Gauge(
             p + "engine_start_seconds", "Time the vLLM engine took to start.", registry=registry
         )

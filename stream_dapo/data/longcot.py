@@ -166,7 +166,9 @@ def work_chain(
         lines.append(f"{LABELS[i]}{op}{term}: {values[i]}{op}{term}={values[i + 1]}")
     lines.append("Check:")
     for i in reversed(range(len(ops))):
-        lines.append(f"{LABELS[i]}{ops[i]}{terms[i]}: {checked[i + 1]}{_INVERSE[ops[i]]}{terms[i]}={checked[i]}")
+        lines.append(
+            f"{LABELS[i]}{ops[i]}{terms[i]}: {checked[i + 1]}{_INVERSE[ops[i]]}{terms[i]}={checked[i]}"
+        )
     lines.append(f"Back at {checked[0]}.")
     return tuple(lines)
 

@@ -28,7 +28,10 @@ Weight update protocol (``update_weights``), each step a helper with a timeout:
    in-flight KV (cheaper for very long rollouts; post-swap tokens then attend to old-weight KV); new
    requests get a per-version ``cache_salt`` so they never hit old blocks, and the plain
    ``reset_prefix_cache()`` (which refuses, returning False, while requests hold blocks) is retried
-   after later steps until it succeeds, to release the old hashes.
+   after later steps until it succeeds, to release the old hashes. ``"between-groups"``: the
+   generator service swaps only once no group is in flight (it starts none while an update waits),
+   so the reset has nothing to preempt and every sample is sampled by one version.
+   ``tokens_recomputed`` counts the context tokens each reset made the engine prefill again.
 5. resume: ``wake_up(tags=["scheduling"])``.
 
 A failure after the load started leaves half-loaded weights: the engine stays paused and
@@ -68,7 +71,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-KvOnUpdate = Literal["recompute", "keep"]
+KvOnUpdate = Literal["recompute", "keep", "between-groups"]
+KV_ON_UPDATE: tuple[KvOnUpdate, ...] = ("recompute", "keep", "between-groups")
 T = TypeVar("T")
 
 _KV_RESET_RETRY_S = 1.0
@@ -179,6 +183,17 @@ class GroupAssembler:
         for i, rid in enumerate(ids):
             self._requests[rid] = (group_id, i)
         return ids
+
+    def context_tokens(self) -> int:
+        """Tokens a KV reset makes the engine prefill again: each unfinished sample's response so far,
+        plus its group's prompt once (the group's samples share the prompt's blocks through prefix
+        caching, so the first to be rescheduled recomputes it for all)."""
+        total = 0
+        for state in self._groups.values():
+            running = [s for s in state.samples if s.finished is None]
+            if running:
+                total += len(state.prompt.prompt_token_ids) + sum(len(s.token_ids) for s in running)
+        return total
 
     def request_ids(self, group_id: str) -> list[str]:
         state = self._groups[group_id]
@@ -309,8 +324,8 @@ class RolloutEngine:
             raise ValueError(
                 f"need group_size >= 1 and max_response_len >= 1, got {group_size}, {max_response_len}"
             )
-        if kv_on_update not in ("recompute", "keep"):
-            raise ValueError(f"kv_on_update must be 'recompute' or 'keep', got {kv_on_update!r}")
+        if kv_on_update not in KV_ON_UPDATE:
+            raise ValueError(f"kv_on_update must be one of {KV_ON_UPDATE}, got {kv_on_update!r}")
         self._engine = engine
         self.group_size = group_size
         self.max_response_len = max_response_len
@@ -323,6 +338,8 @@ class RolloutEngine:
         self.startup_seconds = startup_seconds
         self.version = version
         self.updates = 0
+        self.tokens_recomputed = 0
+        """Context tokens whose KV weight swaps dropped for recompute (``GroupAssembler.context_tokens``)."""
         self._groups = GroupAssembler()
         self._rpc = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-control")
         self._kv_reset_pending = False
@@ -340,7 +357,7 @@ class RolloutEngine:
         model_path: str | None = None,
         version: int = 0,
         temperature: float | None = None,
-        kv_on_update: KvOnUpdate = "recompute",
+        kv_on_update: KvOnUpdate | None = None,
     ) -> RolloutEngine:
         """Start a vLLM engine for generator ``index`` from the resolved config (20-60 s on the CPU)."""
         from stream_dapo.vllm_utils import apply_cpu_env, is_cpu_platform, vllm_engine_kwargs
@@ -379,7 +396,7 @@ class RolloutEngine:
             top_k=cfg.generator.top_k,
             min_p=cfg.generator.min_p,
             version=version,
-            kv_on_update=kv_on_update,
+            kv_on_update=cfg.generator.kv_on_update if kv_on_update is None else kv_on_update,
             startup_seconds=seconds,
         )
 
@@ -549,7 +566,8 @@ class RolloutEngine:
         self._call("label", lambda: self._engine.set_weight_version(str(version)))
 
     def _invalidate_kv(self) -> None:
-        if self.kv_on_update == "recompute":
+        if self.kv_on_update != "keep":  # between-groups: nothing is running, so nothing to recompute
+            self.tokens_recomputed += self._groups.context_tokens()
             ok = self._call(
                 "reset_prefix_cache", lambda: self._engine.reset_prefix_cache(reset_running_requests=True)
             )

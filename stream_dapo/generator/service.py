@@ -170,6 +170,8 @@ class GeneratorService:
         self._rollouts = dict.fromkeys(m.ROLLOUT_FIELDS, 0)
         """Running rollout tally since start (the heartbeat sends it; the learner tracks it)."""
         self._tokens_counted = 0
+        self._recomputed_counted = 0
+        self._hold_since: float | None = None
         self._closed = False
         self.engine: RolloutEngine | None = engine
         self.buffer: Endpoint | None = None
@@ -389,8 +391,25 @@ class GeneratorService:
         busy = self._engine.num_in_flight or self._verifying
         return 0 if busy else IDLE_POLL_MS
 
+    def _holding_for_weights(self) -> bool:
+        """kv_on_update = "between-groups": an update waits for the in-flight groups to finish; no
+        new group starts meanwhile (it would sample from weights already superseded)."""
+        return (
+            self.cfg.generator.kv_on_update == "between-groups"
+            and self.watcher is not None
+            and self.watcher.pending
+        )
+
     def _apply_new_weights(self) -> None:
         assert self.watcher is not None
+        if self._holding_for_weights():
+            now = time.monotonic()
+            if self._hold_since is None:
+                self._hold_since = now
+            if self._engine.num_in_flight:
+                return
+            self.metrics.weight_hold_seconds.inc(now - self._hold_since)
+        self._hold_since = None
         update = self.watcher.take()
         if update is None:
             return
@@ -519,6 +538,8 @@ class GeneratorService:
         engine = self._engine
         if not self.admission.may_start(engine.version, self._credit_version):
             return  # these credits are for a newer policy: wait for its weights (in-flight groups go on)
+        if self._holding_for_weights():
+            return
         started = False
         while engine.num_in_flight < self.cfg.generator.max_groups_in_flight and self.credits.take():
             engine.add_group(next(self.prompts))
@@ -543,6 +564,8 @@ class GeneratorService:
             self.metrics.samples.inc()
             self.metrics.response_length.observe(len(s))
             self.metrics.prefix_cache_hit_tokens.inc(s.cached_prompt_tokens)
+            if len(s) and s.versions.min() != s.versions.max():
+                self.metrics.multi_version_samples.inc()
             if s.truncated:
                 self.metrics.truncated.inc()
 
@@ -606,6 +629,9 @@ class GeneratorService:
         if new_tokens:
             mx.tokens.inc(new_tokens)
             self._tokens_counted = engine.tokens_generated
+        if engine.tokens_recomputed != self._recomputed_counted:
+            mx.tokens_recomputed.inc(engine.tokens_recomputed - self._recomputed_counted)
+            self._recomputed_counted = engine.tokens_recomputed
         now = time.monotonic()
         since, tokens_then = self._rate
         if now - since >= RATE_WINDOW_S:

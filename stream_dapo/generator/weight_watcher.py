@@ -50,6 +50,12 @@ class WeightWatcher(BackgroundThread):
                 self._loading = True
             return ready
 
+    @property
+    def pending(self) -> bool:
+        """A fetched update waits for ``take()``."""
+        with self._lock:
+            return self._ready is not None
+
     def loaded(self) -> None:
         """The update from ``take()`` is in the engine (or was given up on): fetch again."""
         with self._lock:

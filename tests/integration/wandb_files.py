@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,14 +52,32 @@ def records(path: Path) -> Iterator[Any]:
             pending = b""
 
 
+def finished_records(path: Path, deadline_s: float = 120.0) -> list[Any]:
+    """The file's records once it ends with the run's `exit` record. `run.finish()` can return
+    while W&B's core process still holds the tail of the log in its write buffer (seen under load:
+    a file with no `run` record yet), so this waits for the event that closes the log, not for a
+    time; the deadline only turns a run that never finishes into a clear failure."""
+    give_up = time.monotonic() + deadline_s
+    while True:
+        try:
+            found = list(records(path)) if path.stat().st_size > len(HEADER) else []
+        except Exception:  # a chunk still being written: read again
+            found = []
+        kinds = [r.WhichOneof("record_type") for r in found]
+        if "exit" in kinds:
+            return found
+        assert time.monotonic() < give_up, f"{path} has no exit record after {deadline_s} s: {kinds}"
+        time.sleep(0.1)
+
+
 def read_offline_run(run_dir: Path) -> dict[str, Any]:
     """{'history': [{key: value, '_step': step}], 'config': {key: value}, 'tags': [...], 'name': ...}
-    of the one `run-*.wandb` file in `run_dir` (an `offline-run-*` folder)."""
+    of the one `run-*.wandb` file in `run_dir` (an `offline-run-*` folder), once W&B has closed it."""
     (path,) = sorted(run_dir.glob("run-*.wandb"))
     history: list[dict[str, Any]] = []
     config: dict[str, Any] = {}
     run: dict[str, Any] = {}
-    for record in records(path):
+    for record in finished_records(path):
         kind = record.WhichOneof("record_type")
         if kind == "history":
             row = {

@@ -342,6 +342,97 @@ def test_keep_mode_salts_requests_by_version_and_retries_the_cache_reset(weights
     assert fake.calls.count(("reset_prefix_cache", False)) == 3 and not engine.kv_reset_pending
 
 
+def test_a_recompute_swap_counts_the_context_each_running_sample_prefills_again(weights_file: Path) -> None:
+    # Group p (prompt 2 tokens): 3 samples x 2 tokens + the prompt once = 8. Group q joins after the
+    # first swap (prompt 3 tokens): at the second swap p has 3 x 3 tokens, q 3 x 1: (2 + 9) + (3 + 3).
+    fake = FakeEngine()
+    engine = make_engine(fake)
+    engine.add_group(Prompt("p", [1, 2]))
+    engine.step(), engine.step()
+    engine.update_weights(weights_file, version=1)
+    assert engine.tokens_recomputed == 8
+    engine.add_group(Prompt("q", [1, 2, 3]))
+    engine.step()
+    engine.update_weights(weights_file, version=2)
+    assert engine.tokens_recomputed == 8 + 11 + 6
+    keep = make_engine(FakeEngine(), kv_on_update="keep")
+    keep.add_group(Prompt("p", [1, 2]))
+    keep.step()
+    keep.update_weights(weights_file, version=1)
+    assert keep.tokens_recomputed == 0, "keep drops no KV"
+
+
+def test_an_unknown_kv_mode_is_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="between-groups"):
+        make_engine(FakeEngine(), kv_on_update="later")
+
+
+def between_groups_service(mode: str, tmp_path: Path) -> tuple[Any, RolloutEngine, list[tuple[int, int]]]:
+    """A generator service on the fake engine, with 1 credit, an update to v1 waiting to be taken,
+    and `_load_weights` recording (version, groups in flight) instead of loading."""
+    from stream_dapo.config import load_config
+    from stream_dapo.generator.service import GeneratorService
+
+    svc = GeneratorService(load_config(overrides=[f'generator.kv_on_update="{mode}"'], environ={}))
+    engine = make_engine(FakeEngine(), max_response_len=4)
+    svc.engine = engine
+    svc.prompts = iter([Prompt(f"p{i}", [1, 2]) for i in range(10)])  # type: ignore[assignment]
+    loaded: list[tuple[int, int]] = []
+
+    def load(update: WeightUpdate) -> None:
+        loaded.append((update.version, engine.num_in_flight))
+        engine.version = update.version
+
+    svc._load_weights = load  # type: ignore[method-assign]
+    svc.credits.held = 1
+    svc._start_groups()
+    assert engine.num_in_flight == 1
+    svc.watcher = WeightWatcher(lambda have: WeightUpdate(1, tmp_path / "v1", 10), poll_s=60.0, have=0)
+    svc.watcher.poll_once()
+    svc.credits.held = 2
+    return svc, engine, loaded
+
+
+def test_between_groups_swaps_only_once_the_groups_in_flight_finished_and_starts_none_meanwhile(
+    tmp_path: Path,
+) -> None:
+    svc, engine, loaded = between_groups_service("between-groups", tmp_path)
+    try:
+        svc._apply_new_weights()
+        svc._start_groups()
+        assert loaded == [] and engine.num_in_flight == 1, "no swap, and no group on superseded weights"
+        (group,) = run_to_end(engine)
+        assert {v for s in group.samples for v in s.versions.tolist()} == {0}
+        svc._apply_new_weights()
+        assert loaded == [(1, 0)]
+        svc._start_groups()
+        assert engine.num_in_flight == 2 and svc.credits.held == 0
+        assert svc.registry.get_sample_value("stream_dapo_generator_weight_hold_seconds_total") >= 0.0
+    finally:
+        svc.engine = None
+        svc.close()
+
+
+def test_recompute_swaps_with_groups_in_flight_and_counts_samples_spanning_versions(
+    weights_file: Path, tmp_path: Path
+) -> None:
+    svc, engine, loaded = between_groups_service("recompute", tmp_path)
+    try:
+        svc._apply_new_weights()
+        assert loaded == [(1, 1)], "swapped at once, the group still running"
+        svc._start_groups()
+        assert engine.num_in_flight == 3
+        engine.step()
+        engine.update_weights(weights_file, version=2)  # the next tokens of all three are v2's
+        finished = run_to_end(engine)
+        for group in finished:
+            svc._count_finished(group)
+        assert svc.registry.get_sample_value("stream_dapo_generator_multi_version_samples_total") == 9
+    finally:
+        svc.engine = None
+        svc.close()
+
+
 def test_recompute_mode_sends_no_salt() -> None:
     fake = FakeEngine()
     engine = make_engine(fake)

@@ -709,9 +709,7 @@ def test_restore_refuses_records_it_does_not_understand() -> None:
 
 def test_lockstep_grants_one_rollout_batch_per_learner_version() -> None:
     """Sync mode: R credits per round; filtered groups free theirs; none while the learner trains."""
-    policy = admission_policy(
-        admission_capacity=100, max_staleness=8, lockstep=True, rollout_batch_prompts=4
-    )
+    policy = admission_policy(admission_capacity=100, max_staleness=8, lockstep=True, rollout_batch_prompts=4)
     buf = ReplayBuffer(policy)
     assert buf.grant_credits("g", 10) == 4
     assert buf.grant_credits("g", 10) == 0

@@ -134,7 +134,9 @@ def test_the_generator_scores_with_the_configured_backend() -> None:
     from stream_dapo.config import load_config
     from stream_dapo.generator.service import GeneratorService
 
-    svc = GeneratorService(load_config(overrides=["verifier.backend=math-verify", "verifier.workers=1"], environ={}))
+    svc = GeneratorService(
+        load_config(overrides=["verifier.backend=math-verify", "verifier.workers=1"], environ={})
+    )
     try:
         svc._start_verifier()
         assert svc.verifier is not None
