@@ -1,10 +1,12 @@
 """Generator throughput: the project's vLLM engine vs transformers ``generate``, same work.
 
-    .venv/bin/python bench/generation.py [--quick]
+    .venv/bin/python bench/generation.py [--quick] [--config configs/tiny-cpu.toml] [--prompts 16]
+        [--repeats 5] [--json FILE]
 
 Both sample the warm tiny model on the same synthetic-task prompts (chat template), G = group_size
 samples per prompt, at most algo.max_response_len tokens, temperature 1 / top-p 1 (top-k off),
-with the tiny-cpu config's settings:
+with the config's settings (tiny-cpu by default; configs/tiny-longcot-cpu.toml measures long,
+long-tailed responses, where one ``generate`` batch runs until its longest row ends):
 
 - vLLM: `RolloutEngine` (what the generator service runs): one n=1 request per sample with the
   sampled token's log-prob, prefix caching, the config's KV cache, max_num_seqs, eager mode and its
@@ -33,13 +35,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.report import bench_parser, interleave, paired_ratio, summary  # noqa: E402
+from bench.report import bench_parser, interleave, paired_ratio, save_json, summary  # noqa: E402
 from bench.workload import task_prompts, tiny_config, warm_model_dir  # noqa: E402
 
 __all__ = ["measure_generation"]
 
 
-def measure_generation(quick: bool = False) -> dict[str, Any]:
+def measure_generation(
+    quick: bool = False, config: Path | None = None, num_prompts: int = 16, repeats: int = 5
+) -> dict[str, Any]:
     """Response tokens/s of vLLM and transformers, interleaved repeats; ratio vLLM / transformers."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -47,10 +51,11 @@ def measure_generation(quick: bool = False) -> dict[str, Any]:
     from stream_dapo.generator.engine import RolloutEngine
     from stream_dapo.model.warmup import _generate
 
-    num_prompts, repeats = (4, 2) if quick else (16, 5)
-    cfg = tiny_config()
+    if quick:
+        num_prompts, repeats = 4, 2
+    cfg = tiny_config() if config is None else tiny_config(config=config)
     model_dir = warm_model_dir(cfg)
-    cfg = tiny_config([f"model.path={model_dir}"])
+    cfg = tiny_config([f"model.path={model_dir}"], **({} if config is None else {"config": config}))
     group_size, max_tokens = cfg.algo.group_size, cfg.algo.max_response_len
     threads = cfg.generator.threads
     prompts = task_prompts(cfg, model_dir, split="eval")
@@ -130,6 +135,7 @@ def measure_generation(quick: bool = False) -> dict[str, Any]:
         }
 
     return {
+        "config": None if config is None else str(config),
         "model_dir": str(model_dir),
         "prompts_per_repeat": num_prompts,
         "group_size": group_size,
@@ -149,7 +155,15 @@ def measure_generation(quick: bool = False) -> dict[str, Any]:
 
 
 def main() -> None:
-    print(json.dumps(measure_generation(bench_parser(__doc__).parse_args().quick), indent=1))
+    parser = bench_parser(__doc__)
+    parser.add_argument("--config", type=Path, default=None, help="default: configs/tiny-cpu.toml")
+    parser.add_argument("--prompts", type=int, default=16, help="prompts per repeat (x group_size samples)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    result = measure_generation(args.quick, args.config, args.prompts, args.repeats)
+    print(json.dumps(result, indent=1))
+    save_json(args.json, result)
 
 
 if __name__ == "__main__":

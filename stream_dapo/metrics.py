@@ -247,7 +247,10 @@ class LearnerMetrics:
         )
         self.groups_trained = Counter(p + "groups_trained", "Groups trained on.", registry=registry)
         self.weight_sync_seconds = Histogram(
-            p + "weight_sync_seconds", "Gather + publish time.", buckets=SECONDS_BUCKETS, registry=registry
+            p + "weight_sync_seconds",
+            "Serialize + publish time of one version (the gather before it is not counted).",
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
         )
         self.weight_sync_bytes = Counter(
             p + "weight_sync_bytes", "Weight bytes published.", registry=registry
