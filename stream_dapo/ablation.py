@@ -79,6 +79,11 @@ CURVE_METRICS: dict[str, str] = {
     "entropy": "policy entropy (nats/token)",
     "response_len_mean": "training-batch response length (tokens)",
     "truncation_rate": "training-batch truncation rate",
+    "clip_frac_low": "token share clipped below (A < 0, r < 1 - eps_low)",
+    "clip_frac_high": "token share clipped above (A > 0, r > 1 + eps_high)",
+    "clip_high_prob_mean": "mean probability of the up-clipped tokens (DAPO Fig. 3a)",
+    "gen_filtered_share_all_correct": "generated groups all correct (DAPO Fig. 3b)",
+    "gen_filtered_share_all_wrong": "generated groups all wrong",
 }
 """learner/metrics.jsonl key -> plot title, one PNG each."""
 

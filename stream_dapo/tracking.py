@@ -54,6 +54,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "clip_frac_low",
         "clip_frac_high",
         "clip_frac_dual",
+        "clip_high_prob_mean",
         "is_weight_mean",
         "is_weight_max",
         "masked_frac",

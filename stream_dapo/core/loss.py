@@ -275,7 +275,9 @@ def policy_loss(
         (loss, metrics): the scalar loss, and python floats computed without gradient over the tokens
         that contributed: ``pg_loss``, ``clip_frac_low`` (A < 0 and r < 1 - eps_low),
         ``clip_frac_high`` (A > 0 and r > 1 + eps_high), ``clip_frac_dual`` (A < 0 and the dual bound
-        active), ``is_weight_mean``/``is_weight_max`` (w after truncation/masking),
+        active), ``clip_high_prob_density`` (the up-clipped tokens' probabilities under the ratio's
+        denominator policy, summed and divided by the contributing tokens: divided by
+        ``clip_frac_high`` it is their mean probability, DAPO's Fig. 3a), ``is_weight_mean``/``is_weight_max`` (w after truncation/masking),
         ``is_weight_raw_max`` (exp(prox - mu) before it; 1 in behaviour mode), ``masked_frac`` (dropped
         tokens / mask tokens), ``approx_kl_behaviour`` (k3 estimate of KL(mu || pi_theta) from tokens
         sampled from mu: r - 1 - log r with r = pi_theta / mu), ``ratio_mean``, ``num_tokens``
@@ -389,11 +391,13 @@ def _loss_metrics(
     log_r_behaviour = log_ratio + torch.where(keep, ratio_inputs.log_weight, 0.0)
     k3_behaviour = torch.exp(log_r_behaviour) - 1.0 - log_r_behaviour
     zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
+    up_clipped = pos & (ratio > 1.0 + params.eps_high) & keep
     given_count = given.to(ratio.dtype).sum()
     names = [
         "clip_frac_low",
         "clip_frac_high",
         "clip_frac_dual",
+        "clip_high_prob_density",
         "is_weight_mean",
         "is_weight_max",
         "is_weight_raw_max",
@@ -404,8 +408,9 @@ def _loss_metrics(
     ]
     values = [
         frac(neg & (ratio < 1.0 - params.eps_low)),
-        frac(pos & (ratio > 1.0 + params.eps_high)),
+        frac(up_clipped),
         frac(dual_active),
+        mean(torch.where(up_clipped, torch.exp(ratio_inputs.old), zero)),
         mean(weight),
         torch.where(keep, weight, zero).amax() if keep.numel() else zero,
         torch.where(keep, torch.exp(ratio_inputs.log_weight), zero).amax() if keep.numel() else zero,

@@ -332,6 +332,10 @@ class StepMetrics:
     micro_batches: int
     max_staleness: int
     """Largest (version at this step - behaviour version) over trained tokens; -1 if none."""
+    clip_high_prob_mean: float | None = None
+    """Mean probability, under the ratio's denominator policy, of the tokens the upper clip bound
+    stopped (A > 0, r > 1 + eps_high); None when there were none. DAPO's Fig. 3a finds them below
+    0.2: the bound binds on unlikely tokens, which is what Clip-Higher frees."""
     staleness_counts: dict[int, int] = field(default_factory=dict)
     """Trained tokens per staleness value."""
     behaviour_gap: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -352,6 +356,7 @@ _MEAN_METRICS = (
     "clip_frac_low",
     "clip_frac_high",
     "clip_frac_dual",
+    "clip_high_prob_density",
     "is_weight_mean",
     "approx_kl_behaviour",
     "ratio_mean",
@@ -763,12 +768,15 @@ class Learner:
         denom = max(contributing, 1.0)
         seconds = time.perf_counter() - acc.started
         max_stale = int(maxes[1])
+        means = {name: weighted[name] / denom for name in _MEAN_METRICS}
+        density = means.pop("clip_high_prob_density")
         return StepMetrics(
             version=self.version,
             loss=reduced["loss"],
             pg_loss=reduced["pg_loss"],
             kl_ref=reduced["kl_ref"] if has_kl else None,
-            **{name: weighted[name] / denom for name in _MEAN_METRICS},
+            **means,
+            clip_high_prob_mean=density / means["clip_frac_high"] if means["clip_frac_high"] > 0 else None,
             is_weight_max=maxes[0],
             masked_frac=(given - contributing) / given if given else 0.0,
             grad_norm=grad_norm,

@@ -292,7 +292,12 @@ def test_plots_one_png_per_metric(tmp_path: Path) -> None:
     assert why is None
     assert sorted(p.name for p in files) == [
         "accuracy.png",
+        "clip_frac_high.png",
+        "clip_frac_low.png",
+        "clip_high_prob_mean.png",
         "entropy.png",
+        "gen_filtered_share_all_correct.png",
+        "gen_filtered_share_all_wrong.png",
         "response_len_mean.png",
         "truncation_rate.png",
     ]

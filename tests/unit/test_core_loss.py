@@ -140,6 +140,20 @@ def test_clip_higher_changes_loss_and_gradient_versus_symmetric_clipping() -> No
     assert m_sym["clip_frac_high"] == pytest.approx(0.4)  # r 1.25 now clipped too
 
 
+def test_up_clipped_tokens_report_their_probability_under_the_ratio_denominator() -> None:
+    # One sample, A = +1: mu = 0.1, 0.4, 0.5 and r = 1.5, 1.25, 1.0. With eps_high 0.2 the first
+    # two are up-clipped (probabilities 0.1 + 0.4 over 3 tokens); with 0.28 only the first.
+    mu = [0.1, 0.4, 0.5]
+    behaviour = _t([[LN(p) for p in mu]])
+    logp = _t([[LN(r * p) for r, p in zip([1.5, 1.25, 1.0], mu, strict=True)]], grad=True)
+    adv, mask = _t([1.0]), torch.ones(1, 3)
+    _, sym = policy_loss(logp, behaviour, adv, mask, PolicyLossParams(ratio_mode="behaviour", eps_high=0.2))
+    _, hi = policy_loss(logp, behaviour, adv, mask, PolicyLossParams(ratio_mode="behaviour", eps_high=0.28))
+    assert sym["clip_high_prob_density"] == pytest.approx(0.5 / 3)
+    assert sym["clip_high_prob_density"] / sym["clip_frac_high"] == pytest.approx(0.25)
+    assert hi["clip_high_prob_density"] / hi["clip_frac_high"] == pytest.approx(0.1)
+
+
 def test_dual_clip_bounds_the_loss_of_a_huge_ratio_on_a_negative_advantage() -> None:
     # One sample, A = -1, r = [20, 3], c = 10. Token 0: -min(-20, -1.28) = 20 -> min(20, 10) = 10 (constant,
     # no gradient). Token 1: -min(-3, -1.28) = 3 < 10, gradient -A r = 3. token-mean over 2 tokens.
