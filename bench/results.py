@@ -524,12 +524,12 @@ EXTERNAL = (
         "python bench/verifier_agreement.py --json docs/results/verifier_agreement.json",
     ),
     (
-        "Behaviour log-probs: μ vs π_prox in float32 and bfloat16, and the correction modes",
+        "Behaviour log-probs: μ vs π_prox at identical weights (float32 vs bfloat16, sampling settings)",
         "logprob_precision.json",
         "python bench/logprob_precision.py --json docs/results/logprob_precision.json",
     ),
     (
-        "Learner memory at long context: full vs chunked log-probs, checkpointing",
+        "Learner memory at long context (bench/learner_memory.py)",
         "learner_memory.json",
         "flock /tmp/stream-dapo-cpu.lock python bench/learner_memory.py",
     ),
@@ -543,12 +543,20 @@ EXTERNAL = (
 
 
 def render_external(results_dir: Path) -> str:
+    """The sections written by other commands. A JSON section whose folder holds a page of the same
+    name (`verifier_agreement.json` and `verifier_agreement.md`) shows that page, which says what the
+    figures mean and names its JSON and command; one without shows the JSON as tables."""
     out = ""
     for title, rel, command in EXTERNAL:
         out += f"### {title}\n\n"
         path = results_dir / rel
         if not path.is_file():
             out += f"Not yet run: `{command}`\n\n"
+            continue
+        prose = path.with_suffix(".md")
+        if rel.endswith(".json") and prose.is_file():
+            prefix = f"{results_dir.name}/{Path(rel).parent.as_posix()}/".replace("/./", "/")
+            out += _demote(_relink(prose.read_text(), prefix)).strip() + "\n\n"
             continue
         out += f"From `{results_dir.name}/{rel}`, written by `{command}`.\n\n"
         if rel.endswith(".md"):

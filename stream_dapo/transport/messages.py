@@ -134,9 +134,14 @@ def _rules(cls: type) -> _Rules:
     if rules is not None:
         return rules
     hints = get_type_hints(cls, include_extras=True)
-    arrays, floats, finite, bools, blobs, struct_lists = [], [], [], [], [], []
+    arrays: list[tuple[str, np.dtype[Any], Vector]] = []
+    floats: list[str] = []
+    finite: list[str] = []
+    bools: list[str] = []
+    blobs: list[str] = []
+    struct_lists: list[tuple[str, type]] = []
     for name in cls.__struct_fields__:  # type: ignore[attr-defined]
-        tp, extras = hints[name], ()
+        tp, extras = hints[name], []
         if get_origin(tp) is Annotated:
             tp, *extras = get_args(tp)
         if get_origin(tp) is np.ndarray:
@@ -154,7 +159,9 @@ def _rules(cls: type) -> _Rules:
             get_origin(tp) is list and isinstance(get_args(tp)[0], type) and issubclass(get_args(tp)[0], Wire)
         ):
             struct_lists.append((name, get_args(tp)[0]))
-    rules = _RULES[cls] = _Rules(*map(tuple, (arrays, floats, finite, bools, blobs, struct_lists)))
+    rules = _RULES[cls] = _Rules(
+        tuple(arrays), tuple(floats), tuple(finite), tuple(bools), tuple(blobs), tuple(struct_lists)
+    )
     return rules
 
 

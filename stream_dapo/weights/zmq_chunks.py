@@ -290,7 +290,7 @@ class WeightServer:
         data = memoryview(payload.data)[lo : lo + self.chunk_bytes]
         self.stats["chunks"] += 1
         self.stats["bytes"] += len(data)
-        return messages.Chunk(version, index, data)
+        return messages.Chunk(version, index, data)  # type: ignore[arg-type]  # a view, sent uncopied
 
 
 # --------------------------------------------------------------------------------------------------
