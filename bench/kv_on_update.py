@@ -12,8 +12,8 @@ modes' order rotated per repeat, on the same config and step budget:
 
 Per run it prints: generated tokens per second of training wall time; the context tokens the KV
 resets made the engine prefill again, as a share of the generated tokens; the seconds updates
-waited for in-flight groups (between-groups); per-token staleness at the gradient step (p50, p95,
-max, from the learner's metrics rows); the share of generated samples whose tokens more than one
+waited for in-flight groups (between-groups); per-token staleness at the gradient step (mean, p50,
+p95, max, from the learner's metrics rows); the share of generated samples whose tokens more than one
 weight version sampled; training wall time; and with ``--eval`` the final policy's eval
 avg@k (`stream-dapo eval`, the config's eval settings), so the modes compare after equal steps.
 """
@@ -97,6 +97,7 @@ def figures(run_dir: Path, summary: dict) -> dict:
         "multi_version_share": round(gen.get(sample_name(names.multi_version_samples), 0.0) / samples, 4)
         if samples
         else None,
+        "staleness_mean": round(sum(v * n for v, n in stale.items()) / sum(stale.values()), 3),
         "staleness_p50": quantile(stale, 0.5),
         "staleness_p95": quantile(stale, 0.95),
         "staleness_max": max(stale),
@@ -134,6 +135,7 @@ def table(result: dict) -> str:
         ("generator_tokens_per_second", "gen tok/s"),
         ("recompute_share_of_generated", "recompute / generated"),
         ("weight_hold_seconds", "hold s"),
+        ("staleness_mean", "stale mean"),
         ("staleness_p50", "stale p50"),
         ("staleness_p95", "stale p95"),
         ("staleness_max", "stale max"),
