@@ -46,7 +46,7 @@ from stream_dapo.config import Config, ConfigError
 from stream_dapo.disk import write_text_atomic
 from stream_dapo.learner import distributed
 from stream_dapo.learner.checkpoints import Checkpoints
-from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, start_metrics
+from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, observe_many, start_metrics
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
@@ -505,8 +505,7 @@ class LearnerService:
         mx.groups_trained.inc(s.groups)
         mx.packing_efficiency.set(s.packing_efficiency)
         for value, count in s.staleness_counts.items():
-            for _ in range(count):  # prometheus_client has no bulk observe
-                mx.staleness.observe(max(value, 0))
+            observe_many(mx.staleness, max(value, 0), count)
         row = {
             **s.to_json(),
             "wall_time": round(time.time(), 3),
