@@ -1,6 +1,7 @@
 """End-to-end samples/s of `stream-dapo run` in async and sync mode, side by side.
 
     python bench/async_vs_sync.py [--steps 12] [--repeats 1] [--seeds 0] [--config configs/tiny-cpu.toml]
+        [--set KEY=VALUE ...]
 
 Both modes run the same config, seed and step budget one after the other on this machine (no
 evaluation, so only the training loop is timed); the figure is the median over repeats of
@@ -94,6 +95,7 @@ def measure_async_vs_sync(
     repeats: int = 1,
     config: Path = REPO / "configs" / "tiny-cpu.toml",
     seeds: Sequence[int] | None = None,
+    overrides: Sequence[str] = (),
 ) -> dict:
     """Generated and trained samples/s of both modes (repeats interleaved: async, sync, async, ...)
     and the ratios async / sync (median of the per-pair ratios); with ``seeds``, every repeat runs
@@ -110,7 +112,7 @@ def measure_async_vs_sync(
             for seed in seeds if seeds else [None]:
                 for mode in ("async", "sync"):
                     out = Path(tmp) / f"{mode}-{r}-{seed}"
-                    s = run_once(mode, steps, config, model.resolve(), out, seed)
+                    s = run_once(mode, steps, config, model.resolve(), out, seed, overrides)
                     cfg = load_config([out / "config.toml"], environ={})
                     rates[mode].append(s["samples_per_second"])
                     trained[mode].append(s["groups_trained"] * cfg.algo.group_size / s["train_seconds"])
@@ -139,6 +141,7 @@ def measure_async_vs_sync(
         "steps": steps,
         "repeats": repeats,
         "seeds": list(seeds) if seeds else None,
+        "overrides": list(overrides),
         "breakdown": breakdown,
         "generated_samples_per_second": rates,
         "trained_samples_per_second": trained,
@@ -156,9 +159,12 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "tiny-cpu.toml")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="generator.seed values")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="for both modes"
+    )
     args = parser.parse_args()
 
-    result = measure_async_vs_sync(args.steps, args.repeats, args.config, args.seeds)
+    result = measure_async_vs_sync(args.steps, args.repeats, args.config, args.seeds, args.overrides)
     rates, trained = result["generated_samples_per_second"], result["trained_samples_per_second"]
     a, s = median(rates["async"]), median(rates["sync"])
     ta, ts = median(trained["async"]), median(trained["sync"])

@@ -267,6 +267,13 @@ class GeneratorConfig(_Section):
     """Skip graph capture/compilation: faster start, and the only sensible choice on CPU."""
     threads: int = Field(1, ge=1)
     """OpenMP threads of the vLLM CPU worker."""
+    engine_process: Literal["separate", "inline"] = "separate"
+    """Where vLLM's engine core (its scheduler loop) runs. "separate": its own process, vLLM's
+    default, which overlaps scheduling with the worker's compute and suits GPUs. "inline": in the
+    generator's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), scheduling between model steps. On
+    CPU generators that share cores with a learner, the separate engine core spins a core of its
+    own: on the long-CoT recipe it used 1.97 cores for 4,232 tokens/s, inline 1.02 cores for
+    3,944 (docs/results/longcot.md)."""
     weight_poll_s: float = Field(0.5, gt=0.0)
     """How often the generator asks for a newer weight version."""
     kv_on_update: Literal["recompute", "keep", "between-groups"] = "recompute"

@@ -126,6 +126,14 @@ def cpu_thread_env(
     return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in chosen)}
 
 
+def apply_engine_process_env(gen: GeneratorConfig) -> None:
+    """``generator.engine_process``: "inline" runs vLLM's engine core in this process (vLLM reads
+    VLLM_ENABLE_V1_MULTIPROCESSING when the engine starts); "separate" leaves vLLM's default, or
+    what the operator exported."""
+    if gen.engine_process == "inline":
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
 def apply_cpu_env(gen: GeneratorConfig, *, index: int = 0) -> dict[str, str]:
     """Set ``cpu_thread_env`` in this process's environment (before the engine starts); return it."""
     env = cpu_thread_env(gen, index=index)

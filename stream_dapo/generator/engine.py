@@ -360,7 +360,12 @@ class RolloutEngine:
         kv_on_update: KvOnUpdate | None = None,
     ) -> RolloutEngine:
         """Start a vLLM engine for generator ``index`` from the resolved config (20-60 s on the CPU)."""
-        from stream_dapo.vllm_utils import apply_cpu_env, is_cpu_platform, vllm_engine_kwargs
+        from stream_dapo.vllm_utils import (
+            apply_cpu_env,
+            apply_engine_process_env,
+            is_cpu_platform,
+            vllm_engine_kwargs,
+        )
 
         path = model_path or cfg.model.path
         if not Path(path, "config.json").is_file():
@@ -370,6 +375,7 @@ class RolloutEngine:
             )
         if is_cpu_platform():
             apply_cpu_env(cfg.generator, index=index)
+        apply_engine_process_env(cfg.generator)
         kwargs = vllm_engine_kwargs(
             path,
             cfg.generator,
