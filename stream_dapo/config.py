@@ -272,8 +272,8 @@ class GeneratorConfig(_Section):
     default, which overlaps scheduling with the worker's compute and suits GPUs. "inline": in the
     generator's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), scheduling between model steps. On
     CPU generators that share cores with a learner, the separate engine core spins a core of its
-    own: on the long-CoT recipe it used 1.97 cores for 4,232 tokens/s, inline 1.02 cores for
-    3,944 (docs/results/longcot.md)."""
+    own: on the long-CoT recipe's engine, separate took 1.98 cores for 3,367 tokens/s and inline
+    1.02 cores for 3,461 (bench/engine_process.py, docs/results/longcot.md)."""
     weight_poll_s: float = Field(0.5, gt=0.0)
     """How often the generator asks for a newer weight version."""
     kv_on_update: Literal["recompute", "keep", "between-groups"] = "recompute"
