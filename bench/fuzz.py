@@ -1248,6 +1248,7 @@ class _NoEngine:
     num_in_flight = 0
     version = 0
     tokens_generated = 0
+    tokens_recomputed = 0
 
     def close(self) -> None:
         pass

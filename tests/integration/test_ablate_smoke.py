@@ -75,7 +75,12 @@ def test_two_presets_one_seed_give_a_table_and_a_resumable_run(tmp_path: Path, w
     if not report["meta"].get("plots_skipped"):
         assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
             "accuracy.png",
+            "clip_frac_high.png",
+            "clip_frac_low.png",
+            "clip_high_prob_mean.png",
             "entropy.png",
+            "gen_filtered_share_all_correct.png",
+            "gen_filtered_share_all_wrong.png",
             "response_len_mean.png",
             "truncation_rate.png",
         ]
