@@ -57,6 +57,15 @@ def run_once(
     return json.loads((out / "summary.json").read_text())
 
 
+def generator_totals(run_dir: Path) -> dict[str, float]:
+    """Every generator's final metrics (``final-metrics/generator-*.json``), summed by sample name."""
+    totals: dict[str, float] = {}
+    for path in sorted((run_dir / "final-metrics").glob("generator-*.json")):
+        for key, value in json.loads(path.read_text()).items():
+            totals[key] = totals.get(key, 0.0) + value
+    return totals
+
+
 def time_breakdown(run_dir: Path, summary: dict, steps_per_rollout: int) -> dict[str, float]:
     """Seconds of a finished run by where they went (see the module docstring). The learner's rows
     repeat a rollout batch's wait, packing and proximal seconds on each of its steps: they count once."""
@@ -70,10 +79,7 @@ def time_breakdown(run_dir: Path, summary: dict, steps_per_rollout: int) -> dict
     from stream_dapo.metrics import GeneratorMetrics, catalogue, sample_name
 
     names = catalogue(GeneratorMetrics)
-    gen: dict[str, float] = {}
-    for path in sorted((run_dir / "final-metrics").glob("generator-*.json")):
-        for key, value in json.loads(path.read_text()).items():
-            gen[key] = gen.get(key, 0.0) + value
+    gen = generator_totals(run_dir)
     return {
         "train_seconds": summary["train_seconds"],
         "learner_wait_seconds": total("batch_wait_seconds", firsts),

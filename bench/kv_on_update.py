@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.async_vs_sync import run_once  # noqa: E402
+from bench.async_vs_sync import generator_totals, run_once  # noqa: E402
 from bench.report import bench_parser, machine_info, markdown_table, median, save_json  # noqa: E402
 
 MODES = ("recompute", "keep", "between-groups")
@@ -59,14 +59,6 @@ def token_staleness(run_dir: Path) -> dict[int, int]:
             if int(key) >= 0:
                 counts[int(key)] = counts.get(int(key), 0) + int(n)
     return counts
-
-
-def generator_totals(run_dir: Path) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for path in sorted((run_dir / "final-metrics").glob("generator-*.json")):
-        for key, value in json.loads(path.read_text()).items():
-            totals[key] = totals.get(key, 0.0) + value
-    return totals
 
 
 def evaluate(run_dir: Path) -> dict:
