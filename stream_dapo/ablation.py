@@ -23,7 +23,9 @@ which every child reads: editing a recipe file while an ablation runs does not c
 The warm model is evaluated once (``OUT/eval-before``); each cell runs without the launcher's
 evaluation and its final policy is evaluated after training (``OUT/PRESET/seed-N/eval_after.json``).
 A cell whose record (``ablation_cell.json``, written last) matches the resolved config and the
-model is skipped, so an interrupted ablation continues where it stopped.
+model is skipped, so an interrupted ablation continues where it stopped. ``--report-only`` trains
+and evaluates nothing: it writes the table and plots of the cells already done (a partial ladder
+stopped between sessions) and names the missing ones.
 
 Outputs: ``OUT/ablation.md`` (the table), ``OUT/ablation.json`` (every number) and
 ``OUT/plots/*.png`` (training-batch accuracy, policy entropy, response length and truncation rate
@@ -62,6 +64,7 @@ __all__ = [
     "cell_is_done",
     "cell_overrides",
     "config_fingerprint",
+    "curve_window_means",
     "describe_changes",
     "direction",
     "eval_fingerprint",
@@ -79,6 +82,7 @@ CURVE_METRICS: dict[str, str] = {
     "entropy": "policy entropy (nats/token)",
     "response_len_mean": "training-batch response length (tokens)",
     "truncation_rate": "training-batch truncation rate",
+    "truncated_in_loss_share": "truncated samples trained with A != 0 (the overlong reward noise)",
     "clip_frac_low": "token share clipped below (A < 0, r < 1 - eps_low)",
     "clip_frac_high": "token share clipped above (A > 0, r > 1 + eps_high)",
     "clip_high_prob_mean": "mean probability of the up-clipped tokens (DAPO Fig. 3a)",
@@ -107,6 +111,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated presets, in table order (default: all: {','.join(PRESETS)})",
     )
     parser.add_argument("--out", default="runs/ablation", help="output directory (default: runs/ablation)")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: write the table and plots of the cells already done in --out",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -249,6 +258,19 @@ def mean_curve(per_seed: Sequence[Mapping[int, float]]) -> list[CurvePoint]:
     return out
 
 
+def curve_window_means(curve: Mapping[int, float]) -> dict[str, float] | None:
+    """Mean of one seed's curve over its first and its last quarter of recorded steps (at least one
+    step each): where a trend over training shows without reading a plot. None for an empty curve."""
+    steps = sorted(curve)
+    if not steps:
+        return None
+    n = max(1, len(steps) // 4)
+    return {
+        "first": statistics.fmean(curve[s] for s in steps[:n]),
+        "last": statistics.fmean(curve[s] for s in steps[-n:]),
+    }
+
+
 def _paired_delta(cells_a: Sequence[CellResult], cells_b: Sequence[CellResult]) -> Spread | None:
     """avg@k of b minus a, paired by seed (common seeds only)."""
     a = {c.seed: c.eval_after["avg_at_k"] for c in cells_a if c.eval_after}
@@ -289,6 +311,13 @@ def aggregate(cells: Sequence[CellResult], presets: Sequence[str]) -> dict[str, 
         )
         entry["delta_vs_previous"] = _paired_delta(by_preset[presets[i - 1]], mine) if i > 0 else None
         entry["curves"] = {m: mean_curve([c.curves.get(m, {}) for c in ok]) for m in CURVE_METRICS}
+        entry["curve_windows"] = {
+            m: {
+                part: spread([w[part] for c in ok if (w := curve_window_means(c.curves.get(m, {})))])
+                for part in ("first", "last")
+            }
+            for m in CURVE_METRICS
+        }
         out[preset] = entry
     return out
 
@@ -361,6 +390,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             f"| {len(r['seeds_done'])}{failed} |"
         )
     lines += _direction_section(rows, k)
+    lines += _curve_section(rows)
     lines += _notes(meta)
     return "\n".join(lines) + "\n"
 
@@ -385,6 +415,37 @@ def _direction_section(rows: Mapping[str, Any], k: object) -> list[str]:
             f"| {direction(measured, paper)} |"
         )
     return lines
+
+
+def _curve_section(rows: Mapping[str, Any]) -> list[str]:
+    """Each curve's mean over the first and last quarter of the steps, mean ± std over seeds."""
+    names = [n for n in rows if rows[n].get("curve_windows")]
+    if not names:
+        return []
+    lines = [
+        "",
+        "## The curves in numbers",
+        "",
+        "Each seed's mean over its first and its last quarter of optimizer steps, then mean ± std over "
+        "seeds: first → last.",
+        "",
+        "| curve | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for metric, title in CURVE_METRICS.items():
+        cells = []
+        for name in names:
+            w = rows[name]["curve_windows"].get(metric) or {}
+            first, last = _spread_of(w.get("first")), _spread_of(w.get("last"))
+            cells.append("—" if first is None or last is None else f"{_num(first)} → {_num(last)}")
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _num(s: Spread) -> str:
+    """Three significant digits, ± std when there is one."""
+    text = f"{s.mean:.3g}"
+    return text + (f" ± {s.std:.2g}" if s.std is not None else "")
 
 
 def _notes(meta: Mapping[str, Any]) -> list[str]:
@@ -576,16 +637,28 @@ def evaluate_before(plan: Plan) -> dict[str, Any]:
     cfg, _ = plan.child_config(f"run.out_dir={_toml_value(str(run_dir))}")
     prepare_model(cfg)
     fp = eval_fingerprint(cfg, model_key(cfg))
+    done = _done_before(run_dir, fp)
+    if done is not None:
+        return done
     record = run_dir / CELL_RECORD
-    result_path = run_dir / "eval_before.json"
-    if record.is_file() and result_path.is_file() and json.loads(record.read_text()).get("fingerprint") == fp:
-        log.info("reusing %s", result_path)
-        return json.loads(result_path.read_text())
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(config_to_toml(cfg))
     result = evaluate_subprocess(cfg, run_dir / "config.toml", Path(cfg.model.path), "before", run_dir)
     record.write_text(json.dumps({"fingerprint": fp}))
     return result
+
+
+def _done_before(run_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The before-training evaluation in ``run_dir`` if it was made for this fingerprint."""
+    record, result_path = run_dir / CELL_RECORD, run_dir / "eval_before.json"
+    if (
+        record.is_file()
+        and result_path.is_file()
+        and json.loads(record.read_text()).get("fingerprint") == fingerprint
+    ):
+        log.info("reusing %s", result_path)
+        return dict(json.loads(result_path.read_text()))
+    return None
 
 
 def load_cell(preset: str, seed: int, cell_dir: Path, status: str) -> CellResult:
@@ -665,17 +738,53 @@ def _cell_line(i: int, total: int, cell: CellResult, before: Mapping[str, Any]) 
     )
 
 
+def done_cells(plan: Plan) -> tuple[dict[str, Any], list[CellResult], list[tuple[str, int]]]:
+    """For --report-only: the before-eval and the finished cells found in plan.out, and the
+    (preset, seed) pairs not finished there. Nothing is trained, evaluated or built."""
+    from stream_dapo.model.tiny import read_marker
+
+    cfg, _ = plan.child_config(f"run.out_dir={_toml_value(str(plan.out / 'eval-before'))}")
+    if read_marker(Path(cfg.model.path)) is None:
+        raise SystemExit(
+            f"stream-dapo ablate --report-only: no model at {cfg.model.path}; run without --report-only"
+        )
+    before = _done_before(plan.out / "eval-before", eval_fingerprint(cfg, model_key(cfg)))
+    if before is None:
+        raise SystemExit(
+            f"stream-dapo ablate --report-only: {plan.out / 'eval-before'} holds no evaluation of this "
+            "model and config; run without --report-only first (or pass the --config/--set of that run)"
+        )
+    cells, missing = [], []
+    for seed in plan.seeds:
+        for preset in plan.presets:
+            cell_cfg, _ = plan.cell_config(preset, seed)
+            cell_dir = plan.cell_dir(preset, seed)
+            if cell_is_done(cell_dir, config_fingerprint(cell_cfg, model_key(cell_cfg))):
+                cells.append(load_cell(preset, seed, cell_dir, "reused"))
+            else:
+                missing.append((preset, seed))
+    return before, cells, missing
+
+
 def run(args: argparse.Namespace) -> int:
     plan = make_plan(args)
     plan.out.mkdir(parents=True, exist_ok=True)
     freeze_base_config(plan)
-    before = evaluate_before(plan)
     cells: list[CellResult] = []
-    todo = [(p, s) for s in plan.seeds for p in plan.presets]  # seed-major: a partial run is a table
-    for i, (preset, seed) in enumerate(todo, 1):
-        cells.append(run_cell(plan, preset, seed))
-        print(_cell_line(i, len(todo), cells[-1], before), flush=True)
-        write_report(plan.out, build_report(plan, before, cells))
+    if args.report_only:
+        before, cells, missing = done_cells(plan)
+        print(
+            f"{len(cells)} of {len(cells) + len(missing)} cells done"
+            + (f"; missing: {', '.join(f'{p} seed {s}' for p, s in missing)}" if missing else ""),
+            flush=True,
+        )
+    else:
+        before = evaluate_before(plan)
+        todo = [(p, s) for s in plan.seeds for p in plan.presets]  # seed-major: a partial run is a table
+        for i, (preset, seed) in enumerate(todo, 1):
+            cells.append(run_cell(plan, preset, seed))
+            print(_cell_line(i, len(todo), cells[-1], before), flush=True)
+            write_report(plan.out, build_report(plan, before, cells))
     report = build_report(plan, before, cells)
     plots, why_not = plot_curves(report["presets"], plan.out / "plots")
     if why_not:

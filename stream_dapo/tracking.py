@@ -64,6 +64,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "accuracy",
         "response_len_mean",
         "truncation_rate",
+        "truncated_in_loss_share",
         "groups",
         "samples",
         "staleness_p50",

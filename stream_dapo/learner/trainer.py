@@ -276,6 +276,8 @@ class MiniBatch:
         group_ids: ids of the groups, in order.
         reward_mean / accuracy / response_len_mean / truncation_rate: over all samples of the
             mini-batch (response length in tokens; truncated: stopped at algo.max_response_len).
+        truncated_in_loss_share: of the mini-batch's truncated samples, the share that enters the
+            loss with a nonzero advantage (loss_weight > 0, A != 0); None without truncated samples.
     """
 
     micro_batches: list[MicroBatch]
@@ -288,6 +290,7 @@ class MiniBatch:
     num_samples: int
     response_len_mean: float
     truncation_rate: float
+    truncated_in_loss_share: float | None = None
 
     @property
     def packing_efficiency(self) -> float:
@@ -336,6 +339,10 @@ class StepMetrics:
     """Mean probability, under the ratio's denominator policy, of the tokens the upper clip bound
     stopped (A > 0, r > 1 + eps_high); None when there were none. DAPO's Fig. 3a finds them below
     0.2: the bound binds on unlikely tokens, which is what Clip-Higher frees."""
+    truncated_in_loss_share: float | None = None
+    """Of the mini-batch's truncated samples, the share trained with a nonzero advantage: the
+    reward noise DAPO's overlong filtering removes (a sample cut at the cap is scored wrong whatever
+    its reasoning was). 0 with algo.overlong_filter on; None when no sample was truncated."""
     staleness_counts: dict[int, int] = field(default_factory=dict)
     """Trained tokens per staleness value."""
     behaviour_gap: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -539,6 +546,7 @@ class Learner:
         (count,) = self._all_reduce([len(micro)], "max")
         micro.extend(placeholder_micro_batch(self.pad_id) for _ in range(int(count) - len(micro)))
         samples = [s for g in groups for s in g.samples]
+        truncated = [s for s in samples if s.truncated]
         return MiniBatch(
             micro_batches=micro,
             global_tokens=int(round(tokens)),
@@ -550,6 +558,11 @@ class Learner:
             num_samples=len(samples),
             response_len_mean=float(np.mean([len(s.tokens) for s in samples])),
             truncation_rate=float(np.mean([s.truncated for s in samples])),
+            truncated_in_loss_share=(
+                float(np.mean([s.loss_weight > 0 and s.advantage != 0 for s in truncated]))
+                if truncated
+                else None
+            ),
         )
 
     # ------------------------------------------------------------------ forward passes
@@ -785,6 +798,7 @@ class Learner:
             accuracy=batch.accuracy,
             response_len_mean=batch.response_len_mean,
             truncation_rate=batch.truncation_rate,
+            truncated_in_loss_share=batch.truncated_in_loss_share,
             groups=len(batch.group_ids),
             samples=batch.num_samples,
             loss_tokens=batch.global_tokens,

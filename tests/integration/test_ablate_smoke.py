@@ -25,9 +25,11 @@ pytestmark = pytest.mark.timeout(1200)  # a hang guard: a cold cache adds the wa
 PRESETS = ["naive-grpo", "dapo"]
 
 
-def ablate(out: Path, warm: Path, ports: list[int], presets: list[str]) -> subprocess.CompletedProcess[str]:
+def ablate(
+    out: Path, warm: Path, ports: list[int], presets: list[str], *extra: str
+) -> subprocess.CompletedProcess[str]:
     overrides = tiny_overrides(warm, out / "unused", ports) + ["eval.max_prompts=16", "eval.k=2"]
-    argv = [sys.executable, "-m", "stream_dapo.cli", "ablate", "--seeds", "1", "--budget", "2"]
+    argv = [sys.executable, "-m", "stream_dapo.cli", "ablate", "--seeds", "1", "--budget", "2", *extra]
     argv += ["--presets", ",".join(presets), "--out", str(out)]
     # A private copy of the recipe: an edit of configs/ between the two calls would (rightly) rerun cells.
     recipe = out.parent / "tiny-cpu.toml"
@@ -82,6 +84,7 @@ def test_two_presets_one_seed_give_a_table_and_a_resumable_run(tmp_path: Path, w
             "gen_filtered_share_all_correct.png",
             "gen_filtered_share_all_wrong.png",
             "response_len_mean.png",
+            "truncated_in_loss_share.png",
             "truncation_rate.png",
         ]
 
@@ -91,3 +94,13 @@ def test_two_presets_one_seed_give_a_table_and_a_resumable_run(tmp_path: Path, w
     assert again.returncode == 0, failure(again, out)
     assert again.stdout.count("(reused)") == 2, again.stdout
     assert time.monotonic() - t0 < 60
+
+    # --report-only with a second seed asked for: the table of what is done, the missing cells named,
+    # nothing trained (no seed-1 directory appears).
+    partial = ablate(out, warm_model, free_ports(6), PRESETS, "--report-only", "--seeds", "2")
+    assert partial.returncode == 0, failure(partial, out)
+    assert "2 of 4 cells done; missing: naive-grpo seed 1, dapo seed 1" in partial.stdout, partial.stdout
+    assert not (out / "naive-grpo" / "seed-1").exists()
+    report = json.loads((out / "ablation.json").read_text())
+    assert [report["presets"][name]["seeds_done"] for name in PRESETS] == [[0], [0]]
+    assert report["meta"]["seeds"] == [0, 1]

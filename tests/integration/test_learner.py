@@ -114,11 +114,16 @@ def test_a_few_steps_change_every_parameter_and_record_staleness(tmp_path: Path)
         assert metrics.loss_tokens == sum(len(s.tokens) for g in groups for s in g.samples)
         assert 0 < metrics.packing_efficiency <= 1 and metrics.micro_batches >= 2
         assert metrics.truncation_rate == 0.25
+        assert metrics.truncated_in_loss_share == 1.0  # trained, with A = +1: the filter is off
         assert metrics.response_len_mean == pytest.approx(sum(lengths) / 4)
         assert metrics.lr == pytest.approx(LR * (step + 1) / 3)  # linear warm-up over 3 steps
     after = params_of(learner.engine.module)
     unchanged = [n for n in before if torch.equal(before[n], after[n])]
     assert unchanged == []
+    groups[0].samples[0].loss_weight = 0.0  # what the overlong filter does to a truncated sample
+    assert learner.train_step(groups).truncated_in_loss_share == 0.0
+    groups[0].samples[0].truncated = False
+    assert learner.train_step(groups).truncated_in_loss_share is None
 
 
 def test_first_mini_batch_takes_its_proximal_logprobs_from_its_own_forward(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from stream_dapo.ablation import (
     cell_is_done,
     cell_overrides,
     config_fingerprint,
+    curve_window_means,
     direction,
     mean_curve,
     plot_curves,
@@ -268,6 +269,30 @@ def test_markdown_table_holds_mean_std_delta_paper_and_samples() -> None:
     assert "| +20 |" in step and "same direction" in step
 
 
+def test_curve_windows_average_each_seeds_first_and_last_quarter() -> None:
+    # 8 steps: quarters are steps 1-2 and 7-8.
+    assert curve_window_means({s: float(s) for s in range(1, 9)}) == {"first": 1.5, "last": 7.5}
+    assert curve_window_means({3: 0.4}) == {"first": 0.4, "last": 0.4}  # one step is both quarters
+    assert curve_window_means({}) is None
+    rows = aggregate(CELLS, ["naive-grpo", "dapo"])
+    # dapo's accuracy curves are {1: 0.35, 2: 0.45} and {1: 0.40, 2: 0.50}: quarter = 1 step each
+    windows = rows["dapo"]["curve_windows"]["accuracy"]
+    assert windows["first"].mean == pytest.approx(0.375) and windows["last"].mean == pytest.approx(0.475)
+    assert windows["first"].std == pytest.approx(math.sqrt(2 * 0.025**2))
+    assert rows["dapo"]["curve_windows"]["entropy"] == {"first": None, "last": None}
+    md = render_markdown(
+        to_json(
+            {
+                "meta": {"config_files": ["t.toml"], "overrides": [], "seeds": [0, 1], "budget": 2},
+                "presets": rows,
+            }
+        )
+    )
+    line = next(x for x in md.splitlines() if x.startswith("| training-batch accuracy |"))
+    assert line == "| training-batch accuracy | 0.25 ± 0.071 → 0.35 ± 0.071 | 0.375 ± 0.035 → 0.475 ± 0.035 |"
+    assert "| policy entropy (nats/token) | — | — |" in md
+
+
 def test_direction_reports_opposite_steps_and_noise() -> None:
     assert direction(Spread(-0.02, None, -0.02, -0.02, 1), 6) == "opposite direction"
     assert direction(Spread(0.01, 0.03, -0.02, 0.04, 3), 2) == "same direction (within 1 std over seeds)"
@@ -299,6 +324,7 @@ def test_plots_one_png_per_metric(tmp_path: Path) -> None:
         "gen_filtered_share_all_correct.png",
         "gen_filtered_share_all_wrong.png",
         "response_len_mean.png",
+        "truncated_in_loss_share.png",
         "truncation_rate.png",
     ]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in files)
