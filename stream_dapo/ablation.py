@@ -27,9 +27,11 @@ model is skipped, so an interrupted ablation continues where it stopped. ``--rep
 and evaluates nothing: it writes the table and plots of the cells already done (a partial ladder
 stopped between sessions) and names the missing ones.
 
-Outputs: ``OUT/ablation.md`` (the table), ``OUT/ablation.json`` (every number) and
-``OUT/plots/*.png`` (training-batch accuracy, policy entropy, response length and truncation rate
-per optimizer step, mean over seeds; needs the ``bench`` extra's matplotlib).
+Outputs: ``OUT/ablation.md`` (the table, each step against the paper's, what a step costs in
+generated samples and how many steps and seconds the training reward takes to reach a target, and
+each curve's first and last quarter in numbers), ``OUT/ablation.json`` (every number) and
+``OUT/plots/*.png`` (one per CURVE_METRICS key per optimizer step, mean over seeds; needs the
+``bench`` extra's matplotlib).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ __all__ = [
     "config_fingerprint",
     "curve_window_means",
     "describe_changes",
+    "time_to_target",
     "direction",
     "eval_fingerprint",
     "mean_curve",
@@ -82,6 +85,9 @@ CURVE_METRICS: dict[str, str] = {
     "entropy": "policy entropy (nats/token)",
     "response_len_mean": "training-batch response length (tokens)",
     "truncation_rate": "training-batch truncation rate",
+    "gen_accuracy": "generated samples' accuracy, all groups (training reward)",
+    "gen_truncation_rate": "generated samples' truncation rate, all groups",
+    "gen_response_len_mean": "generated samples' response length (tokens), all groups",
     "truncated_in_loss_share": "truncated samples trained with A != 0 (the overlong reward noise)",
     "clip_frac_low": "token share clipped below (A < 0, r < 1 - eps_low)",
     "clip_frac_high": "token share clipped above (A > 0, r > 1 + eps_high)",
@@ -90,6 +96,12 @@ CURVE_METRICS: dict[str, str] = {
     "gen_filtered_share_all_wrong": "generated groups all wrong",
 }
 """learner/metrics.jsonl key -> plot title, one PNG each."""
+
+TARGET_METRIC = "gen_accuracy"
+"""The curve the steps/seconds-to-target figures read: every generated group counts, so it is the
+same statistic with and without dynamic sampling (the trained batches' accuracy is not)."""
+TARGET_WINDOW = 10
+"""Trailing points averaged before comparing with the target (one point per rollout window)."""
 
 CELL_RECORD = "ablation_cell.json"
 # What does not change what a cell computes: where it listens and logs, and where it writes.
@@ -111,6 +123,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated presets, in table order (default: all: {','.join(PRESETS)})",
     )
     parser.add_argument("--out", default="runs/ablation", help="output directory (default: runs/ablation)")
+    parser.add_argument(
+        "--target-delta",
+        type=float,
+        default=0.05,
+        metavar="D",
+        help="steps/seconds-to-target figures: the training reward (gen_accuracy) reaching the warm "
+        "model's eval avg@k + D (default: 0.05)",
+    )
     parser.add_argument(
         "--report-only",
         action="store_true",
@@ -223,8 +243,9 @@ class CellResult:
 
 
 def read_curves(metrics_jsonl: Path) -> dict[str, dict[int, float]]:
-    """CURVE_METRICS per step; the last row of a step wins (a resumed learner rewrites its tail)."""
-    curves: dict[str, dict[int, float]] = {k: {} for k in CURVE_METRICS}
+    """CURVE_METRICS per step, and ``wall_time`` (the row's Unix time); the last row of a step wins
+    (a resumed learner rewrites its tail)."""
+    curves: dict[str, dict[int, float]] = {k: {} for k in (*CURVE_METRICS, "wall_time")}
     if not metrics_jsonl.is_file():
         return curves
     for line in metrics_jsonl.read_text().splitlines():
@@ -271,6 +292,28 @@ def curve_window_means(curve: Mapping[int, float]) -> dict[str, float] | None:
     }
 
 
+def time_to_target(
+    curve: Mapping[int, float],
+    wall_time: Mapping[int, float],
+    target: float,
+    train_seconds: float | None,
+    window: int = TARGET_WINDOW,
+) -> dict[str, float | None] | None:
+    """The first optimizer step at which the mean of the last ``window`` recorded points of
+    ``curve`` reaches ``target``, and the seconds from the run's start to that step's row (the run
+    started ``train_seconds`` before its last row; without it, counted from the first row). None
+    if the curve never gets there."""
+    steps = sorted(curve)
+    for i in range(window - 1, len(steps)):
+        if statistics.fmean(curve[s] for s in steps[i - window + 1 : i + 1]) >= target:
+            step = steps[i]
+            if step not in wall_time or not wall_time:
+                return {"step": step, "seconds": None}
+            start = max(wall_time.values()) - train_seconds if train_seconds else min(wall_time.values())
+            return {"step": step, "seconds": wall_time[step] - start}
+    return None
+
+
 def _paired_delta(cells_a: Sequence[CellResult], cells_b: Sequence[CellResult]) -> Spread | None:
     """avg@k of b minus a, paired by seed (common seeds only)."""
     a = {c.seed: c.eval_after["avg_at_k"] for c in cells_a if c.eval_after}
@@ -288,9 +331,16 @@ _EVAL_FIGURES = ("avg_at_k", "pass_at_k", "mean_response_len", "truncation_rate"
 _RUN_FIGURES = ("samples_generated", "groups_filtered", "groups_trained", "train_seconds", "wall_seconds")
 
 
-def aggregate(cells: Sequence[CellResult], presets: Sequence[str]) -> dict[str, dict[str, Any]]:
+def aggregate(
+    cells: Sequence[CellResult],
+    presets: Sequence[str],
+    target: float | None = None,
+    group_size: int | None = None,
+) -> dict[str, dict[str, Any]]:
     """Per preset: spreads over seeds of the eval and run figures, Δ avg@k vs naive-grpo and vs the
-    preset above it (paired by seed), the paper's score, and the mean curves."""
+    preset above it (paired by seed), the paper's score, and the mean curves. With ``target``: the
+    steps and seconds until TARGET_METRIC reaches it (``time_to_target``); with ``group_size``:
+    samples generated per sample trained (what dynamic sampling costs)."""
     by_preset = {p: [c for c in cells if c.preset == p] for p in presets}
     out: dict[str, dict[str, Any]] = {}
     for i, preset in enumerate(presets):
@@ -311,6 +361,32 @@ def aggregate(cells: Sequence[CellResult], presets: Sequence[str]) -> dict[str, 
         )
         entry["delta_vs_previous"] = _paired_delta(by_preset[presets[i - 1]], mine) if i > 0 else None
         entry["curves"] = {m: mean_curve([c.curves.get(m, {}) for c in ok]) for m in CURVE_METRICS}
+        if group_size:
+            entry["generated_per_trained"] = spread(
+                [
+                    c.summary["samples_generated"] / (c.summary["groups_trained"] * group_size)
+                    for c in ok
+                    if c.summary and c.summary.get("groups_trained")
+                ]
+            )
+        if target is not None:
+            hits = [
+                time_to_target(
+                    c.curves.get(TARGET_METRIC, {}),
+                    c.curves.get("wall_time", {}),
+                    target,
+                    _cell_figure(c, "run", "train_seconds"),
+                )
+                for c in ok
+            ]
+            reached = [h for h in hits if h is not None]
+            entry["to_target"] = {
+                "target": target,
+                "reached": len(reached),
+                "runs": len(hits),
+                "steps": spread([h["step"] for h in reached if h["step"] is not None]),
+                "seconds": spread([h["seconds"] for h in reached if h["seconds"] is not None]),
+            }
         entry["curve_windows"] = {
             m: {
                 part: spread([w[part] for c in ok if (w := curve_window_means(c.curves.get(m, {})))])
@@ -390,6 +466,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             f"| {len(r['seeds_done'])}{failed} |"
         )
     lines += _direction_section(rows, k)
+    lines += _target_section(rows)
     lines += _curve_section(rows)
     lines += _notes(meta)
     return "\n".join(lines) + "\n"
@@ -413,6 +490,37 @@ def _direction_section(rows: Mapping[str, Any], k: object) -> list[str]:
         lines.append(
             f"| {prev} → {name} | {f'{paper:+d}' if paper is not None else '—'} | {_signed_pts(measured)} "
             f"| {direction(measured, paper)} |"
+        )
+    return lines
+
+
+def _target_section(rows: Mapping[str, Any]) -> list[str]:
+    """Cost and speed: samples generated per sample trained, and steps/seconds to the target."""
+    names = [n for n in rows if rows[n].get("to_target") or rows[n].get("generated_per_trained")]
+    if not names:
+        return []
+    target = next((rows[n]["to_target"]["target"] for n in names if rows[n].get("to_target")), None)
+    t = f"{100 * target:.1f}%" if target is not None else "—"
+    lines = [
+        "",
+        "## What a step costs, and how fast the training reward gets there",
+        "",
+        f"Target: the generators' accuracy over every group they finished ({TARGET_METRIC}, mean of "
+        f"the last {TARGET_WINDOW} rollout windows) reaches {t}, the warm model's eval avg@k plus "
+        "--target-delta. Seconds count from the run's start (start-up included). Mean ± std over the "
+        "seeds that reached it.",
+        "",
+        "| preset | samples generated per sample trained | steps to target | seconds to target | reached |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        r = rows[name]
+        tt = r.get("to_target") or {}
+        gpt = _spread_of(r.get("generated_per_trained"))
+        steps, secs = _spread_of(tt.get("steps")), _spread_of(tt.get("seconds"))
+        lines.append(
+            f"| {name} | {_num(gpt) if gpt else '—'} | {_num(steps) if steps else '—'} "
+            f"| {_num(secs) if secs else '—'} | {tt.get('reached', '—')} of {tt.get('runs', '—')} |"
         )
     return lines
 
@@ -548,6 +656,9 @@ class Plan:
     seeds: list[int]
     budget: int
     out: Path
+    target_delta: float = 0.05
+    """Steps/seconds-to-target target: the warm model's eval avg@k plus this (see aggregate)."""
+    group_size: int | None = None
     run_files: list[str] = field(default_factory=list)
     """What children load: a snapshot of the resolved base config (see freeze_base_config)."""
 
@@ -606,6 +717,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         seeds=list(range(args.seeds)),
         budget=budget,
         out=Path(args.out),
+        target_delta=args.target_delta,
+        group_size=base.algo.group_size,
     )
 
 
@@ -712,11 +825,17 @@ def build_report(plan: Plan, before: Mapping[str, Any], cells: Sequence[CellResu
         "budget": plan.budget,
         "k": before.get("k"),
         "eval_prompts": before.get("num_prompts"),
+        "target_delta": plan.target_delta,
     }
     return {
         "meta": meta,
         "eval_before": dict(before),
-        "presets": aggregate(cells, plan.presets),
+        "presets": aggregate(
+            cells,
+            plan.presets,
+            target=before["avg_at_k"] + plan.target_delta if "avg_at_k" in before else None,
+            group_size=plan.group_size,
+        ),
         "cells": [asdict(c) for c in cells],
     }
 

@@ -27,6 +27,7 @@ from stream_dapo.ablation import (
     read_curves,
     render_markdown,
     spread,
+    time_to_target,
     to_json,
 )
 from stream_dapo.config import load_config
@@ -109,6 +110,7 @@ def test_children_read_a_snapshot_of_the_resolved_base_config(tmp_path: Path) ->
         seeds=1,
         budget=3,
         out=str(tmp_path),
+        target_delta=0.05,
     )
     plan = ablation.make_plan(args)
     before, _ = plan.cell_config("dapo", 0)
@@ -143,7 +145,13 @@ def test_a_finished_cell_is_reused_without_running_anything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     args = argparse.Namespace(
-        config=[str(TINY)], overrides=[], presets="dapo", seeds=1, budget=3, out=str(tmp_path)
+        config=[str(TINY)],
+        overrides=[],
+        presets="dapo",
+        seeds=1,
+        budget=3,
+        out=str(tmp_path),
+        target_delta=0.05,
     )
     plan = ablation.make_plan(args)
     monkeypatch.setattr(ablation, "model_key", lambda cfg: "m1")
@@ -161,7 +169,13 @@ def test_a_finished_cell_is_reused_without_running_anything(
 
 def test_plan_orders_presets_as_the_table_and_rejects_unknown_ones(tmp_path: Path) -> None:
     args = argparse.Namespace(
-        config=[str(TINY)], overrides=[], presets="dapo,naive-grpo", seeds=2, budget=None, out=str(tmp_path)
+        config=[str(TINY)],
+        overrides=[],
+        presets="dapo,naive-grpo",
+        seeds=2,
+        budget=None,
+        out=str(tmp_path),
+        target_delta=0.05,
     )
     plan = ablation.make_plan(args)
     assert plan.presets == ["naive-grpo", "dapo"] and plan.seeds == [0, 1]
@@ -293,6 +307,54 @@ def test_curve_windows_average_each_seeds_first_and_last_quarter() -> None:
     assert "| policy entropy (nats/token) | — | — |" in md
 
 
+def test_time_to_target_takes_the_first_trailing_window_at_target() -> None:
+    curve = {1: 0.5, 2: 0.6, 3: 0.7, 4: 0.8}
+    wall = {1: 100.0, 2: 110.0, 3: 120.0, 4: 130.0}
+    # windows of 2: 0.55 (step 2), 0.65 (step 3) -> step 3; the run started 130 - 50 = 80
+    assert time_to_target(curve, wall, 0.64, train_seconds=50.0, window=2) == {"step": 3, "seconds": 40.0}
+    assert time_to_target(curve, wall, 0.64, train_seconds=None, window=2) == {"step": 3, "seconds": 20.0}
+    assert time_to_target(curve, {}, 0.64, train_seconds=50.0, window=2) == {"step": 3, "seconds": None}
+    assert time_to_target(curve, wall, 0.9, train_seconds=50.0, window=2) is None
+    assert time_to_target({1: 0.9}, wall, 0.5, train_seconds=None, window=2) is None  # too few points
+
+
+def test_aggregate_reports_cost_and_time_to_target() -> None:
+    def cell(seed: int, start: float, trained: int) -> CellResult:
+        curve = {s: start + 0.01 * s for s in range(1, 31)}
+        return CellResult(
+            "dapo",
+            seed,
+            "done",
+            eval_after={"avg_at_k": 0.5, "pass_at_k": 0.8, "k": 4, "truncation_rate": 0.0},
+            summary={"samples_generated": 1600, "groups_trained": trained, "train_seconds": 300.0},
+            curves={"gen_accuracy": curve, "wall_time": {s: 1000.0 + 10 * s for s in range(1, 31)}},
+        )
+
+    # seed 0: window means over 10 points reach 0.60 when start + 0.01 * (step - 4.5) >= 0.60
+    cells = [cell(0, 0.50, 100), cell(1, 0.40, 50), cell(2, 0.0, 100)]
+    row = aggregate(cells, ["dapo"], target=0.60, group_size=8)["dapo"]
+    # seed 0: mean of steps s-9..s is 0.5 + 0.01 (s - 4.5) >= 0.6 at s = 14.5 -> step 15
+    # seed 1: 0.4 + 0.01 (s - 4.5) >= 0.6 at s = 24.5 -> step 25; seed 2 never gets there
+    # started 1000 + 300 - 300 = 1000: seconds 150 and 250
+    tt = row["to_target"]
+    assert (tt["reached"], tt["runs"]) == (2, 3)
+    assert tt["steps"].mean == pytest.approx(20.0) and (tt["steps"].lo, tt["steps"].hi) == (15, 25)
+    assert tt["seconds"].mean == pytest.approx(200.0)
+    # 1600 generated / (100 x 8) = 2.0, / (50 x 8) = 4.0: mean 2.67
+    assert row["generated_per_trained"].mean == pytest.approx(8 / 3)
+    md = render_markdown(
+        to_json(
+            {
+                "meta": {"config_files": ["t.toml"], "overrides": [], "seeds": [0, 1, 2], "budget": 30},
+                "presets": {"dapo": row},
+            }
+        )
+    )
+    line = next(x for x in md.splitlines() if x.startswith("| dapo | 2.67"))
+    assert line == "| dapo | 2.67 ± 1.2 | 20 ± 7.1 | 200 ± 71 | 2 of 3 |"
+    assert "reaches 60.0%" in md
+
+
 def test_direction_reports_opposite_steps_and_noise() -> None:
     assert direction(Spread(-0.02, None, -0.02, -0.02, 1), 6) == "opposite direction"
     assert direction(Spread(0.01, 0.03, -0.02, 0.04, 3), 2) == "same direction (within 1 std over seeds)"
@@ -321,8 +383,11 @@ def test_plots_one_png_per_metric(tmp_path: Path) -> None:
         "clip_frac_low.png",
         "clip_high_prob_mean.png",
         "entropy.png",
+        "gen_accuracy.png",
         "gen_filtered_share_all_correct.png",
         "gen_filtered_share_all_wrong.png",
+        "gen_response_len_mean.png",
+        "gen_truncation_rate.png",
         "response_len_mean.png",
         "truncated_in_loss_share.png",
         "truncation_rate.png",
