@@ -495,6 +495,13 @@ EXTERNAL = (
         "stream-dapo ablate --out docs/results/ablation",
     ),
     (
+        "Ablation on the long-CoT recipe (naive GRPO vs DAPO, the paper's curves)",
+        "ablation-longcot/ablation.md",
+        "stream-dapo ablate --config configs/tiny-longcot-cpu.toml --presets naive-grpo,dapo --seeds 3 "
+        "--budget 120 --out runs/ablation-longcot, then its ablation.md, ablation.json and plots/ copied "
+        "to docs/results/ablation-longcot/ (the cells' runs stay in runs/)",
+    ),
+    (
         "Async vs sync: time to a target eval accuracy",
         "async_sync_ttt.json",
         "python bench/async_sync_ttt.py --out docs/results/async_sync_ttt.json",

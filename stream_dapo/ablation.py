@@ -578,6 +578,10 @@ def _notes(meta: Mapping[str, Any]) -> list[str]:
     ]
     if meta.get("plots_skipped"):
         notes.append(f"- Plots were not drawn: {meta['plots_skipped']}")
+    drawn = {Path(p).stem for p in meta.get("plots") or ()}
+    if drawn:
+        notes += ["", "## Plots", ""]
+        notes += [f"- [{title}](plots/{m}.png)" for m, title in CURVE_METRICS.items() if m in drawn]
     return notes
 
 

@@ -91,6 +91,9 @@ def test_two_presets_one_seed_give_a_table_and_a_resumable_run(tmp_path: Path, w
             "truncation_rate.png",
         ]
 
+        assert "- [policy entropy (nats/token)](plots/entropy.png)" in md
+        assert "## The curves in numbers" in md and "## What a step costs" in md
+
     # A second call finds both cells and the before-eval done: nothing is trained or evaluated again.
     t0 = time.monotonic()
     again = ablate(out, warm_model, free_ports(6), PRESETS)
