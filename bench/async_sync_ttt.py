@@ -14,7 +14,6 @@ to target interpolates between the checkpoints either side of the first crossing
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from peer_trl import (  # noqa: E402
     time_to_target,
 )
 
+from bench.report import save_json  # noqa: E402
 from stream_dapo.config import load_config  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "tiny-cpu.toml"
@@ -109,7 +109,7 @@ def main() -> int:
     for row in report["target_sensitivity"]:
         row["ratio_sync_over_async"] = speed_ratio(row["sync_s"], row["async_s"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    save_json(args.out, report)
     for mode, rep in report["sides"].items():
         last = rep["curve"][-1]
         print(

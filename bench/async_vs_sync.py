@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.report import median, paired_ratio  # noqa: E402
+from bench.report import median, paired_ratio, save_json  # noqa: E402
 from tests.helpers import free_ports, tiny_overrides  # noqa: E402
 
 
@@ -187,7 +187,7 @@ def main() -> None:
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+        save_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import numpy as np
 import pydantic
 
 sys.path.insert(0, ".")  # the tree to measure is the working directory
-from bench.report import interleave, machine_info, paired_ratio, summary  # noqa: E402
+from bench.report import interleave, machine_info, paired_ratio, save_json, summary  # noqa: E402
 from stream_dapo.transport.codec import (  # noqa: E402
     SCHEMA_VERSION,
     _unpack_array,  # noqa: E402
@@ -327,7 +327,7 @@ def main() -> None:
             "machine": {k: v for k, v in machine_info().items() if k in ("cpu_model", "cpu_count", "python")},
             "rows": kept + rows,
         }
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        save_json(args.json, out, indent=1)
 
 
 if __name__ == "__main__":

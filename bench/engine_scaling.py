@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import sys
 import time
@@ -36,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.report import interleave, machine_info, summary  # noqa: E402
+from bench.report import interleave, machine_info, save_json, summary  # noqa: E402
 from bench.workload import task_prompts, tiny_config  # noqa: E402
 
 LONGCOT_CONFIG = REPO / "configs" / "tiny-longcot-cpu.toml"
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  exponent: fit {result['exponent_fit']:.3f}, ends {result['exponent_ends']:.3f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        save_json(args.json, result, indent=1)
         print(f"wrote {args.json}")
     return 0
 

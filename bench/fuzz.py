@@ -60,6 +60,7 @@ import msgpack  # noqa: E402
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
+from bench.report import save_json  # noqa: E402
 from stream_dapo.config import config_to_toml, load_config  # noqa: E402
 from stream_dapo.launcher import metric_sum, scrape, tail  # noqa: E402
 from stream_dapo.metrics import BufferMetrics, GeneratorMetrics, LearnerMetrics, catalogue, sample_name  # noqa: E402
@@ -1413,7 +1414,7 @@ def main(argv: list[str] | None = None) -> int:
         "ok": all(r.crashes == 0 and r.rejections_match and r.after_ok for r in results),
     }
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        save_json(args.json, report)
     return 0 if report["ok"] else 1
 
 

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.report import save_json  # noqa: E402
 from stream_dapo.memory_plan import GIB, ModelShape, Settings, estimate  # noqa: E402
 
 LAYERS = 1
@@ -287,7 +288,7 @@ def main() -> None:
         "command": command,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    save_json(args.out, result, indent=1)
     print(json.dumps(result["summary"], indent=1))
     print(f"wrote {args.out} ({result['wall_seconds']:.0f} s)")
 

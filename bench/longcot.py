@@ -22,7 +22,6 @@ What it does not show: a trained policy (this is the start model), or the same a
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.report import save_json  # noqa: E402
 from bench.workload import task_prompts, tiny_config  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "tiny-longcot-cpu.toml"
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(out)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        save_json(args.json, out)
     return 0
 
 

@@ -47,11 +47,25 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     return parser
 
 
-def save_json(path: Path | None, data: object) -> None:
-    """A bench's figures as indented JSON at `path` (its folder created); nothing when None."""
+def repo_relative(data: Any) -> Any:
+    """``data`` with every path inside the checkout written relative to it, also inside longer
+    strings (a recorded command line): a committed result names ``runs/x``, not one machine's
+    ``/home/someone/stream-dapo/runs/x``."""
+    if isinstance(data, str):
+        return data.replace(f"{REPO}/", "")
+    if isinstance(data, Mapping):
+        return {k: repo_relative(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [repo_relative(v) for v in data]
+    return data
+
+
+def save_json(path: Path | None, data: object, indent: int = 2) -> None:
+    """A bench's figures as indented JSON at `path` (its folder created, paths inside the checkout
+    made relative: `repo_relative`); nothing when None."""
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2) + "\n")
+        path.write_text(json.dumps(repo_relative(data), indent=indent) + "\n")
 
 
 def median(values: Sequence[float]) -> float:
@@ -227,5 +241,5 @@ def machine_info() -> dict[str, Any]:
         "pyzmq": _version("pyzmq"),
         "numpy": _version("numpy"),
         "git_commit": _git_commit(),
-        "executable": sys.executable,
+        "executable": repo_relative(sys.executable),
     }

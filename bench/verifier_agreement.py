@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import statistics
 import sys
 import time
@@ -30,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from report import save_json  # noqa: E402
 from verifier_corpus import CLASSES, Pair, build_corpus  # noqa: E402
 
 from stream_dapo.verifier import VerifierPool  # noqa: E402
@@ -202,7 +202,7 @@ def main() -> None:
     report = score(build_corpus(), args)
     print_report(report)
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        save_json(args.json, report, indent=1)
         print(f"\nwrote {args.json}")
 
 

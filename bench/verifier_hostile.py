@@ -13,7 +13,6 @@ marker file the injection attempts would create ever appeared.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.report import save_json  # noqa: E402
 from stream_dapo.verifier import VerifierPool  # noqa: E402
 from tests.unit.test_verifier_hostile import HOSTILE_RESPONSES  # noqa: E402
 
@@ -94,7 +94,7 @@ def main() -> None:
         f"pool still verifies: {d['pool_still_verifies']}"
     )
     if args.json:
-        args.json.write_text(json.dumps(d, indent=2))
+        save_json(args.json, d)
 
 
 if __name__ == "__main__":

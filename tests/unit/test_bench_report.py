@@ -3,12 +3,43 @@ numbers."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
-from bench.report import fmt, fmt_ratio, interleave, markdown_table, median, paired_ratio, summary
+from bench.report import (
+    REPO,
+    fmt,
+    fmt_ratio,
+    interleave,
+    markdown_table,
+    median,
+    paired_ratio,
+    repo_relative,
+    save_json,
+    summary,
+)
 from bench.results import _demote, _relink, json_tables, parse_only
+
+
+def test_saved_results_name_paths_inside_the_checkout_relative_to_it(tmp_path: Path) -> None:
+    data = {
+        "model_dir": f"{REPO}/runs/m/warm",
+        "command": f"python bench/x.py {REPO}/runs/a runs/b",
+        "runs": [{"dir": f"{REPO}/runs/c"}, 3, None],
+        "elsewhere": "/opt/models/m",
+    }
+    want = {
+        "model_dir": "runs/m/warm",
+        "command": "python bench/x.py runs/a runs/b",
+        "runs": [{"dir": "runs/c"}, 3, None],
+        "elsewhere": "/opt/models/m",
+    }
+    assert repo_relative(data) == want
+    save_json(tmp_path / "deep" / "r.json", data, indent=1)
+    assert json.loads((tmp_path / "deep" / "r.json").read_text()) == want
 
 
 def test_median_of_odd_and_even_counts() -> None:
