@@ -346,7 +346,7 @@ def memory_plan(
     ``min_tokens``: the smallest micro_batch_tokens the recipe allows (one whole sequence,
     model.max_prompt_len + algo.max_response_len); where nothing fits at the configured size, the
     first setting whose largest size reaches it is the suggestion (``fits_smaller``)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     candidates = list(_candidates(s))
     if s.logprob_chunk_tokens > 0:  # what the chunked loss path saves, for comparison only
         candidates.insert(1, ("(full logits instead)", replace(s, logprob_chunk_tokens=0)))

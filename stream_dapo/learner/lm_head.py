@@ -90,5 +90,5 @@ def install_chunked_head(model: torch.nn.Module) -> ChunkedLMHead:
             "learner.logprob_chunk_tokens = 0 to compute log-probs from the full logits"
         )
     chunked = ChunkedLMHead.sharing(head)
-    model.set_output_embeddings(chunked)
+    model.set_output_embeddings(chunked)  # type: ignore[operator]  # transformers types it as a Tensor
     return chunked

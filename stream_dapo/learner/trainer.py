@@ -186,7 +186,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
             f"learner.gradient_checkpointing = true, but {type(model).__name__} does not support activation "
             "checkpointing; set learner.gradient_checkpointing = false"
         )
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
 
 
 def _free_port() -> int:
