@@ -869,7 +869,9 @@ def done_cells(plan: Plan) -> tuple[dict[str, Any], list[CellResult], list[tuple
     cfg, _ = plan.child_config(f"run.out_dir={_toml_value(str(plan.out / 'eval-before'))}")
     if read_marker(Path(cfg.model.path)) is None:
         raise SystemExit(
-            f"stream-dapo ablate --report-only: no model at {cfg.model.path}; run without --report-only"
+            f"stream-dapo ablate --report-only: no built model at {cfg.model.path}, and the cells are "
+            "matched to the model they started from; build it first with `stream-dapo warmup` and the "
+            "same --config/--set (its cache key comes from the config, so a rebuilt model matches)"
         )
     before = _done_before(plan.out / "eval-before", eval_fingerprint(cfg, model_key(cfg)))
     if before is None:
