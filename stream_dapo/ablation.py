@@ -727,10 +727,22 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def model_key(cfg: Config) -> str | None:
+    """The starting model's identity: its build key and a digest of its weight files. The build key
+    comes from the config alone, and the same config warmed up on another machine gave other weights
+    (docs/results/longcot.md), so cells finished from one build are never mixed with another's.
+    None when model.path holds no model this package built."""
     from stream_dapo.model.tiny import read_marker
 
-    marker = read_marker(Path(cfg.model.path))
-    return None if marker is None else str(marker.get("key"))
+    folder = Path(cfg.model.path)
+    marker = read_marker(folder)
+    if marker is None:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return f"{marker.get('key')}/{digest.hexdigest()[:16]}"
 
 
 def eval_fingerprint(cfg: Config, model_key: str | None) -> str:

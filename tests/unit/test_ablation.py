@@ -141,6 +141,26 @@ def test_a_cell_is_done_only_with_summary_eval_and_a_matching_record(tmp_path: P
     assert not cell_is_done(cell, "abc")
 
 
+def test_the_model_key_names_the_build_and_its_weights(tmp_path: Path) -> None:
+    from stream_dapo.model.tiny import write_marker
+
+    folder = tmp_path / "warm"
+    cfg = load_config([TINY], [f"model.path={json.dumps(str(folder))}"], environ={})
+    assert ablation.model_key(cfg) is None  # nothing built there
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights of one build")
+    write_marker(folder, {"kind": "warm", "key": "k1"})
+    first = ablation.model_key(cfg)
+    assert first is not None and first.startswith("k1/")
+    assert ablation.model_key(cfg) == first  # the same files, the same key
+    # The same build key with other weights (the same config warmed up on another machine): a
+    # different model, so a finished cell's fingerprint no longer matches.
+    (folder / "model.safetensors").write_bytes(b"weights of another build")
+    second = ablation.model_key(cfg)
+    assert second is not None and second.startswith("k1/") and second != first
+    assert config_fingerprint(cfg, first) != config_fingerprint(cfg, second)
+
+
 def test_a_finished_cell_is_reused_without_running_anything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
