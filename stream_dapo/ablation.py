@@ -307,7 +307,7 @@ def time_to_target(
     for i in range(window - 1, len(steps)):
         if statistics.fmean(curve[s] for s in steps[i - window + 1 : i + 1]) >= target:
             step = steps[i]
-            if step not in wall_time or not wall_time:
+            if step not in wall_time:
                 return {"step": step, "seconds": None}
             start = max(wall_time.values()) - train_seconds if train_seconds else min(wall_time.values())
             return {"step": step, "seconds": wall_time[step] - start}
@@ -876,16 +876,16 @@ def _cell_line(i: int, total: int, cell: CellResult, before: Mapping[str, Any]) 
 def done_cells(plan: Plan) -> tuple[dict[str, Any], list[CellResult], list[tuple[str, int]]]:
     """For --report-only: the before-eval and the finished cells found in plan.out, and the
     (preset, seed) pairs not finished there. Nothing is trained, evaluated or built."""
-    from stream_dapo.model.tiny import read_marker
-
     cfg, _ = plan.child_config(f"run.out_dir={_toml_value(str(plan.out / 'eval-before'))}")
-    if read_marker(Path(cfg.model.path)) is None:
+    key = model_key(cfg)  # every cell starts from this model: hash its weights once
+    if key is None:
         raise SystemExit(
             f"stream-dapo ablate --report-only: no built model at {cfg.model.path}, and the cells are "
-            "matched to the model they started from; build it first with `stream-dapo warmup` and the "
-            "same --config/--set (its cache key comes from the config, so a rebuilt model matches)"
+            "matched to the weights they started from; put that model back there (a copy kept with "
+            "the results), or build one with `stream-dapo warmup` and run the cells again without "
+            "--report-only (a new build has other weights)"
         )
-    before = _done_before(plan.out / "eval-before", eval_fingerprint(cfg, model_key(cfg)))
+    before = _done_before(plan.out / "eval-before", eval_fingerprint(cfg, key))
     if before is None:
         raise SystemExit(
             f"stream-dapo ablate --report-only: {plan.out / 'eval-before'} holds no evaluation of this "
@@ -896,7 +896,7 @@ def done_cells(plan: Plan) -> tuple[dict[str, Any], list[CellResult], list[tuple
         for preset in plan.presets:
             cell_cfg, _ = plan.cell_config(preset, seed)
             cell_dir = plan.cell_dir(preset, seed)
-            if cell_is_done(cell_dir, config_fingerprint(cell_cfg, model_key(cell_cfg))):
+            if cell_is_done(cell_dir, config_fingerprint(cell_cfg, key)):
                 cells.append(load_cell(preset, seed, cell_dir, "reused"))
             else:
                 missing.append((preset, seed))
