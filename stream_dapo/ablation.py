@@ -37,18 +37,21 @@ each curve's first and last quarter in numbers), ``OUT/ablation.json`` (every nu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
 import math
+import signal
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from stream_dapo.config import Config, config_to_toml, load_config
 from stream_dapo.core.presets import PAPER_AIME, PRESETS, preset_overrides
@@ -65,6 +68,7 @@ __all__ = [
     "aggregate",
     "cell_is_done",
     "cell_overrides",
+    "run_child",
     "config_fingerprint",
     "curve_window_means",
     "describe_changes",
@@ -106,6 +110,11 @@ TARGET_WINDOW = 10
 CELL_RECORD = "ablation_cell.json"
 # What does not change what a cell computes: where it listens and logs, and where it writes.
 _UNCOMPARED_SECTIONS = ("transport", "metrics")
+_NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {("buffer", "in_flight_hold_s"): 0.0}
+"""Settings added after cells were first fingerprinted, with the value that behaves as the code did
+before they existed. At that value a setting is left out of the fingerprint, so cells recorded
+before it existed still match (`--set buffer.in_flight_hold_s=0` resumes them); at any other value
+it counts, so cells that ran with and without it never share a table."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,6 +199,10 @@ def config_fingerprint(cfg: Config, model_key: str | None) -> str:
     for section in _UNCOMPARED_SECTIONS:
         data.pop(section, None)
     data["run"].pop("out_dir", None)
+    for (section, key), neutral in _NEUTRAL_SETTINGS.items():
+        values = data.get(section)
+        if values is not None and values.get(key, neutral) == neutral:
+            values.pop(key, None)
     payload = json.dumps({"config": data, "model": model_key}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -633,7 +646,7 @@ def plot_curves(rows: Mapping[str, Mapping[str, Any]], out_dir: Path) -> tuple[l
             )
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("optimizer step (policy version)")
-        ax.set_title(f"{title}, mean over seeds (band: min–max)")
+        ax.set_title(textwrap.fill(f"{title}, mean over seeds (band: min–max)", 72), fontsize=9)
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
@@ -803,6 +816,29 @@ def load_cell(preset: str, seed: int, cell_dir: Path, status: str) -> CellResult
     )
 
 
+def run_child(argv: Sequence[str], log_file: IO[str]) -> tuple[int, int | None]:
+    """Run one child to its end, its output to `log_file`. A SIGTERM or SIGINT that reaches this
+    process meanwhile is passed on to the child, which drains and exits (a signal sent to ablate
+    alone used to leave its child training). Returns the child's exit code and the first signal
+    received (None if none)."""
+    proc = subprocess.Popen(list(argv), stdout=log_file, stderr=subprocess.STDOUT)
+    received: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        log.warning("received %s: passing it on to %s", signal.Signals(signum).name, argv[2:4])
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code, (received[0] if received else None)
+
+
 def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
     """Train one cell with `stream-dapo run`, then evaluate its final policy; reuse a finished one."""
     from stream_dapo.launcher import evaluate_subprocess
@@ -817,10 +853,16 @@ def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
     log_path = plan.out / "logs" / f"{preset}_seed-{seed}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log_file:
-        proc = subprocess.run(argv, stdout=log_file, stderr=subprocess.STDOUT)
-    if proc.returncode != 0 or not (cell_dir / "summary.json").is_file():
+        returncode, stopped_by = run_child(argv, log_file)
+    if stopped_by is not None:
+        raise SystemExit(
+            f"stream-dapo ablate: stopped by {signal.Signals(stopped_by).name} during {preset} seed {seed}, "
+            f"after its `stream-dapo run` drained; the finished cells in {plan.out} are kept: run the same "
+            "command again to go on from there"
+        )
+    if returncode != 0 or not (cell_dir / "summary.json").is_file():
         return CellResult(
-            preset, seed, "failed", error=f"stream-dapo run exited {proc.returncode}; see {log_path}"
+            preset, seed, "failed", error=f"stream-dapo run exited {returncode}; see {log_path}"
         )
     try:
         evaluate_subprocess(cfg, cell_dir / "config.toml", cell_dir / "final", "after", cell_dir)

@@ -318,6 +318,14 @@ class BufferConfig(_Section):
     """Credits are leases: a generator not heard from for this long (it heartbeats every
     generator.heartbeat_s) is taken as gone, and its credits return to the admission line. So
     generators may join and leave at any time; the fleet is whatever connects."""
+    in_flight_hold_s: float = Field(300.0, ge=0.0)
+    """Generators report the policy version each of their in-flight groups started at; the buffer
+    answers the learner short (or empty) rather than let it step so far that one of those groups
+    would be past algo.max_staleness when it arrives. Without the hold, the slowest groups (the
+    longest responses) are the ones the staleness gate drops, which biases training toward short
+    responses (docs/operations.md, "Tuning for long CoT"). A hold lasts at most this long; then the
+    learner goes on and the late groups are dropped. Set it above the time your longest response
+    takes to generate; 0 turns holding off."""
 
 
 class LearnerConfig(_Section):

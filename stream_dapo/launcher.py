@@ -662,6 +662,10 @@ def build_summary(
         "groups_trained": stats["groups_trained"],
         "groups_trained_twice": stats["groups_trained_twice"],
         "groups_dropped_stale": int(metric_sum(buf, sample_name(catalogue(BufferMetrics).dropped_stale))),
+        "learner_holds": int(metric_sum(buf, sample_name(catalogue(BufferMetrics).learner_holds))),
+        "learner_holds_expired": int(
+            metric_sum(buf, sample_name(catalogue(BufferMetrics).learner_holds_expired))
+        ),
         "max_staleness_trained": stats["max_staleness_trained"],
         "samples_generated": int(gen["samples"]),
         "generator_weight_updates": int(gen["weight_updates"]),

@@ -154,6 +154,22 @@ class BufferMetrics:
         self.dropped_stale = Counter(
             p + "dropped_stale_groups", "Groups dropped at dequeue for staleness.", registry=registry
         )
+        self.learner_holds = Counter(
+            p + "learner_holds",
+            "Batch requests answered short so that reported in-flight groups stay trainable "
+            "(buffer.in_flight_hold_s).",
+            registry=registry,
+        )
+        self.learner_holds_expired = Counter(
+            p + "learner_holds_expired",
+            "Holds that ran past buffer.in_flight_hold_s: the learner went on without those groups.",
+            registry=registry,
+        )
+        self.in_flight_reported = Gauge(
+            p + "in_flight_reported_groups",
+            "Groups the generators report started and not yet sent.",
+            registry=registry,
+        )
         self.staleness = Histogram(
             p + "staleness_versions",
             "Worst token staleness of served groups.",

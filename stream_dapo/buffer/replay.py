@@ -82,6 +82,9 @@ class AdmissionPolicy:
     """R: groups per rollout batch (learner.rollout_batch_prompts); used in lock-step mode."""
     generator_lease_s: float = 30.0
     """buffer.generator_lease_s: a generator's credits expire this long after it was last heard from."""
+    in_flight_hold_s: float = 0.0
+    """buffer.in_flight_hold_s: how long `serve` may hold the learner for reported in-flight groups
+    (0: never)."""
 
     def __post_init__(self) -> None:
         for name in ("capacity_groups", "groups_per_version", "max_reuse", "group_size"):
@@ -89,6 +92,10 @@ class AdmissionPolicy:
                 raise BufferInputError(f"AdmissionPolicy.{name} must be >= 1, got {getattr(self, name)}")
         if self.admission_capacity < 0 or self.max_staleness < 0:
             raise BufferInputError("AdmissionPolicy.admission_capacity and max_staleness must be >= 0")
+        if self.in_flight_hold_s < 0:
+            raise BufferInputError(
+                f"AdmissionPolicy.in_flight_hold_s must be >= 0, got {self.in_flight_hold_s}"
+            )
 
     @classmethod
     def from_config(cls, cfg: Config) -> AdmissionPolicy:
@@ -109,6 +116,7 @@ class AdmissionPolicy:
             lockstep=rule.lockstep,
             rollout_batch_prompts=rule.rollout_batch_prompts,
             generator_lease_s=cfg.buffer.generator_lease_s,
+            in_flight_hold_s=cfg.buffer.in_flight_hold_s,
         )
 
 
@@ -155,6 +163,9 @@ class ServeResult:
     retried: bool = False
     """The request repeated the last lease's request id: `groups` is that lease again (what is
     still leased of it), and nothing was counted a second time."""
+    held: bool = False
+    """Fewer groups than asked (maybe none) were served although more were waiting: serving them
+    would make a reported in-flight group too stale to train when it arrives (`ReplayBuffer.serve`)."""
 
 
 @dataclass
@@ -264,6 +275,18 @@ class ReplayBuffer:
         self._last_seen: dict[str, float] = {}
         self._expired: set[str] = set()
         self._started_at = clock()
+        # In-flight reports (not persisted either: a generator reports in full with every heartbeat
+        # and every groups message): per generator, the start version of each group it has started
+        # and not yet sent. `serve` holds the learner back for them.
+        self._in_flight: dict[str, tuple[int, ...]] = {}
+        self._held_since: float | None = None
+        self._hold_floor = 0
+        """In-flight groups started before this version no longer hold the learner: a hold for them
+        ran past in_flight_hold_s."""
+        self.holds = 0
+        """Batch requests answered short because of in-flight groups."""
+        self.holds_expired = 0
+        """Holds that ran past in_flight_hold_s (the learner went on; those groups may be dropped)."""
 
     # ---------------------------------------------------------------------------------- restore
 
@@ -305,6 +328,7 @@ class ReplayBuffer:
         version to tell it."""
         self._heard_from(generator_id)
         self._expired.discard(generator_id)
+        self._in_flight.pop(generator_id, None)  # a new process: its predecessor's groups are gone
         held = self._credits.get(generator_id, 0)
         if held or self._filtered.get(generator_id):
             self._log_credit(generator_id, 0, granted=0, uncredited=0, released=held, filtered_total=0)
@@ -336,6 +360,55 @@ class ReplayBuffer:
             self._apply_expire(gen)
             self._expired.add(gen)
         return gone
+
+    def report_in_flight(self, generator_id: str, versions: Sequence[int] | None) -> None:
+        """A generator's full report of its in-flight groups: the policy version each was started at
+        (started and not yet sent: in its engine or its verifier). None: it did not report (an older
+        generator), nothing changes. Soft state like liveness: not journaled."""
+        if versions is None:
+            return
+        _check_id(generator_id, "generator_id")
+        for v in versions:
+            _check_version(v, "in_flight_versions[i]")
+        if versions:
+            self._in_flight[generator_id] = tuple(sorted(versions))
+        else:
+            self._in_flight.pop(generator_id, None)
+
+    def _hold_room(self, learner_version: int, pos: int) -> tuple[int, int] | None:
+        """How many more groups may be served at `learner_version` (`pos` already served at it)
+        before a reported in-flight group could no longer be trained when it arrives, and the start
+        version of the group that sets that limit; None when nothing holds the learner.
+
+        In-flight groups are served after what is waiting now, oldest start first (they are the
+        oldest policy when they arrive). With n more groups served now, the k-th of those that can
+        still be saved lands at position pos + n + k of this version's serving order, so it is
+        trained at learner_version + (pos + n + k) // B_v, which must stay <= start + max_staleness:
+        n <= (start + max_staleness - learner_version + 1) * B_v - 1 - pos - k. A group for which
+        even n = 0 is too late (the gate will drop it) holds nothing and takes no position.
+        Reports count only from generators heard from within generator_lease_s.
+        """
+        p = self.policy
+        if p.in_flight_hold_s <= 0 or p.lockstep or not self._in_flight:
+            return None
+        now = self._clock()
+        starts = sorted(
+            v
+            for gen, versions in self._in_flight.items()
+            if now - self._last_seen.get(gen, self._started_at) <= p.generator_lease_s
+            for v in versions
+            if v >= self._hold_floor
+        )
+        room: tuple[int, int] | None = None
+        k = 0
+        for start in starts:
+            limit = (start + p.max_staleness - learner_version + 1) * p.groups_per_version - 1 - pos - k
+            if limit < 0:
+                continue
+            if room is None or limit < room[0]:
+                room = (limit, start)
+            k += 1
+        return room
 
     def _heard_from(self, generator_id: str) -> None:
         _check_id(generator_id, "generator_id")
@@ -513,6 +586,19 @@ class ReplayBuffer:
         if not isinstance(max_bytes, int) or max_bytes < 0:
             raise BufferInputError(f"max_bytes must be an int >= 0 (0: no size budget), got {max_bytes!r}")
         pos = self._pos if self._pos_version == learner_version else 0
+        room = self._hold_room(learner_version, pos)
+        if room is not None and room[0] < max_groups and len(self._waiting) > room[0]:
+            now = self._clock()
+            if self._held_since is None:
+                self._held_since = now
+            elif now - self._held_since > self.policy.in_flight_hold_s:
+                self.holds_expired += 1
+                self._hold_floor = room[1] + 1
+                self._held_since = None
+                room = None
+        else:
+            self._held_since = None
+        held = False
         chosen: list[str] = []
         dropped: list[str] = []
         staleness: list[int] = []
@@ -526,6 +612,9 @@ class ReplayBuffer:
             if stale > self.policy.max_staleness:
                 dropped.append(gid)
                 continue
+            if room is not None and len(chosen) >= room[0]:
+                held = True
+                break
             n = entry.group.num_tokens
             size = wire_bytes(entry.group)
             if chosen and (
@@ -552,7 +641,8 @@ class ReplayBuffer:
             self._apply_lease(learner_version, chosen, dropped, smax, request_id)
         else:
             self._note_version(learner_version)
-        return ServeResult(groups, dropped, staleness)
+        self.holds += held
+        return ServeResult(groups, dropped, staleness, held=held)
 
     def _in_serving_order(self) -> list[tuple[str, _Entry]]:
         """Waiting groups oldest policy first (by the version of their oldest token), then in
@@ -608,6 +698,7 @@ class ReplayBuffer:
     def _apply_expire(self, gen: str) -> None:
         self._counters["generators_expired"] += 1
         self._last_seen.pop(gen, None)
+        self._in_flight.pop(gen, None)
         self._last_grant.pop(gen, None)  # its credits went back: a repeat of its request is granted anew
 
     def _apply_retry(self) -> None:
@@ -887,6 +978,9 @@ class ReplayBuffer:
             "line_capacity": self.admission_limit,
             "learner_version": self.learner_version,
             "committed_through": self.committed_through,
+            "in_flight_reported": sum(len(v) for v in self._in_flight.values()),
+            "holds": self.holds,
+            "holds_expired": self.holds_expired,
         }
 
 

@@ -5,12 +5,15 @@ It binds two ROUTER sockets and serves both from one poll loop:
     samples  tcp://{transport.host}:{transport.samples_port}   generators
         hello{generator_id, policy_version}        -> credit{granted=0, learner_version}
         credit_request{generator_id, want}         -> credit{granted, learner_version}
-        groups{generator_id, groups, filtered_total, rollouts}  -> ack{accepted, duplicates, rejected}
-        heartbeat{generator_id, filtered_total, rollouts}  -> lease{credits, expired, learner_version}
+        groups{generator_id, groups, filtered_total, rollouts, in_flight_versions}
+                                                   -> ack{accepted, duplicates, rejected}
+        heartbeat{generator_id, filtered_total, rollouts, in_flight_versions}
+                                                   -> lease{credits, expired, learner_version}
     batches  tcp://{transport.host}:{transport.batches_port}   the learner
         learner_hello{learner_version, committed_through}  -> empty{reason="ready"}
         batch_request{learner_version, max_groups, max_tokens}
                                                    -> batch{groups, dropped_stale, rollouts} or empty{reason}
+                                                      (reason "held_for_in_flight": see buffer.in_flight_hold_s)
         commit{learner_version, group_ids}         -> empty{reason="committed"}
 
 Every valid request gets exactly one reply, so clients can use `transport.request`. A message
@@ -331,6 +334,7 @@ class BufferService:
 
     def _on_groups(self, body: m.Groups, rid: int | None) -> m.Ack:
         result = self.buffer.add_groups(body.generator_id, body.groups, body.filtered_total)
+        self.buffer.report_in_flight(body.generator_id, body.in_flight_versions)
         if body.rollouts is not None:
             self.rollouts.observe(body.generator_id, body.rollouts)
         rejected = [m.Rejection(gid, reason) for gid, reason in result.rejected]
@@ -338,6 +342,7 @@ class BufferService:
 
     def _on_heartbeat(self, body: m.Heartbeat, rid: int | None) -> m.Lease:
         credits, expired = self.buffer.heartbeat(body.generator_id, body.filtered_total)
+        self.buffer.report_in_flight(body.generator_id, body.in_flight_versions)
         if body.rollouts is not None:
             self.rollouts.observe(body.generator_id, body.rollouts)
         if expired:
@@ -373,6 +378,8 @@ class BufferService:
             self.metrics.staleness.observe(stale)
         if result.groups:
             return m.Batch(result.groups, len(result.dropped_stale), m.Rollouts(**self.rollouts.totals))
+        if result.held:
+            return m.Empty("held_for_in_flight")
         return m.Empty("all_stale" if result.dropped_stale else "no_waiting_groups")
 
     def _on_commit(self, body: m.Commit, rid: int | None) -> m.Empty:
@@ -442,6 +449,7 @@ class BufferService:
         mt.learner_version.set(s["learner_version"])
         mt.oldest_waiting.set(s["oldest_waiting_age_s"])
         mt.journal_bytes.set(s["journal_bytes"])
+        mt.in_flight_reported.set(s["in_flight_reported"])
         for key, counter in (
             ("accepted", mt.groups_accepted),
             ("duplicates", mt.groups_duplicate),
@@ -452,6 +460,8 @@ class BufferService:
             ("credits_granted", mt.credits_granted),
             ("retried_requests", mt.retried_requests),
             ("generators_expired", mt.generators_expired),
+            ("holds", mt.learner_holds),
+            ("holds_expired", mt.learner_holds_expired),
         ):
             if s[key] > self._exported.get(key, 0):
                 counter.inc(s[key] - self._exported.get(key, 0))

@@ -183,8 +183,9 @@ class Heartbeat(BackgroundThread):
     """Keeps the generator's credit lease on a thread of its own, so that a main loop that is busy
     (a long weight load, a slow engine step) does not lose its credits.
 
-    Every ``every_s`` it sends ``heartbeat{generator_id, filtered_total, rollouts}`` (``rollouts``:
-    the generator's rollout tally, for tracking) on its own connection to the buffer and reads the
+    Every ``every_s`` it sends ``heartbeat{generator_id, filtered_total, rollouts,
+    in_flight_versions}`` (``rollouts``: the generator's rollout tally, for tracking;
+    ``in_flight_versions``: the start versions of its unsent groups) on its own connection to the buffer and reads the
     ``lease`` replies: ``expired`` is set when one says the buffer had taken
     the credits back, and ``last_answer`` is when the buffer last replied (readiness). It stops
     renewing while ``progressing()`` is false (the main loop made no progress for its liveness
@@ -201,8 +202,10 @@ class Heartbeat(BackgroundThread):
         filtered_total: Callable[[], int],
         progressing: Callable[[], bool],
         rollouts: Callable[[], Mapping[str, int]] | None = None,
+        in_flight: Callable[[], list[int]] | None = None,
     ) -> None:
         self._connect = connect
+        self._in_flight = in_flight
         self.generator_id = generator_id
         self.every_s = every_s
         self._filtered_total = filtered_total
@@ -220,7 +223,8 @@ class Heartbeat(BackgroundThread):
                 if self._progressing():
                     try:
                         tally = m.Rollouts(**self._rollouts()) if self._rollouts is not None else None
-                        endpoint.send(m.Heartbeat(self.generator_id, self._filtered_total(), tally))
+                        versions = self._in_flight() if self._in_flight is not None else None
+                        endpoint.send(m.Heartbeat(self.generator_id, self._filtered_total(), tally, versions))
                         self.sent += 1
                     except TransportTimeout:  # the queue to a hung buffer is full: try again later
                         pass

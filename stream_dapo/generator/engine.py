@@ -172,6 +172,10 @@ class GroupAssembler:
     def group_ids(self) -> list[str]:
         return list(self._groups)
 
+    def start_versions(self) -> list[int]:
+        """The policy version each in-flight group was started at."""
+        return [state.start_version for state in self._groups.values()]
+
     def add(self, group_id: str, prompt: PromptLike, group_size: int, version: int) -> list[str]:
         """Register a group; returns the request ids of its samples, in sample order."""
         if group_id in self._groups:
@@ -412,6 +416,10 @@ class RolloutEngine:
     def num_in_flight(self) -> int:
         """Groups started and not yet returned or aborted."""
         return len(self._groups)
+
+    def start_versions(self) -> list[int]:
+        """The policy version each in-flight group was started at (a lower bound on its tokens')."""
+        return self._groups.start_versions()
 
     @property
     def tokens_generated(self) -> int:

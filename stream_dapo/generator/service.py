@@ -160,7 +160,10 @@ class GeneratorService:
         self._stop = threading.Event()
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._verify_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
-        self._verifying: deque[Future[GroupOutcome]] = deque()
+        self._verifying: deque[tuple[int, Future[GroupOutcome]]] = deque()
+        """(start version, verification) of each finished group, in the order they finished."""
+        self._in_flight_report: tuple[int, ...] = ()
+        """`_in_flight_versions()` as of the main loop's last pass, for the heartbeat thread."""
         self._accuracy: deque[float] = deque(maxlen=ACCURACY_WINDOW)
         self._rejected_seen: Counter[str] = Counter()
         self._rate = (time.monotonic(), 0)
@@ -490,6 +493,7 @@ class GeneratorService:
             filtered_total=lambda: self.credits.filtered_total,
             progressing=lambda: time.monotonic() - health.last_progress < health.stall_after_s,
             rollouts=lambda: dict(self._rollouts),
+            in_flight=lambda: list(self._in_flight_report),
         ).start()
 
     def _check_lease(self) -> None:
@@ -553,7 +557,12 @@ class GeneratorService:
         for group in finished:
             self._count_finished(group)
             self._verifying.append(
-                self._verify_pool.submit(process_group, group, verifier, self.settings, self.generator_id)
+                (
+                    group.start_version,
+                    self._verify_pool.submit(
+                        process_group, group, verifier, self.settings, self.generator_id
+                    ),
+                )
             )
 
     def _count_finished(self, group: FinishedGroup) -> None:
@@ -570,8 +579,8 @@ class GeneratorService:
                 self.metrics.truncated.inc()
 
     def _send_verified(self) -> None:
-        while self._verifying and self._verifying[0].done():
-            outcome = self._verifying.popleft().result()
+        while self._verifying and self._verifying[0][1].done():
+            outcome = self._verifying.popleft()[1].result()
             self._count_outcome(outcome)
             if outcome.group is None:
                 self.credits.redeem_without_group()
@@ -589,9 +598,15 @@ class GeneratorService:
                 groups,
                 filtered_total=self.credits.filtered_total,
                 rollouts=m.Rollouts(**self._rollouts),
+                in_flight_versions=self._in_flight_versions(),
             )
         )
         self._filtered_sent = self.credits.filtered_total
+
+    def _in_flight_versions(self) -> list[int]:
+        """The start version of every group started and not yet sent (in the engine or the
+        verifier): the buffer holds the learner back so that they can still be trained."""
+        return [*self._engine.start_versions(), *(v for v, _ in self._verifying)]
 
     def _count_outcome(self, outcome: GroupOutcome) -> None:
         mx = self.metrics
@@ -621,6 +636,7 @@ class GeneratorService:
 
     def _update_gauges(self) -> None:
         mx, engine = self.metrics, self._engine
+        self._in_flight_report = tuple(self._in_flight_versions())
         mx.credits_available.set(self.credits.held)
         mx.groups_in_flight.set(engine.num_in_flight)
         mx.unacked_groups.set(len(self.unacked))
@@ -656,7 +672,7 @@ class GeneratorService:
         self.metrics.groups_aborted.inc(aborted)
         self.credits.redeem_without_group(aborted + self.credits.held)
         self.credits.held = 0
-        for future in self._verifying:
+        for _, future in self._verifying:
             future.result()
         self._send_verified()
         deadline = time.monotonic() + budget_s

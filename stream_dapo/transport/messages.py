@@ -80,8 +80,12 @@ MAX_FILTERED_TOTAL = 1 << 53
 the buffer. It keeps a corrupt count from pushing the buffer's counters past what its journal can
 store (msgpack integers end at 2**64 - 1)."""
 
+MAX_IN_FLIGHT_REPORTED = 65536
+"""Bound on `in_flight_versions`: more groups than one generator keeps in its engine and verifier."""
+
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Version = Annotated[int, msgspec.Meta(ge=0)]
+InFlightVersions = Annotated[list[Version], msgspec.Meta(max_length=MAX_IN_FLIGHT_REPORTED)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 Detail = Annotated[str, msgspec.Meta(max_length=8192)]
@@ -484,24 +488,31 @@ class Groups(Body, omit_defaults=True):
     since its hello without a group reaching the buffer (dynamic sampling dropped it, it was aborted,
     or it was unused at shutdown). A running total, not a delta: a lost or repeated message loses or
     doubles nothing, the next one carries the total again. May come with an empty `groups`.
-    `rollouts` (optional): the generator's rollout tally, as in `Heartbeat`."""
+    `rollouts` (optional): the generator's rollout tally, as in `Heartbeat`. `in_flight_versions`
+    (optional), as in `Heartbeat`, as of after these groups."""
 
     TYPE = "groups"
     generator_id: Id
     groups: list[Group]
     filtered_total: Tally = 0
     rollouts: Rollouts | None = None
+    in_flight_versions: InFlightVersions | None = None
 
 
 class Heartbeat(Body, omit_defaults=True):
     """Every generator.heartbeat_s: the generator is alive, so its credits stay leased to it.
     `rollouts` (optional): its running rollout tally since its hello (statistics for tracking, not
-    state: the buffer sums the increases and hands the sum to the learner)."""
+    state: the buffer sums the increases and hands the sum to the learner). `in_flight_versions`
+    (optional; left out by generators that do not report it): the policy version each group it has
+    started and not yet sent (in the engine or the verifier) was started at, so that the buffer can
+    hold the learner back before those groups go stale (buffer.in_flight_hold_s). A full report each
+    time, not a delta."""
 
     TYPE = "heartbeat"
     generator_id: Id
     filtered_total: Tally
     rollouts: Rollouts | None = None
+    in_flight_versions: InFlightVersions | None = None
 
 
 # buffer -> generator

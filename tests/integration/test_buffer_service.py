@@ -220,6 +220,32 @@ def test_stale_group_is_dropped_at_dequeue_and_counted(tmp_path: Path) -> None:
         assert metric(text, "stream_dapo_buffer_staleness_versions_count") == 1
 
 
+def test_the_learner_is_held_for_a_reported_in_flight_group_then_trains_it(tmp_path: Path) -> None:
+    """B_v = 2, max_staleness 4: a group started at version 5 must be trained at version <= 9, i.e.
+    at a position p with 7 + p // 2 <= 9 at learner version 7 (p <= 5): five groups may go first."""
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    with service_in_thread(cfg) as svc:
+        peers = Peers(cfg)
+        try:
+            assert isinstance(peers.ask(peers.gen, m.Heartbeat("gen-0", 0, None, [5])).body, m.Lease)
+            fresh = [make_group(f"s{i}", 7) for i in range(6)]
+            peers.ask(peers.gen, m.Groups("gen-0", fresh, in_flight_versions=[5]))
+            assert len(peers.ask(peers.learner, m.BatchRequest(7, 4, 0)).body.groups) == 4
+            assert [g.group_id for g in peers.ask(peers.learner, m.BatchRequest(7, 4, 0)).body.groups] == [
+                "s4"
+            ]
+            held = peers.ask(peers.learner, m.BatchRequest(7, 4, 0)).body
+            assert m.to_map(held) == {"reason": "held_for_in_flight"}
+            peers.ask(peers.gen, m.Groups("gen-0", [make_group("long", 5)], in_flight_versions=[]))
+            batch = peers.ask(peers.learner, m.BatchRequest(7, 4, 0)).body
+            assert [g.group_id for g in batch.groups] == ["long", "s5"] and batch.dropped_stale == 0
+        finally:
+            peers.close()
+        _, text = scrape(svc.metrics_port)
+        assert metric(text, "stream_dapo_buffer_learner_holds_total") == 2
+        assert metric(text, "stream_dapo_buffer_dropped_stale_groups_total") == 0
+
+
 def test_hostile_messages_are_rejected_counted_and_the_service_keeps_serving(tmp_path: Path) -> None:
     cfg = load_config(overrides=overrides(tmp_path), environ={})
     with service_in_thread(cfg) as svc:

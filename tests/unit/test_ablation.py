@@ -413,3 +413,50 @@ def test_plots_one_png_per_metric(tmp_path: Path) -> None:
         "truncation_rate.png",
     ]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in files)
+
+
+def test_a_setting_added_later_is_left_out_of_the_fingerprint_at_its_neutral_value() -> None:
+    """The committed long-CoT cell ran before buffer.in_flight_hold_s existed (no hold). With the
+    setting at 0 (what the code did then) its recorded fingerprint still matches, so the ladder
+    resumes with `--set buffer.in_flight_hold_s=0`; with the default hold it does not, and a cell
+    trained with the hold is never put in one table with it."""
+    root = REPO / "docs" / "results" / "ablation-longcot"
+    cell = root / "cells" / "naive-grpo" / "seed-0"
+    recorded = json.loads((cell / "ablation_cell.json").read_text())["fingerprint"]
+    start = load_config([cell / "config.toml"], [f"model.path='{root / 'start-model'}'"], environ={})
+    key = ablation.model_key(start)
+    no_hold = load_config([cell / "config.toml"], ["buffer.in_flight_hold_s=0"], environ={})
+    assert config_fingerprint(no_hold, key) == recorded
+    assert config_fingerprint(load_config([cell / "config.toml"], [], environ={}), key) != recorded
+
+
+def test_a_stop_signal_to_ablate_is_passed_on_to_its_running_child(tmp_path: Path) -> None:
+    """Regression: SIGTERM to `stream-dapo ablate` alone left its `stream-dapo run` child training.
+    The child here exits 7 on SIGTERM; ablate's handler forwards the signal it receives, then the
+    previous handler is back."""
+    import os
+    import signal
+    import threading
+
+    child = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+        "print('ready', flush=True)\n"
+        "signal.pause()\n"
+    )
+    log_path = tmp_path / "child.log"
+    ready = threading.Event()
+
+    def signal_once_ready() -> None:
+        while "ready" not in log_path.read_text():  # the child's own word that its handler is set
+            ready.wait(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    with log_path.open("w") as log_file:
+        waiter = threading.Thread(target=signal_once_ready)
+        waiter.start()
+        code, stopped_by = ablation.run_child([sys.executable, "-c", child], log_file)
+        waiter.join()
+    assert (code, stopped_by) == (7, signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is before

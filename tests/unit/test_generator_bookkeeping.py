@@ -246,6 +246,40 @@ def test_a_group_comes_out_only_when_all_its_samples_finished() -> None:
     assert asm.tokens_generated == 4
 
 
+def test_the_in_flight_report_lists_each_unsent_group_by_its_start_version() -> None:
+    """What the buffer holds the learner for: groups in the engine and groups still being verified,
+    each at the version it was started at; a group leaves the report once its outcome is taken."""
+    from stream_dapo.config import load_config
+    from stream_dapo.generator.service import GeneratorService
+    from stream_dapo.verifier.core import VerifyResult
+
+    class Wrong:
+        def verify_batch(self, items: list[tuple[str, str]]) -> list[VerifyResult]:
+            return [VerifyResult(False, -1.0, None, "no_answer") for _ in items]
+
+        def close(self) -> None:
+            pass
+
+    svc = GeneratorService(load_config(environ={}))
+    engine = make_engine(FakeEngine(), max_response_len=2)
+    try:
+        svc.engine = engine
+        svc.verifier = Wrong()  # type: ignore[assignment]
+        engine.add_group(Prompt("a", [1]))
+        engine.version = 3
+        engine.add_group(Prompt("b", [2]))
+        assert sorted(engine.start_versions()) == [0, 3] and svc._in_flight_versions() == [0, 3]
+        svc._verify(run_to_end(engine))
+        assert engine.num_in_flight == 0 and sorted(svc._in_flight_versions()) == [0, 3]
+        for _, future in svc._verifying:
+            future.result()
+        start, _ = svc._verifying.popleft()  # its outcome was taken (and sent)
+        assert svc._in_flight_versions() == [3 - start]
+    finally:
+        svc.engine = None
+        svc.close()
+
+
 def test_outputs_of_dropped_groups_are_ignored_and_ids_must_be_unique() -> None:
     asm = GroupAssembler()
     asm.add("g", Prompt("p", [1]), 1, version=0)
@@ -659,6 +693,7 @@ def test_heartbeats_carry_the_running_total_and_an_expired_lease_is_reported() -
         every_s=0.01,
         filtered_total=lambda: next(totals),
         progressing=progressing.is_set,
+        in_flight=lambda: [3, 5],
     ).start()
     try:
         got = [buffer.recv(5000) for _ in range(3)]
@@ -666,6 +701,7 @@ def test_heartbeats_carry_the_running_total_and_an_expired_lease_is_reported() -
         bodies = [g[1].body for g in got]  # type: ignore[index]
         assert [b.generator_id for b in bodies] == ["gen-7"] * 3
         assert [b.filtered_total for b in bodies] == [0, 1, 2]
+        assert all(b.in_flight_versions == [3, 5] for b in bodies)
         answered_before = beat.last_answer
         buffer.send(m.Lease(0, True, 3), to=got[-1][0])  # type: ignore[index]
         assert beat.expired.wait(5)

@@ -736,3 +736,153 @@ def _lockstep_group(gid: str) -> Group:
         advantage=0.0,
     )
     return Group(gid, "p", "g", "1", [3], 0.0, [sample, sample])
+
+
+# --------------------------------------------------------------------------------------------------
+# Holding the learner for in-flight groups (buffer.in_flight_hold_s)
+# --------------------------------------------------------------------------------------------------
+
+
+def held_buffer(clock: FakeClock | None = None, **overrides: float) -> ReplayBuffer:
+    values: dict[str, float] = {"max_staleness": 3, "groups_per_version": 2, "in_flight_hold_s": 60.0}
+    return ReplayBuffer(policy(**{**values, **overrides}), clock=clock or FakeClock())
+
+
+def test_the_learner_is_held_so_that_a_long_in_flight_group_is_still_trained() -> None:
+    buf = held_buffer()
+    buf.report_in_flight("gen-0", [5])  # a long group started at version 5 is still generating
+    buf.add_groups("gen-0", [make_group(f"s{i}", 7) for i in range(6)])  # shorter, later ones finished
+    # B_v = 2, max staleness 3: the long group must be trained at version <= 8, i.e. at a position
+    # p with 7 + p // 2 <= 8 at learner version 7: p <= 3. So at most 3 groups go first.
+    first = buf.serve(7, max_groups=6)
+    assert [g.group_id for g in first.groups] == ["s0", "s1", "s2"] and first.held
+    assert buf.serve(7, max_groups=3).groups == []  # asking again changes nothing while it runs
+    buf.add_groups("gen-0", [make_group("long", 5)])
+    buf.report_in_flight("gen-0", [])
+    rest = buf.serve(7, max_groups=3)
+    # Position 3 trains at 7 + 3 // 2 = 8: staleness 3, within the bound; s3 and s4 at 9.
+    assert [g.group_id for g in rest.groups] == ["long", "s3", "s4"] and not rest.held
+    assert rest.staleness == [3, 2, 2] and rest.dropped_stale == []
+    assert buf.stats()["holds"] == 2 and buf.stats()["dropped_stale"] == 0
+
+
+def test_without_the_hold_the_same_long_group_is_dropped_as_stale() -> None:
+    buf = held_buffer(in_flight_hold_s=0.0)
+    buf.report_in_flight("gen-0", [5])
+    buf.add_groups("gen-0", [make_group(f"s{i}", 7) for i in range(6)])
+    assert len(buf.serve(7, max_groups=6).groups) == 6
+    buf.add_groups("gen-0", [make_group("long", 5)])
+    late = buf.serve(7, max_groups=2)  # position 6 trains at 7 + 3 = 10: 5 versions behind
+    assert late.dropped_stale == ["long"] and buf.stats()["holds"] == 0
+
+
+def test_each_in_flight_group_keeps_a_position_of_its_own() -> None:
+    buf = held_buffer()
+    buf.report_in_flight("gen-0", [6])
+    buf.report_in_flight("gen-1", [6, 7])
+    buf.add_groups("gen-0", [make_group(f"s{i}", 8) for i in range(8)])
+    # At version 7 the k-th in-flight group (starts 6, 6, 7) needs 7 + (n + k) // 2 <= start + 3:
+    # n <= 5, n + 1 <= 5, n + 2 <= 7: n <= 4.
+    assert len(buf.serve(7, max_groups=8).groups) == 4
+
+
+def test_a_group_that_is_too_late_anyway_holds_nothing() -> None:
+    buf = held_buffer()
+    buf.report_in_flight("gen-0", [1])  # trained at 7 or later: 6 versions behind whatever happens
+    buf.add_groups("gen-0", [make_group(f"s{i}", 7) for i in range(4)])
+    result = buf.serve(7, max_groups=4)
+    assert len(result.groups) == 4 and not result.held
+
+
+def test_a_hold_lasts_at_most_in_flight_hold_s_then_that_group_holds_no_more() -> None:
+    clock = FakeClock()
+    buf = held_buffer(clock, in_flight_hold_s=60.0)
+    buf.report_in_flight("gen-0", [5])
+    buf.add_groups("gen-0", [make_group(f"s{i}", 7) for i in range(6)])
+    assert len(buf.serve(7, max_groups=6).groups) == 3  # the hold starts
+    clock.now += 30
+    buf.heartbeat("gen-0", 0)
+    assert buf.serve(7, max_groups=3).groups == []  # 30 s <= 60 s: still held
+    clock.now += 31
+    buf.heartbeat("gen-0", 0)
+    assert len(buf.serve(7, max_groups=3).groups) == 3  # 61 s: the learner goes on
+    assert buf.stats()["holds_expired"] == 1
+    buf.add_groups("gen-0", [make_group(f"t{i}", 8) for i in range(2)])
+    buf.report_in_flight("gen-0", [5, 8])  # the version-5 group no longer holds; the new one does
+    nxt = buf.serve(10, max_groups=2)
+    # Start 8 at learner version 10: 10 + (n + 0) // 2 <= 11, n <= 3; both served.
+    assert len(nxt.groups) == 2 and not nxt.held
+
+
+def test_reports_of_a_silent_generator_stop_holding_after_its_lease() -> None:
+    clock = FakeClock()
+    buf = held_buffer(clock, in_flight_hold_s=1000.0, generator_lease_s=30.0)
+    buf.heartbeat("gen-0", 0)
+    buf.report_in_flight("gen-0", [5])
+    buf.add_groups("gen-1", [make_group(f"s{i}", 7, gen="gen-1") for i in range(6)])
+    assert len(buf.serve(7, max_groups=6).groups) == 3
+    clock.now += 31  # gen-0 died with its group
+    assert len(buf.serve(7, max_groups=3).groups) == 3
+
+
+def test_a_new_process_and_an_empty_report_clear_the_holds_but_no_report_keeps_them() -> None:
+    buf = held_buffer()
+    buf.report_in_flight("gen-0", [5])
+    buf.report_in_flight("gen-0", None)  # a message without the field: nothing changes
+    assert buf.stats()["in_flight_reported"] == 1
+    buf.generator_hello("gen-0")
+    assert buf.stats()["in_flight_reported"] == 0
+    buf.report_in_flight("gen-0", [5, 6])
+    buf.report_in_flight("gen-0", [])
+    assert buf.stats()["in_flight_reported"] == 0
+    with pytest.raises(BufferInputError, match="in_flight_versions"):
+        buf.report_in_flight("gen-0", [-1])
+
+
+def test_lockstep_and_a_zero_hold_never_hold() -> None:
+    for buf in (held_buffer(in_flight_hold_s=0.0), held_buffer(lockstep=True)):
+        buf.report_in_flight("gen-0", [5])
+        buf.add_groups("gen-0", [make_group(f"s{i}", 7) for i in range(6)])
+        assert len(buf.serve(7, max_groups=6).groups) == 6
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), sync_every=st.integers(1, 3), slack=st.integers(0, 2))
+def test_credited_groups_finished_out_of_order_are_never_too_stale_with_the_hold(
+    seed: int, sync_every: int, slack: int
+) -> None:
+    """As the in-order test above, but groups finish in any order (long ones late) and the generator
+    reports what it has in flight: the hold keeps every group trainable and the gate never fires;
+    the learner gathers its rollout batch over several requests, as it does."""
+    overrides = [
+        "algo.group_size=2",
+        "learner.mini_batch_samples=4",  # B_v = 2
+        "learner.rollout_batch_prompts=6",  # S = 3
+        f"learner.sync_every={sync_every}",
+        "buffer.capacity_groups=1000",
+    ]
+    lowest = cfg_with(*overrides, "algo.max_staleness=50").admission.min_max_staleness()
+    cfg = cfg_with(*overrides, f"algo.max_staleness={lowest + slack}")
+    buf = ReplayBuffer(AdmissionPolicy.from_config(cfg))
+    rng = random.Random(seed)
+    version, n, inflight, batch, trained = 0, 0, [], [], 0
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.3:
+            weights = version // sync_every * sync_every  # the latest published version
+            for _ in range(buf.grant_credits("gen-0", rng.randint(0, 4))):
+                inflight.append((f"g{n}", weights))
+                n += 1
+        elif op < 0.7 and inflight:
+            gid, weights = inflight.pop(rng.randrange(len(inflight)))
+            buf.add_groups("gen-0", [make_group(gid, weights)])
+        else:
+            result = buf.serve(version, max_groups=6 - len(batch))
+            assert result.dropped_stale == []
+            assert all(s <= cfg.algo.max_staleness for s in result.staleness)
+            batch += [g.group_id for g in result.groups]
+            if len(batch) == 6:
+                buf.commit(version + 3, batch)
+                version, batch, trained = version + 3, [], trained + 6
+        buf.report_in_flight("gen-0", [w for _, w in inflight])
+    assert buf.stats()["dropped_stale"] == 0 and trained > 0

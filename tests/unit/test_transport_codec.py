@@ -145,12 +145,15 @@ def groups(draw: st.DrawFn) -> Group:
 hex_digests = st.binary(min_size=32, max_size=32).map(bytes.hex)
 tallies = st.integers(0, m.MAX_FILTERED_TOTAL)
 rollout_tallies = st.none() | st.builds(m.Rollouts, *[tallies] * len(m.ROLLOUT_FIELDS))
+in_flight_reports = st.none() | st.lists(versions, max_size=20)
 
 STRATEGIES: dict[str, st.SearchStrategy[m.Body]] = {
     "hello": st.builds(m.Hello, ids, versions),
     "credit_request": st.builds(m.CreditRequest, ids, counts),
-    "groups": st.builds(m.Groups, ids, st.lists(groups(), max_size=3), tallies, rollout_tallies),
-    "heartbeat": st.builds(m.Heartbeat, ids, tallies, rollout_tallies),
+    "groups": st.builds(
+        m.Groups, ids, st.lists(groups(), max_size=3), tallies, rollout_tallies, in_flight_reports
+    ),
+    "heartbeat": st.builds(m.Heartbeat, ids, tallies, rollout_tallies, in_flight_reports),
     "credit": st.builds(m.Credit, counts, versions),
     "lease": st.builds(m.Lease, counts, st.booleans(), versions),
     "ack": st.builds(m.Ack, st.lists(ids), st.lists(ids), st.lists(st.builds(m.Rejection, ids, reasons))),
@@ -431,6 +434,21 @@ def test_a_filtered_total_beyond_its_bound_is_bad_schema() -> None:
     assert decode(largest, max_bytes=MAX).body.filtered_total == m.MAX_FILTERED_TOTAL
     assert "filtered_total" not in msgpack.unpackb(encode(m.Groups("gen-0", [])))["b"]  # left out when 0
     assert decode(encode(m.Groups("gen-0", [])), max_bytes=MAX).body.filtered_total == 0
+
+
+def test_an_in_flight_report_is_optional_bounded_and_never_negative() -> None:
+    """Generators that predate it leave it out (None: the buffer holds nothing for them); an empty
+    report is sent as such (it clears the holds); a negative version or an oversized list is
+    bad_schema."""
+    assert "in_flight_versions" not in msgpack.unpackb(encode(m.Heartbeat("gen-0", 0)))["b"]
+    assert decode(encode(m.Heartbeat("gen-0", 0)), max_bytes=MAX).body.in_flight_versions is None
+    empty = decode(encode(m.Heartbeat("gen-0", 0, None, [])), max_bytes=MAX).body
+    assert empty.in_flight_versions == []
+    both = decode(encode(m.Groups("gen-0", [], in_flight_versions=[4, 2])), max_bytes=MAX).body
+    assert both.in_flight_versions == [4, 2]
+    for bad in ([-1], [0] * (m.MAX_IN_FLIGHT_REPORTED + 1)):
+        body = {"generator_id": "gen-0", "filtered_total": 0, "in_flight_versions": bad}
+        assert reason_of(raw_envelope(body, t="heartbeat")) == "bad_schema"
 
 
 def test_unknown_type_is_reported_as_such() -> None:
