@@ -598,7 +598,7 @@ class GeneratorService:
                 groups,
                 filtered_total=self.credits.filtered_total,
                 rollouts=m.Rollouts(**self._rollouts),
-                in_flight_versions=self._in_flight_versions(),
+                in_flight_versions=list(self._snapshot_in_flight()),
             )
         )
         self._filtered_sent = self.credits.filtered_total
@@ -607,6 +607,11 @@ class GeneratorService:
         """The start version of every group started and not yet sent (in the engine or the
         verifier): the buffer holds the learner back so that they can still be trained."""
         return [*self._engine.start_versions(), *(v for v, _ in self._verifying)]
+
+    def _snapshot_in_flight(self) -> tuple[int, ...]:
+        """Refresh the report the heartbeat thread sends (a tuple: swapped whole, never mutated)."""
+        self._in_flight_report = tuple(self._in_flight_versions())
+        return self._in_flight_report
 
     def _count_outcome(self, outcome: GroupOutcome) -> None:
         mx = self.metrics
@@ -636,7 +641,7 @@ class GeneratorService:
 
     def _update_gauges(self) -> None:
         mx, engine = self.metrics, self._engine
-        self._in_flight_report = tuple(self._in_flight_versions())
+        self._snapshot_in_flight()
         mx.credits_available.set(self.credits.held)
         mx.groups_in_flight.set(engine.num_in_flight)
         mx.unacked_groups.set(len(self.unacked))
