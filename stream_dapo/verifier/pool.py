@@ -19,7 +19,9 @@ the worker imports sympy: that half second is start-up, not checking.
 
 Test hooks: when ``STREAM_DAPO_VERIFIER_TEST_HOOKS=1`` is set in a worker's environment (it inherits
 the parent's at start), a gold answer equal to ``TEST_HANG_GOLD`` makes the worker sleep for an hour
-and ``TEST_CRASH_GOLD`` makes it exit abruptly. Without the variable those strings are ordinary golds.
+and ``TEST_CRASH_GOLD`` makes it exit abruptly, and the worker's first sympy import takes
+``TEST_IMPORT_DELAY_S`` longer (a slow machine, made certain). Without the variable those strings are
+ordinary golds and imports take what they take.
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ from stream_dapo.verifier.extract import compile_answer_pattern
 if TYPE_CHECKING:
     from stream_dapo.config import VerifierConfig
 
-__all__ = ["TEST_CRASH_GOLD", "TEST_HANG_GOLD", "TEST_HOOKS_ENV", "VerifierPool"]
+__all__ = ["TEST_CRASH_GOLD", "TEST_HANG_GOLD", "TEST_HOOKS_ENV", "TEST_IMPORT_DELAY_S", "VerifierPool"]
 
 TEST_HOOKS_ENV = "STREAM_DAPO_VERIFIER_TEST_HOOKS"
 TEST_HANG_GOLD = "__stream_dapo_test_hang__"
 TEST_CRASH_GOLD = "__stream_dapo_test_crash__"
+TEST_IMPORT_DELAY_S = 5.0
 
 _MAX_CHUNK = 256
 _CHUNKS_PER_WORKER = 4  # enough chunks per worker to balance load, few enough to keep IPC negligible
@@ -109,6 +112,8 @@ def _worker_main(
         progress[_STARTED_AT] = time.monotonic()
 
     on_first_sympy_import(pause_clock, restart_clock)
+    if hooks:
+        on_first_sympy_import(lambda: time.sleep(TEST_IMPORT_DELAY_S), lambda: None)
     conn.send(("ready", os.getpid()))
     while True:
         try:
