@@ -323,9 +323,9 @@ class BufferConfig(_Section):
     answers the learner short (or empty) rather than let it step so far that one of those groups
     would be past algo.max_staleness when it arrives. Without the hold, the slowest groups (the
     longest responses) are the ones the staleness gate drops, which biases training toward short
-    responses (docs/operations.md, "Tuning for long CoT"). A hold lasts at most this long; then the
-    learner goes on and the late groups are dropped. Set it above the time your longest response
-    takes to generate; 0 turns holding off."""
+    responses (docs/operations.md, "Holding the learner for long groups in flight"). A hold lasts at
+    most this long; then the learner goes on and the late groups are dropped. Set it above the time
+    your longest response takes to generate; 0 turns holding off."""
 
 
 class LearnerConfig(_Section):
