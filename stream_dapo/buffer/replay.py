@@ -280,6 +280,8 @@ class ReplayBuffer:
         # and not yet sent. `serve` holds the learner back for them.
         self._in_flight: dict[str, tuple[int, ...]] = {}
         self._held_since: float | None = None
+        self._held_for = -1
+        """The start version of the in-flight group the current hold is for."""
         self._hold_floor = 0
         """In-flight groups started before this version no longer hold the learner: a hold for them
         ran past in_flight_hold_s."""
@@ -589,8 +591,8 @@ class ReplayBuffer:
         room = self._hold_room(learner_version, pos)
         if room is not None and room[0] < max_groups and len(self._waiting) > room[0]:
             now = self._clock()
-            if self._held_since is None:
-                self._held_since = now
+            if self._held_since is None or self._held_for != room[1]:
+                self._held_since, self._held_for = now, room[1]  # a hold for another group starts
             elif now - self._held_since > self.policy.in_flight_hold_s:
                 self.holds_expired += 1
                 self._hold_floor = room[1] + 1

@@ -814,6 +814,21 @@ def test_a_hold_lasts_at_most_in_flight_hold_s_then_that_group_holds_no_more() -
     assert len(nxt.groups) == 2 and not nxt.held
 
 
+def test_a_hold_for_another_group_starts_its_own_clock() -> None:
+    clock = FakeClock()
+    buf = held_buffer(clock, in_flight_hold_s=60.0)
+    buf.report_in_flight("gen-0", [5])
+    buf.add_groups("gen-0", [make_group(f"s{i}", 7) for i in range(6)])
+    assert len(buf.serve(7, max_groups=6).groups) == 3  # held for the group started at 5
+    clock.now += 50
+    buf.add_groups("gen-0", [make_group("long", 5)])
+    buf.report_in_flight("gen-0", [6])  # it arrived; another, started at 6, is still running
+    # Position 3 onwards at version 7: start 6 allows n <= (6 + 3 - 7 + 1) * 2 - 1 - 3 = 2.
+    assert [g.group_id for g in buf.serve(7, max_groups=3).groups] == ["long", "s3"]
+    clock.now += 20  # 70 s since the first hold began, 20 s into this one
+    assert buf.serve(7, max_groups=1).groups == [] and buf.stats()["holds_expired"] == 0
+
+
 def test_reports_of_a_silent_generator_stop_holding_after_its_lease() -> None:
     clock = FakeClock()
     buf = held_buffer(clock, in_flight_hold_s=1000.0, generator_lease_s=30.0)
