@@ -502,6 +502,12 @@ EXTERNAL = (
         "to docs/results/ablation-longcot/ (the cells' runs stay in runs/)",
     ),
     (
+        "The staleness bound's length bias, and holding the learner for groups in flight",
+        "length_bias.json",
+        "python bench/length_bias.py RUN_DIR ... --json docs/results/length_bias.json (its page, "
+        "length_bias.md, names the runs)",
+    ),
+    (
         "Async vs sync: time to a target eval accuracy",
         "async_sync_ttt.json",
         "python bench/async_sync_ttt.py --out docs/results/async_sync_ttt.json",
