@@ -591,14 +591,9 @@ def test_bad_arguments_raise_naming_the_fix(call, fix: str) -> None:  # type: ig
 # --------------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), sync_every=st.integers(1, 3), slack=st.integers(0, 2))
-def test_credited_groups_finished_in_order_are_never_too_stale(
-    seed: int, sync_every: int, slack: int
-) -> None:
-    """A generator that starts groups only with credits, on weights at most sync_every - 1 versions
-    old, and finishes them in order: whatever the interleaving with the learner, the gate never
-    fires and no served group exceeds max_staleness."""
+def admission_argument_config(sync_every: int, slack: int) -> Config:
+    """G = 2, B_v = 2, S = 3, the given sync_every, and max_staleness `slack` above the smallest
+    that holds a rollout batch."""
     overrides = [
         "algo.group_size=2",
         "learner.mini_batch_samples=4",  # B_v = 2
@@ -607,7 +602,18 @@ def test_credited_groups_finished_in_order_are_never_too_stale(
         "buffer.capacity_groups=1000",
     ]
     lowest = cfg_with(*overrides, "algo.max_staleness=50").admission.min_max_staleness()
-    cfg = cfg_with(*overrides, f"algo.max_staleness={lowest + slack}")
+    return cfg_with(*overrides, f"algo.max_staleness={lowest + slack}")
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), sync_every=st.integers(1, 3), slack=st.integers(0, 2))
+def test_credited_groups_finished_in_order_are_never_too_stale(
+    seed: int, sync_every: int, slack: int
+) -> None:
+    """A generator that starts groups only with credits, on weights at most sync_every - 1 versions
+    old, and finishes them in order: whatever the interleaving with the learner, the gate never
+    fires and no served group exceeds max_staleness."""
+    cfg = admission_argument_config(sync_every, slack)
     buf = ReplayBuffer(AdmissionPolicy.from_config(cfg))
     rng = random.Random(seed)
     version, n, inflight = 0, 0, []
@@ -869,15 +875,7 @@ def test_credited_groups_finished_out_of_order_are_never_too_stale_with_the_hold
     """As the in-order test above, but groups finish in any order (long ones late) and the generator
     reports what it has in flight: the hold keeps every group trainable and the gate never fires;
     the learner gathers its rollout batch over several requests, as it does."""
-    overrides = [
-        "algo.group_size=2",
-        "learner.mini_batch_samples=4",  # B_v = 2
-        "learner.rollout_batch_prompts=6",  # S = 3
-        f"learner.sync_every={sync_every}",
-        "buffer.capacity_groups=1000",
-    ]
-    lowest = cfg_with(*overrides, "algo.max_staleness=50").admission.min_max_staleness()
-    cfg = cfg_with(*overrides, f"algo.max_staleness={lowest + slack}")
+    cfg = admission_argument_config(sync_every, slack)
     buf = ReplayBuffer(AdmissionPolicy.from_config(cfg))
     rng = random.Random(seed)
     version, n, inflight, batch, trained = 0, 0, [], [], 0
