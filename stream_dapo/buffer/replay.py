@@ -219,7 +219,9 @@ class ReplayBuffer:
     queue therefore never holds more than the learner consumes within max_staleness versions, so
     generators are paced instead of their work being thrown away; the gate in `serve` is only a
     backstop. Groups are served oldest policy first (then in arrival order), so a long group that
-    finishes after shorter ones credited later is not pushed past the bound.
+    finishes after shorter ones credited later is not pushed past the bound by them once it is here;
+    while it is still generating, its generator's in-flight report makes `serve` hold the learner
+    short of the version at which it would arrive too stale (`_hold_room`, buffer.in_flight_hold_s).
 
     Lifecycle (see `GroupState`), for example with B_v = 2 and max_staleness = 1, where groups
     a and b were generated at version 4 and c at version 3::
