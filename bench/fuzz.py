@@ -1251,6 +1251,9 @@ class _NoEngine:
     tokens_generated = 0
     tokens_recomputed = 0
 
+    def start_versions(self) -> list[int]:
+        return []
+
     def close(self) -> None:
         pass
 

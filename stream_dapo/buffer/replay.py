@@ -982,6 +982,12 @@ class ReplayBuffer:
             "line_capacity": self.admission_limit,
             "learner_version": self.learner_version,
             "committed_through": self.committed_through,
+        }
+
+    def hold_stats(self) -> dict[str, int]:
+        """The learner hold's figures (soft state, not restored, so not in `stats()`, whose state a
+        restore must reproduce exactly)."""
+        return {
             "in_flight_reported": sum(len(v) for v in self._in_flight.values()),
             "holds": self.holds,
             "holds_expired": self.holds_expired,

@@ -480,6 +480,7 @@ class BufferService:
         """The buffer's counters and depths plus persistence figures (for the run summary)."""
         return {
             **self.buffer.stats(),
+            **self.buffer.hold_stats(),
             "oldest_waiting_age_s": round(self.buffer.oldest_waiting_age_s(), 3),
             "live_generators": self.buffer.live_generators,
             "journal_bytes": self.journal.journal_bytes,

@@ -769,7 +769,7 @@ def test_the_learner_is_held_so_that_a_long_in_flight_group_is_still_trained() -
     # Position 3 trains at 7 + 3 // 2 = 8: staleness 3, within the bound; s3 and s4 at 9.
     assert [g.group_id for g in rest.groups] == ["long", "s3", "s4"] and not rest.held
     assert rest.staleness == [3, 2, 2] and rest.dropped_stale == []
-    assert buf.stats()["holds"] == 2 and buf.stats()["dropped_stale"] == 0
+    assert buf.hold_stats()["holds"] == 2 and buf.stats()["dropped_stale"] == 0
 
 
 def test_without_the_hold_the_same_long_group_is_dropped_as_stale() -> None:
@@ -779,7 +779,7 @@ def test_without_the_hold_the_same_long_group_is_dropped_as_stale() -> None:
     assert len(buf.serve(7, max_groups=6).groups) == 6
     buf.add_groups("gen-0", [make_group("long", 5)])
     late = buf.serve(7, max_groups=2)  # position 6 trains at 7 + 3 = 10: 5 versions behind
-    assert late.dropped_stale == ["long"] and buf.stats()["holds"] == 0
+    assert late.dropped_stale == ["long"] and buf.hold_stats()["holds"] == 0
 
 
 def test_each_in_flight_group_keeps_a_position_of_its_own() -> None:
@@ -812,7 +812,7 @@ def test_a_hold_lasts_at_most_in_flight_hold_s_then_that_group_holds_no_more() -
     clock.now += 31
     buf.heartbeat("gen-0", 0)
     assert len(buf.serve(7, max_groups=3).groups) == 3  # 61 s: the learner goes on
-    assert buf.stats()["holds_expired"] == 1
+    assert buf.hold_stats()["holds_expired"] == 1
     buf.add_groups("gen-0", [make_group(f"t{i}", 8) for i in range(2)])
     buf.report_in_flight("gen-0", [5, 8])  # the version-5 group no longer holds; the new one does
     nxt = buf.serve(10, max_groups=2)
@@ -832,7 +832,7 @@ def test_a_hold_for_another_group_starts_its_own_clock() -> None:
     # Position 3 onwards at version 7: start 6 allows n <= (6 + 3 - 7 + 1) * 2 - 1 - 3 = 2.
     assert [g.group_id for g in buf.serve(7, max_groups=3).groups] == ["long", "s3"]
     clock.now += 20  # 70 s since the first hold began, 20 s into this one
-    assert buf.serve(7, max_groups=1).groups == [] and buf.stats()["holds_expired"] == 0
+    assert buf.serve(7, max_groups=1).groups == [] and buf.hold_stats()["holds_expired"] == 0
 
 
 def test_reports_of_a_silent_generator_stop_holding_after_its_lease() -> None:
@@ -850,12 +850,12 @@ def test_a_new_process_and_an_empty_report_clear_the_holds_but_no_report_keeps_t
     buf = held_buffer()
     buf.report_in_flight("gen-0", [5])
     buf.report_in_flight("gen-0", None)  # a message without the field: nothing changes
-    assert buf.stats()["in_flight_reported"] == 1
+    assert buf.hold_stats()["in_flight_reported"] == 1
     buf.generator_hello("gen-0")
-    assert buf.stats()["in_flight_reported"] == 0
+    assert buf.hold_stats()["in_flight_reported"] == 0
     buf.report_in_flight("gen-0", [5, 6])
     buf.report_in_flight("gen-0", [])
-    assert buf.stats()["in_flight_reported"] == 0
+    assert buf.hold_stats()["in_flight_reported"] == 0
     with pytest.raises(BufferInputError, match="in_flight_versions"):
         buf.report_in_flight("gen-0", [-1])
 
