@@ -522,9 +522,16 @@ class WarmupConfig(_Section):
     eval_prompts: int = Field(128, ge=1)
     """Eval-split prompts on which the warm-up reports pass@1 (greedy and temperature 1.0)."""
     threads: int = Field(2, ge=1)
-    """Most torch intra-op threads of the warm-up. Every 250 steps it times this many against one
-    and keeps the faster: OpenMP threads spin at barriers, so next to another busy process two
-    threads on two cores run several times slower than one. The weights do not depend on it."""
+    """Torch intra-op threads of the warm-up, at every step. The weights depend on it (two threads
+    split some reductions differently from one: `bench/warmup_determinism.py`), so it is part of the
+    cache key when it is not 2. OpenMP threads spin at barriers: next to another busy process, two
+    threads on two cores run several times slower than one, so set 1 on a shared machine."""
+    track_every: int = Field(0, ge=0)
+    """Every this many warm-up steps (and at the end of each phase), greedy pass@1 on
+    `warmup.track_prompts` eval prompts, logged and kept in the marker's `progress` (0: off). It
+    does not change the weights, only the time (a few seconds per point)."""
+    track_prompts: int = Field(32, ge=1)
+    """Eval-split prompts of each `warmup.track_every` point."""
 
 
 class TrackingConfig(_Section):

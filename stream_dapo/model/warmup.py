@@ -38,7 +38,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PassAtOne",
-    "ThreadPicker",
     "WarmupResult",
     "add_arguments",
     "ensure_warm_model",
@@ -139,6 +138,8 @@ def warmup_key(cfg: Config, spec: TinyModelSpec) -> str:
         payload["batch_by_length"] = True
     if w.slip_rate:
         payload["slip"] = {"rate": w.slip_rate, "steps": w.slip_steps, "lr": w.slip_lr}
+    if w.threads != 2:
+        payload["threads"] = w.threads
     return fingerprint(payload)
 
 
@@ -202,65 +203,6 @@ def _lr_factor(step: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class ThreadPicker:
-    """Picks 1 or ``max_threads`` torch threads by timing them, and re-times when steps slow down.
-
-    OpenMP threads spin at every barrier: when another process keeps one of two cores busy, two
-    threads run this model 5-10x slower than one (measured: 0.06 s/step with 2 threads on an idle
-    2-core box; 0.64-1.06 s/step with 2 threads against 0.10 s/step with 1 next to another job).
-    So: time ``probe`` steps with each count, keep the faster, and probe again when the running
-    average of ``check`` steps is ``slack`` times slower than the probe promised, or every
-    ``every`` steps in any case (another job may have finished). The thread count does not change
-    this model's numerics (checked bit for bit), so the choice cannot change the weights.
-    """
-
-    def __init__(
-        self, max_threads: int, *, probe: int = 6, check: int = 20, slack: float = 1.6, every: int = 300
-    ) -> None:
-        self.max_threads = max_threads
-        self.probe, self.check, self.slack, self.every = probe, check, slack, every
-        self.chosen = max_threads
-        self._phase = "multi"  # timing max_threads, then "single", then "run"
-        self._count = 0
-        self._since_probe = 0
-        self._t = time.perf_counter()
-        self._multi = self._expected = 0.0
-
-    def _set(self, threads: int, phase: str, now: float) -> None:
-        import torch
-
-        torch.set_num_threads(threads)
-        self._phase, self._count, self._t = phase, 0, now
-
-    def before_step(self) -> None:
-        """Call before every step."""
-        import torch
-
-        if self.max_threads == 1:
-            torch.set_num_threads(1)
-            return
-        now = time.perf_counter()
-        if self._count == 0 and self._phase == "multi":
-            self._set(self.max_threads, "multi", now)
-        elif self._phase == "multi" and self._count == self.probe:
-            self._multi = (now - self._t) / self.probe
-            self._set(1, "single", now)
-        elif self._phase == "single" and self._count == self.probe:
-            single = (now - self._t) / self.probe
-            self.chosen = self.max_threads if self._multi <= single else 1
-            self._expected = min(self._multi, single)
-            self._since_probe = 0
-            self._set(self.chosen, "run", now)
-        elif self._phase == "run" and self._count == self.check:
-            slow = (now - self._t) / self.check > self.slack * self._expected
-            self._since_probe += self.check
-            if slow or self._since_probe >= self.every:
-                self._set(self.max_threads, "multi", now)
-            else:
-                self._count, self._t = 0, now
-        self._count += 1
-
-
 LENGTH_CHUNK_BATCHES = 50
 """With by-length batching, examples are sorted by length within chunks of this many batches."""
 
@@ -306,24 +248,29 @@ def train_supervised(
     threads: int = 1,
     log_every: int = 200,
     by_length: bool = False,
+    stop_after: int | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> float:
     """AdamW on the response tokens; batches are drawn epoch-wise from a seeded permutation.
 
     The loss is the token-mean cross-entropy of the response tokens (the prompt is context, not a
-    target). ``threads`` is the most torch threads used (see ``ThreadPicker``). ``by_length``:
-    batches of similar lengths (see ``_batches``). Returns the mean loss over the last 10% of steps.
+    target). ``threads``: torch intra-op threads, at every step (the weights depend on it: two
+    threads split some reductions differently from one). ``by_length``: batches of similar lengths
+    (see ``_batches``). ``stop_after``: return after that many of the ``steps`` (the lr schedule is still
+    the one of ``steps``). ``on_step(step, loss)`` is called after every optimizer step. Returns the
+    mean loss over the last 10% of steps (of the steps run, with ``stop_after``).
     """
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    picker = ThreadPicker(threads)
+    torch.set_num_threads(threads)
     model.train()
     batches = _batches([len(ids) for ids, _ in examples], batch_size, gen, by_length=by_length)
     tail_losses: list[float] = []
+    run_steps = steps if stop_after is None else min(steps, stop_after)
     t0 = time.perf_counter()
-    for step in range(steps):
-        picker.before_step()
+    for step in range(run_steps):
         batch = [examples[i] for i in next(batches)]
         input_ids, mask, labels = _collate(batch, pad_id)
         for group in optimizer.param_groups:
@@ -333,8 +280,10 @@ def train_supervised(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if step >= steps - max(1, steps // 10):
+        if step >= run_steps - max(1, run_steps // 10):
             tail_losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, loss.item())
         if log_every and (step + 1) % log_every == 0:
             log.info(
                 "warm-up step %d/%d loss %.4f (%.1f s, %d threads)",
@@ -342,7 +291,7 @@ def train_supervised(
                 steps,
                 loss.item(),
                 time.perf_counter() - t0,
-                picker.chosen,
+                threads,
             )
     model.eval()
     return sum(tail_losses) / len(tail_losses)
@@ -425,33 +374,77 @@ def measure_pass_at_1(
     seed: int = 0,
 ) -> PassAtOne:
     """Greedy and temperature-1.0 accuracy, one response per prompt, scored by the verifier."""
+    greedy, _ = accuracy(model, tokenizer, items, sample=False, max_new_tokens=max_new_tokens, seed=seed)
+    sampled, lengths = accuracy(
+        model, tokenizer, items, sample=True, max_new_tokens=max_new_tokens, seed=seed
+    )
+    return PassAtOne(
+        greedy=greedy, sampled=sampled, num_prompts=len(items), mean_response_len=sum(lengths) / len(lengths)
+    )
+
+
+def accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    items: Sequence[PromptItem],
+    *,
+    sample: bool,
+    max_new_tokens: int,
+    seed: int = 0,
+) -> tuple[float, list[int]]:
+    """Share of ``items`` whose one response (greedy, or at temperature 1.0) the verifier accepts,
+    and the responses' lengths in tokens."""
     from stream_dapo.verifier import verify
 
     prompts = [item.prompt_token_ids for item in items]
-    scores: dict[str, float] = {}
-    lengths: list[int] = []
-    for mode in ("greedy", "sampled"):
-        responses = _generate(
-            model, tokenizer, prompts, sample=mode == "sampled", max_new_tokens=max_new_tokens, seed=seed
-        )
-        correct = [
-            verify(str(tokenizer.decode(resp, skip_special_tokens=True)), item.gold).correct
-            for resp, item in zip(responses, items, strict=True)
-        ]
-        scores[mode] = sum(correct) / len(correct)
-        if mode == "sampled":
-            lengths = [len(r) for r in responses]
-    return PassAtOne(
-        greedy=scores["greedy"],
-        sampled=scores["sampled"],
-        num_prompts=len(items),
-        mean_response_len=sum(lengths) / len(lengths),
-    )
+    responses = _generate(model, tokenizer, prompts, sample=sample, max_new_tokens=max_new_tokens, seed=seed)
+    correct = [
+        verify(str(tokenizer.decode(resp, skip_special_tokens=True)), item.gold).correct
+        for resp, item in zip(responses, items, strict=True)
+    ]
+    return sum(correct) / len(correct), [len(r) for r in responses]
 
 
 # --------------------------------------------------------------------------------------------------
 # The warm-up as a whole
 # --------------------------------------------------------------------------------------------------
+
+
+def _progress_tracker(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    items: Sequence[PromptItem],
+    cfg: Config,
+    phase: str,
+    progress: list[dict[str, Any]],
+) -> Callable[[int, float], None]:
+    """An ``on_step`` for ``train_supervised`` that appends greedy pass@1 on ``items`` to
+    ``progress`` every ``warmup.track_every`` steps (and after the phase's last step). Greedy decoding
+    draws no random numbers and the model has no dropout, so tracking leaves the weights as they
+    would be without it."""
+    every = cfg.warmup.track_every
+    last = cfg.warmup.steps if phase == "reference" else cfg.warmup.slip_steps
+
+    def on_step(step: int, loss: float) -> None:
+        if (step + 1) % every and step + 1 != last:
+            return
+        model.eval()
+        greedy, lengths = accuracy(
+            model, tokenizer, items, sample=False, max_new_tokens=cfg.algo.max_response_len
+        )
+        model.train()
+        progress.append(
+            {
+                "phase": phase,
+                "step": step + 1,
+                "loss": loss,
+                "greedy": greedy,
+                "mean_response_len": sum(lengths) / len(lengths),
+            }
+        )
+        log.info("warm-up %s step %d: greedy pass@1 %.3f on %d prompts", phase, step + 1, greedy, len(items))
+
+    return on_step
 
 
 def _check_synthetic(data: DataConfig) -> None:
@@ -505,10 +498,11 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
             if w.max_solution_tokens:
                 slipped = [(ids, n) for ids, n in slipped if len(ids) - n <= w.max_solution_tokens]
             phases.append((slipped, w.slip_steps, w.slip_lr, w.seed + 1))
+        progress: list[dict[str, Any]] = []
         t_train = time.perf_counter()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(w.seed)
-            for phase_examples, steps, lr, seed in phases:
+            for phase, (phase_examples, steps, lr, seed) in zip(("reference", "slips"), phases, strict=False):
                 final_loss = train_supervised(
                     model,
                     phase_examples,
@@ -519,6 +513,11 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
                     pad_id=tokenizer.pad_token_id,
                     threads=w.threads,
                     by_length=w.batch_by_length,
+                    on_step=_progress_tracker(
+                        model, tokenizer, eval_items[: w.track_prompts], cfg, phase, progress
+                    )
+                    if w.track_every
+                    else None,
                 )
         fold_temperature(model, w.fold_temperature)
         train_seconds = time.perf_counter() - t_train
@@ -548,6 +547,7 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
             "total_seconds": round(time.perf_counter() - started, 2),
             "final_loss": final_loss,
             "pass_at_1": asdict(score),
+            **({"progress": progress} if progress else {}),
             "finished_at": time.time(),
         }
         write_marker(staging, info)

@@ -286,27 +286,75 @@ def test_the_slip_phase_trains_on_after_the_reference_steps_and_keys_the_cache(t
     a, b = load_file(plain.path / "model.safetensors"), load_file(slipped.path / "model.safetensors")
     # Same init and the same first 3 steps; the 2 slip steps then move every trained weight.
     assert a.keys() == b.keys() and all(not torch.equal(a[k], b[k]) for k in a)
+    # Tracking greedy pass@1 every 2 steps (and at each phase's end) leaves the weights bit for bit.
+    tracked = chain_warmup(
+        tmp_path / "tracked",
+        "warmup.slip_rate=0.2",
+        "warmup.slip_steps=2",
+        "warmup.track_every=2",
+        "warmup.track_prompts=3",
+    )
+    c = load_file(tracked.path / "model.safetensors")
+    assert all(torch.equal(b[k], c[k]) for k in b)
+    progress = read_marker(tracked.path)["progress"]
+    assert [(p["phase"], p["step"]) for p in progress] == [("reference", 2), ("reference", 3), ("slips", 2)]
+    assert all(0.0 <= p["greedy"] <= 1.0 and p["mean_response_len"] > 0 for p in progress)
+    assert "progress" not in read_marker(slipped.path)
 
 
-def test_thread_picker_keeps_the_faster_count_and_retimes_when_steps_slow_down(monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(warmup.time, "perf_counter", lambda: clock[0])
-    step_seconds = {1: 0.10, 2: 0.60}  # a busy box: two spinning threads are slower
+def test_supervised_training_runs_every_step_at_the_given_thread_count_and_reports_each_loss(tmp_path):
+    # The weights depend on the thread count (two threads split reductions differently from one), so
+    # the warm-up never changes it mid-run: every step runs at exactly `threads`.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stream_dapo.data.synthetic import ensure_synthetic_data
+
+    cfg = load_config(overrides=["data.synthetic.num_train=64", "data.synthetic.num_eval=8"], environ={})
+    train, _ = ensure_synthetic_data(cfg.data, tmp_path / "data")
+    init = init_model(tmp_path / "init", seed=0)
+    tok = AutoTokenizer.from_pretrained(init)
+    items, _ = load_prompts(train, tok, 128)
+    examples = warmup.build_examples(items, tok)
     previous = torch.get_num_threads()
-    picker = warmup.ThreadPicker(2, probe=2, check=3, slack=1.5, every=1000)
-    used = []
+    seen: list[tuple[int, float, int]] = []
     try:
-        for step in range(40):
-            picker.before_step()
-            used.append(torch.get_num_threads())
-            if step == 20:
-                step_seconds = {1: 0.50, 2: 0.06}  # the other job ended, and this one got slower
-            clock[0] += step_seconds[torch.get_num_threads()]
+        for threads in (1, 2):
+            model = AutoModelForCausalLM.from_pretrained(init)
+            tail = warmup.train_supervised(
+                model,
+                examples,
+                steps=10,
+                stop_after=4,
+                batch_size=8,
+                lr=1e-3,
+                seed=0,
+                pad_id=tok.pad_token_id,
+                threads=threads,
+                on_step=lambda step, loss: seen.append((step, loss, torch.get_num_threads())),
+            )
+            assert tail == seen[-1][1]  # the last 10% of 4 steps is the last step
     finally:
         torch.set_num_threads(previous)
-    assert used[:4] == [2, 2, 1, 1]  # probe both
-    assert set(used[4:21]) == {1}  # 1 thread won while the box was busy
-    assert picker.chosen == 2 and used[-5:] == [2] * 5  # slowdown noticed, re-timed, switched back
+    assert [s for s, _, _ in seen] == [0, 1, 2, 3] * 2  # stop_after: 4 of the 10 steps
+    assert [t for _, _, t in seen] == [1] * 4 + [2] * 4
+    assert seen[0][1] == seen[4][1]  # same init, same first batch
+
+
+def test_warmup_key_holds_the_thread_count_except_at_the_default():
+    cfg = load_config(environ={})
+    spec = tiny.TinyModelSpec()
+    at = {
+        t: warmup.warmup_key(
+            cfg.model_copy(update={"warmup": cfg.warmup.model_copy(update={"threads": t})}), spec
+        )
+        for t in (1, 2, 3)
+    }
+    assert at[2] == warmup.warmup_key(cfg, spec)  # caches built before the key held it stay valid
+    assert len(set(at.values())) == 3
+    tracked = cfg.model_copy(
+        update={"warmup": cfg.warmup.model_copy(update={"track_every": 5, "track_prompts": 3})}
+    )
+    assert warmup.warmup_key(tracked, spec) == at[2]  # tracking does not change the weights
 
 
 def test_fold_temperature_divides_every_logit(tmp_path):
