@@ -184,8 +184,10 @@ def test_second_warmup_with_the_same_settings_comes_from_the_cache(warm, capsys)
     assert warmup.warmup_key(other, tiny.TinyModelSpec()) != read_marker(first.path)["key"]
 
 
-def test_supervised_training_is_deterministic_for_a_seed(tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _small_task(tmp_path: Path):
+    """The default task at 64 train prompts: the untrained model's dir, its tokenizer, the train
+    prompts and their warm-up examples."""
+    from transformers import AutoTokenizer
 
     from stream_dapo.data.synthetic import ensure_synthetic_data
 
@@ -195,6 +197,13 @@ def test_supervised_training_is_deterministic_for_a_seed(tmp_path):
     tok = AutoTokenizer.from_pretrained(init)
     items, _ = load_prompts(train, tok, 128)
     examples = warmup.build_examples(items, tok)
+    return init, tok, items, examples
+
+
+def test_supervised_training_is_deterministic_for_a_seed(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    init, tok, items, examples = _small_task(tmp_path)
     # Labels cover exactly the response: solution tokens plus EOS.
     ids, prompt_len = examples[0]
     assert tok.decode(ids[prompt_len:]) == items[0].extra_info["solution"] + "<|im_end|>"
@@ -305,16 +314,9 @@ def test_the_slip_phase_trains_on_after_the_reference_steps_and_keys_the_cache(t
 def test_supervised_training_runs_every_step_at_the_given_thread_count_and_reports_each_loss(tmp_path):
     # The weights depend on the thread count (two threads split reductions differently from one), so
     # the warm-up never changes it mid-run: every step runs at exactly `threads`.
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from stream_dapo.data.synthetic import ensure_synthetic_data
-
-    cfg = load_config(overrides=["data.synthetic.num_train=64", "data.synthetic.num_eval=8"], environ={})
-    train, _ = ensure_synthetic_data(cfg.data, tmp_path / "data")
-    init = init_model(tmp_path / "init", seed=0)
-    tok = AutoTokenizer.from_pretrained(init)
-    items, _ = load_prompts(train, tok, 128)
-    examples = warmup.build_examples(items, tok)
+    init, tok, items, examples = _small_task(tmp_path)
     previous = torch.get_num_threads()
     seen: list[tuple[int, float, int]] = []
     try:
