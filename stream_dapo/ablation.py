@@ -110,7 +110,11 @@ TARGET_WINDOW = 10
 CELL_RECORD = "ablation_cell.json"
 # What does not change what a cell computes: where it listens and logs, and where it writes.
 _UNCOMPARED_SECTIONS = ("transport", "metrics")
-_NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {("buffer", "in_flight_hold_s"): 0.0}
+_NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {
+    ("buffer", "in_flight_hold_s"): 0.0,
+    ("warmup", "track_every"): 0,  # tracking never changes the warm weights; off, it is not even timed
+    ("warmup", "track_prompts"): 32,
+}
 """Settings added after cells were first fingerprinted, with the value that behaves as the code did
 before they existed. At that value a setting is left out of the fingerprint, so cells recorded
 before it existed still match (`--set buffer.in_flight_hold_s=0` resumes them); at any other value
