@@ -378,7 +378,10 @@ class VerifierPool:
         """Wait for the next event (a message, a death, a deadline) and handle everything ready."""
         now = time.monotonic()
         earliest = min((w.deadline(self._timeout_s) for w in self._workers), default=math.inf)
-        wait_s = None if earliest == math.inf else max(0.0, earliest - now)
+        # At most one timeout between looks at the clocks: a worker's sympy import moves its clock's
+        # start into the future and back without waking us, and a deadline read during the import
+        # would otherwise let its first check run _IMPORT_GRACE_S past the timeout.
+        wait_s = None if earliest == math.inf else min(self._timeout_s, max(0.0, earliest - now))
         ready = set(wait([w.conn for w in self._workers], timeout=wait_s))
         for worker in list(self._workers):
             if worker in self._workers and worker.conn in ready:
