@@ -416,14 +416,14 @@ def _progress_tracker(
     items: Sequence[PromptItem],
     cfg: Config,
     phase: str,
+    last: int,
     progress: list[dict[str, Any]],
 ) -> Callable[[int, float], None]:
     """An ``on_step`` for ``train_supervised`` that appends greedy pass@1 on ``items`` to
-    ``progress`` every ``warmup.track_every`` steps (and after the phase's last step). Greedy decoding
+    ``progress`` every ``warmup.track_every`` steps and after the phase's ``last`` step. Greedy decoding
     draws no random numbers and the model has no dropout, so tracking leaves the weights as they
     would be without it."""
     every = cfg.warmup.track_every
-    last = cfg.warmup.steps if phase == "reference" else cfg.warmup.slip_steps
 
     def on_step(step: int, loss: float) -> None:
         if (step + 1) % every and step + 1 != last:
@@ -514,7 +514,7 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
                     threads=w.threads,
                     by_length=w.batch_by_length,
                     on_step=_progress_tracker(
-                        model, tokenizer, eval_items[: w.track_prompts], cfg, phase, progress
+                        model, tokenizer, eval_items[: w.track_prompts], cfg, phase, steps, progress
                     )
                     if w.track_every
                     else None,
