@@ -114,6 +114,8 @@ _NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {
     ("buffer", "in_flight_hold_s"): 0.0,
     ("warmup", "track_every"): 0,  # tracking never changes the warm weights; off, it is not even timed
     ("warmup", "track_prompts"): 32,
+    ("warmup", "reference_min_greedy"): 0.0,  # no floor: one round of the reference phase, as before
+    ("warmup", "reference_max_rounds"): 3,
 }
 """Settings added after cells were first fingerprinted, with the value that behaves as the code did
 before they existed. At that value a setting is left out of the fingerprint, so cells recorded

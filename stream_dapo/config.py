@@ -531,7 +531,20 @@ class WarmupConfig(_Section):
     `warmup.track_prompts` eval prompts, logged and kept in the marker's `progress` (0: off). It
     does not change the weights, only the time (a few seconds per point)."""
     track_prompts: int = Field(32, ge=1)
-    """Eval-split prompts of each `warmup.track_every` point."""
+    """Eval-split prompts of each `warmup.track_every` point and of the `warmup.reference_min_greedy`
+    check."""
+    reference_min_greedy: float = Field(0.0, ge=0.0, le=1.0)
+    """A floor for the reference phase: greedy pass@1 on `warmup.track_prompts` eval prompts after its
+    `steps`. Below it, the phase runs its whole schedule again (warm-up, peak, cosine decay, a fresh
+    optimizer) from the weights it reached, up to `warmup.reference_max_rounds` rounds in all; a build
+    still below it then fails with a message and saves nothing. Why: a tiny model learns the chain
+    task through an abrupt transition (copying the operands clicks), and whether one round of 3,000
+    steps crosses it varies from build to build (after the whole warm-up, greedy pass@1 0.84 in one
+    build of configs/tiny-longcot-cpu.toml, 0.23 and 0.30 in two others; docs/results/longcot.md), so a fixed schedule gives a bimodal warm model. The first round is the
+    schedule without a floor, so a build that crosses in it has the same weights either way. Part of
+    the cache key when set. 0: off (one round, unchecked)."""
+    reference_max_rounds: int = Field(3, ge=1, le=20)
+    """Rounds of the reference phase at most, with `warmup.reference_min_greedy` set."""
 
 
 class TrackingConfig(_Section):

@@ -6,7 +6,10 @@ learn from. ``stream-dapo warmup`` fixes that in a few CPU minutes:
 
 1. build the synthetic data and the untrained model (``init-model``) if they are missing;
 2. train on the train split's worked solutions with plain torch and AdamW, loss on the response
-   tokens only (the prompt is context, not a target), linear warm-up then cosine decay;
+   tokens only (the prompt is context, not a target), linear warm-up then cosine decay; with
+   ``warmup.reference_min_greedy``, this schedule runs again from where it left the weights until
+   greedy pass@1 reaches that floor (at most ``warmup.reference_max_rounds`` rounds, then a clear
+   error), so that a build lands past the task's transition (see "Why fold a temperature");
    and, with ``warmup.slip_rate`` (the long chain task), ``warmup.slip_steps`` more on solutions
    with that share of their additions off by one (``stream_dapo.data.longcot.draw_slips``): the
    warm model learns the task first, then to slip where it adds (RL's headroom on that task);
@@ -64,6 +67,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
+    "FloorNotReached",
     "PassAtOne",
     "WarmupResult",
     "add_arguments",
@@ -73,6 +77,7 @@ __all__ = [
     "run",
     "synthetic_data_dir",
     "tiny_spec",
+    "train_until_floor",
     "warmup",
     "warmup_key",
 ]
@@ -113,6 +118,10 @@ class WarmupResult:
     final_loss: float | None
 
 
+class FloorNotReached(ConfigError):
+    """The reference phase stayed below ``warmup.reference_min_greedy`` for all its rounds."""
+
+
 def synthetic_data_dir(cfg: Config) -> Path:
     """Where the synthetic splits are written: ``run.out_dir/data``."""
     return Path(cfg.run.out_dir) / "data"
@@ -140,6 +149,9 @@ def warmup_key(cfg: Config, spec: TinyModelSpec) -> str:
         payload["slip"] = {"rate": w.slip_rate, "steps": w.slip_steps, "lr": w.slip_lr}
     if w.threads != 2:
         payload["threads"] = w.threads
+    if w.reference_min_greedy:
+        # Not the round limit: a build that reaches the floor has the same weights under any limit.
+        payload["reference_floor"] = {"min_greedy": w.reference_min_greedy, "prompts": w.track_prompts}
     return fingerprint(payload)
 
 
@@ -420,13 +432,14 @@ def _progress_tracker(
     progress: list[dict[str, Any]],
 ) -> Callable[[int, float], None]:
     """An ``on_step`` for ``train_supervised`` that appends greedy pass@1 on ``items`` to
-    ``progress`` every ``warmup.track_every`` steps and after the phase's ``last`` step. Greedy decoding
+    ``progress`` every ``warmup.track_every`` steps (0: never) and after the phase's ``last`` step
+    (always: the reference floor reads that point). Greedy decoding
     draws no random numbers and the model has no dropout, so tracking leaves the weights as they
     would be without it."""
     every = cfg.warmup.track_every
 
     def on_step(step: int, loss: float) -> None:
-        if (step + 1) % every and step + 1 != last:
+        if step + 1 != last and not (every and (step + 1) % every == 0):
             return
         model.eval()
         greedy, lengths = accuracy(
@@ -445,6 +458,39 @@ def _progress_tracker(
         log.info("warm-up %s step %d: greedy pass@1 %.3f on %d prompts", phase, step + 1, greedy, len(items))
 
     return on_step
+
+
+_ROUND_SEED_STRIDE = 1000
+"""Round r > 0 of the reference phase draws its batch order from seed ``warmup.seed + r * 1000``
+(round 0 from ``warmup.seed``, the slip phase from ``warmup.seed + 1``)."""
+
+
+def train_until_floor(run_round: Callable[[int], float], *, floor: float, max_rounds: int) -> list[float]:
+    """Call ``run_round(0)``, ``run_round(1)``, ... until the figure one returns (greedy pass@1 after
+    that round) reaches ``floor``; return each round's figure. Each round trains on from where the
+    last one left the weights. After ``max_rounds`` rounds below it, raise ``FloorNotReached``."""
+    reached: list[float] = []
+    for index in range(max_rounds):
+        reached.append(run_round(index))
+        if reached[-1] >= floor:
+            return reached
+        if index + 1 < max_rounds:
+            log.warning(
+                "warm-up reference round %d ended at greedy pass@1 %.3f, below warmup.reference_min_greedy "
+                "= %.3f: the schedule runs again from these weights (round %d of at most %d)",
+                index + 1,
+                reached[-1],
+                floor,
+                index + 2,
+                max_rounds,
+            )
+    figures = ", ".join(f"{g:.3f}" for g in reached)
+    raise FloorNotReached(
+        f"the warm-up's reference phase ended its {max_rounds} round(s) at greedy pass@1 {figures} on "
+        f"warmup.track_prompts eval prompts, below warmup.reference_min_greedy = {floor}: the tiny model "
+        "has not crossed the task's transition. Raise warmup.reference_max_rounds, try another "
+        "warmup.seed, or lower the floor (0: off); no model was saved"
+    )
 
 
 def _check_synthetic(data: DataConfig) -> None:
@@ -491,34 +537,55 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
                     f"no worked solution has at most warmup.max_solution_tokens = {w.max_solution_tokens} "
                     "tokens; raise it (0: all)"
                 )
-        # (examples, steps, peak lr, batch-order seed) per phase: the reference solutions, then the slips.
-        phases = [(examples, w.steps, w.lr, w.seed)]
-        if w.slip_rate:
-            slipped = build_examples(train_items, tokenizer, slip_rate=w.slip_rate, seed=w.seed)
-            if w.max_solution_tokens:
-                slipped = [(ids, n) for ids, n in slipped if len(ids) - n <= w.max_solution_tokens]
-            phases.append((slipped, w.slip_steps, w.slip_lr, w.seed + 1))
         progress: list[dict[str, Any]] = []
+        tracked = bool(w.track_every or w.reference_min_greedy)
+
+        def train_phase(
+            phase: str, phase_examples: Sequence[tuple[list[int], int]], steps: int, lr: float, seed: int
+        ) -> float:
+            return train_supervised(
+                model,
+                phase_examples,
+                steps=steps,
+                batch_size=w.batch_size,
+                lr=lr,
+                seed=seed,
+                pad_id=tokenizer.pad_token_id,
+                threads=w.threads,
+                by_length=w.batch_by_length,
+                on_step=_progress_tracker(
+                    model, tokenizer, eval_items[: w.track_prompts], cfg, phase, steps, progress
+                )
+                if tracked
+                else None,
+            )
+
+        round_losses: list[float] = []
+
+        def reference_round(index: int) -> float:
+            """Round ``index`` of the reference phase; its greedy pass@1 (tracked at its last step)."""
+            phase = "reference" if index == 0 else f"reference-{index + 1}"
+            round_losses.append(
+                train_phase(phase, examples, w.steps, w.lr, w.seed + _ROUND_SEED_STRIDE * index)
+            )
+            return float(progress[-1]["greedy"])
+
+        reference_rounds: list[float] = []
         t_train = time.perf_counter()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(w.seed)
-            for phase, (phase_examples, steps, lr, seed) in zip(("reference", "slips"), phases, strict=False):
-                final_loss = train_supervised(
-                    model,
-                    phase_examples,
-                    steps=steps,
-                    batch_size=w.batch_size,
-                    lr=lr,
-                    seed=seed,
-                    pad_id=tokenizer.pad_token_id,
-                    threads=w.threads,
-                    by_length=w.batch_by_length,
-                    on_step=_progress_tracker(
-                        model, tokenizer, eval_items[: w.track_prompts], cfg, phase, steps, progress
-                    )
-                    if w.track_every
-                    else None,
+            if w.reference_min_greedy:
+                reference_rounds = train_until_floor(
+                    reference_round, floor=w.reference_min_greedy, max_rounds=w.reference_max_rounds
                 )
+                final_loss = round_losses[-1]
+            else:
+                final_loss = train_phase("reference", examples, w.steps, w.lr, w.seed)
+            if w.slip_rate:
+                slipped = build_examples(train_items, tokenizer, slip_rate=w.slip_rate, seed=w.seed)
+                if w.max_solution_tokens:
+                    slipped = [(ids, n) for ids, n in slipped if len(ids) - n <= w.max_solution_tokens]
+                final_loss = train_phase("slips", slipped, w.slip_steps, w.slip_lr, w.seed + 1)
         fold_temperature(model, w.fold_temperature)
         train_seconds = time.perf_counter() - t_train
         score = measure_pass_at_1(
@@ -548,6 +615,7 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
             "final_loss": final_loss,
             "pass_at_1": asdict(score),
             **({"progress": progress} if progress else {}),
+            **({"reference_rounds": reference_rounds} if reference_rounds else {}),
             "finished_at": time.time(),
         }
         write_marker(staging, info)

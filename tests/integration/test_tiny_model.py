@@ -311,6 +311,67 @@ def test_the_slip_phase_trains_on_after_the_reference_steps_and_keys_the_cache(t
     assert "progress" not in read_marker(slipped.path)
 
 
+def test_the_reference_floor_runs_more_rounds_from_the_weights_reached_and_fails_cleanly(
+    tmp_path, monkeypatch
+):
+    from safetensors.torch import load_file
+
+    def chain_warmup(root: Path, *extra: str) -> WarmupResult:
+        cfg = load_config(
+            overrides=[
+                "data.synthetic.kind=chain",
+                "data.synthetic.min_ops=2",
+                "data.synthetic.max_ops=4",
+                "data.synthetic.num_train=64",
+                "data.synthetic.num_eval=4",
+                "warmup.steps=3",
+                "warmup.batch_size=4",
+                "warmup.eval_prompts=2",
+                "warmup.track_prompts=2",
+                "warmup.fold_temperature=1.0",
+                "algo.max_response_len=16",
+                "algo.overlong_cache_len=4",
+                f'run.out_dir="{root}"',
+                f'model.path="{root / "warm"}"',
+                *extra,
+            ],
+            environ={},
+        )
+        return warmup.warmup(cfg)
+
+    # Three steps cannot teach the task, so the real greedy figure is 0; the floor's round logic is
+    # driven by scripted figures for the end-of-round checks, the final pass@1 is measured for real.
+    real_accuracy = warmup.accuracy
+    script: list[float] = []
+
+    def scripted_accuracy(*args: Any, **kwargs: Any) -> tuple[float, list[int]]:
+        greedy, lengths = real_accuracy(*args, **kwargs)
+        return (script.pop(0) if script else greedy), lengths
+
+    monkeypatch.setattr(warmup, "accuracy", scripted_accuracy)
+    plain = chain_warmup(tmp_path / "plain")
+    script[:] = [0.75]
+    first = chain_warmup(tmp_path / "first", "warmup.reference_min_greedy=0.5")
+    script[:] = [0.25, 0.75]
+    second = chain_warmup(tmp_path / "second", "warmup.reference_min_greedy=0.5")
+    a, b, c = (load_file(r.path / "model.safetensors") for r in (plain, first, second))
+    # Reached in round 1: the weights of the schedule without a floor, bit for bit.
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert read_marker(first.path)["reference_rounds"] == [0.75]
+    # Reached in round 2: 3 more steps from where round 1 left the weights move every one of them.
+    assert all(not torch.equal(b[k], c[k]) for k in b)
+    marker = read_marker(second.path)
+    assert marker["reference_rounds"] == [0.25, 0.75]
+    assert [(p["phase"], p["step"]) for p in marker["progress"]] == [("reference", 3), ("reference-2", 3)]
+    assert "reference_rounds" not in read_marker(plain.path)
+
+    # Never reached: a FloorNotReached (a ConfigError: no traceback on the CLI), and nothing saved.
+    monkeypatch.setattr(warmup, "accuracy", real_accuracy)
+    with pytest.raises(warmup.FloorNotReached, match=r"2 round\(s\) at greedy pass@1 0.000, 0.000"):
+        chain_warmup(tmp_path / "never", "warmup.reference_min_greedy=1.0", "warmup.reference_max_rounds=2")
+    assert read_marker(tmp_path / "never" / "warm") is None
+
+
 def test_supervised_training_runs_every_step_at_the_given_thread_count_and_reports_each_loss(tmp_path):
     # The weights depend on the thread count (two threads split reductions differently from one), so
     # the warm-up never changes it mid-run: every step runs at exactly `threads`.
