@@ -14,7 +14,9 @@ the launcher's `metrics.jsonl`, `summary.json` and the generators' final metrics
   publications excluded; the proximal pass, packing and checkpoints included), which is what
   `stream-dapo plan --from-prometheus` measures;
 - mean response length (all generated responses), prompt length (trained tokens that are not loss
-  tokens, per sample), the kept fraction of dynamic sampling, and the mean weight load time.
+  tokens, per sample), the kept fraction of dynamic sampling, the mean weight load time, and the
+  token age (a token's wait for its group's longest response, from the generators' counters; 0.5,
+  the planner's default, for runs from before they existed).
 
 The planner's model (`stream_dapo.planner.plan`) is fed those rates and the run's recipe, once per
 --gen-scaling (the engine-scaling exponent a of `stream-dapo plan`: a number, gpu or cpu;
@@ -50,7 +52,7 @@ if str(REPO) not in sys.path:
 
 from bench.report import save_json  # noqa: E402
 from stream_dapo.config import load_config  # noqa: E402
-from stream_dapo.planner import ENGINE_SCALING, Rates, Recipe, plan  # noqa: E402
+from stream_dapo.planner import ENGINE_SCALING, Rates, Recipe, plan, token_age_from_counts  # noqa: E402
 
 GEN = "stream_dapo_generator_"
 
@@ -66,6 +68,9 @@ def _generator_totals(run_dir: Path) -> dict[str, float]:
         "weight_sync_seconds_count",
         "response_length_tokens_sum",
         "response_length_tokens_count",
+        "group_tail_tokens_total",
+        "group_longest_tokens_sum",
+        "group_longest_tokens_count",
     )
     totals = dict.fromkeys(keys, 0.0)
     files = sorted((run_dir / "final-metrics").glob("generator-*.json"))
@@ -154,6 +159,15 @@ def measure(
         prompt_len=sum(r["tokens"] - r["loss_tokens"] for r in steps) / sum(r["samples"] for r in steps),
         keep_fraction=kept / (kept + filtered) if cfg.algo.dynamic_sampling else 1.0,
         weight_sync_s=gen["weight_sync_seconds_sum"] / max(gen["weight_sync_seconds_count"], 1.0),
+        # Runs from before the generators counted it take the planner's default (equal lengths).
+        token_age=token_age_from_counts(
+            gen["group_tail_tokens_total"],
+            gen["response_length_tokens_sum"],
+            gen["group_longest_tokens_sum"],
+            gen["group_longest_tokens_count"],
+        )
+        if gen["group_longest_tokens_count"]
+        else Rates.token_age,
     )
     # Steady span: from the end of the first optimizer step to the end of the last.
     first, last = steps[0], steps[-1]
@@ -197,7 +211,7 @@ def print_report(result: dict[str, Any]) -> None:
     print(
         f"  rates: gen {r['gen_tps']:.0f} tok/s/replica (run average), learner {r['learn_tps']:.0f} tok/s, "
         f"response {r['mean_response_len']:.0f} tok, prompt {r['prompt_len']:.0f} tok, kept "
-        f"{r['keep_fraction']:.2f}, weight load {r['weight_sync_s']:.3f} s"
+        f"{r['keep_fraction']:.2f}, weight load {r['weight_sync_s']:.3f} s, token age {r['token_age']:.3f}"
     )
     heads = "".join(
         f"{'a ' + format(p['gen_scaling'], 'g') + ' @ ' + format(p['gen_tps'], '.0f'):>20s}" for p in preds

@@ -117,6 +117,18 @@ class GeneratorMetrics:
             "Context tokens weight swaps made the engine prefill again (generator.kv_on_update).",
             registry=registry,
         )
+        self.group_tail_tokens = Counter(
+            p + "group_tail_tokens",
+            "Decode steps a group still ran after each of its response tokens, summed over tokens (a "
+            "token's wait for its group's longest response; stream-dapo plan's token age).",
+            registry=registry,
+        )
+        self.group_longest = Histogram(
+            p + "group_longest_tokens",
+            "Length of each finished group's longest response (the decode steps the group spent in the engine).",
+            buckets=LENGTH_BUCKETS,
+            registry=registry,
+        )
         self.multi_version_samples = Counter(
             p + "multi_version_samples",
             "Responses whose tokens more than one weight version sampled.",

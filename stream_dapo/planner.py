@@ -37,8 +37,10 @@ generator.max_groups_in_flight, e = learner.sync_every, w seconds per weight pub
 6. Step time t = max(t_L, t_G, t_line); the largest names the bottleneck: the learner, the
    generators, or the admission line (algo.max_staleness too tight for the generators' engines).
 7. Mean staleness of a token, in versions (which advance only while the learner steps):
-   (e - 1)/2 (generator weights lag the learner) + D / (2t) (a token is sampled, on average,
-   half-way through its group; D = D(m(t))) + queue + (S - 1)/2 (the j-th mini-batch of a rollout
+   (e - 1)/2 (generator weights lag the learner) + rho D / t (a token waits rho of its group's
+   residence D = D(m(t)) for the group to finish: rho is just under 1/2 when a group's responses are
+   equally long, and more when they are not, since short responses finish early and their tokens
+   wait for the longest; the generators count it, --token-age) + queue + (S - 1)/2 (the j-th mini-batch of a rollout
    batch is trained j versions after the batch was taken). queue = C/B_v - D/(k t_L) when the
    learner is the bottleneck (generators keep the line full; Little's law) and (t_L/t) S/2
    otherwise (groups finished while the learner trains wait for its batch to end, the others are
@@ -94,6 +96,7 @@ __all__ = [
     "prometheus_query",
     "replica_step_seconds",
     "sync_seconds_per_step",
+    "token_age_from_counts",
 ]
 
 DEFAULT_RESPONSE_FRACTION = 0.25
@@ -174,6 +177,11 @@ class Rates:
     """a: a replica holding m of its M groups makes gen_tps (m/M)^a tokens/s (step 4). 1: tokens/s
     in proportion to the groups (a GPU); 0: the same tokens/s at any load (fewer groups each finish
     sooner)."""
+    token_age: float = 0.5
+    """rho: a response token's mean wait for its group to finish, as a share of the group's time in
+    the engine (step 7). 1/2 when a group's responses are equally long; with long-tailed lengths
+    more, since the short responses' tokens wait for the longest. The generators measure it
+    (`token_age_from_counts`)."""
 
 
 def check_rates(recipe: Recipe, rates: Rates) -> None:
@@ -196,6 +204,11 @@ def check_rates(recipe: Recipe, rates: Rates) -> None:
         )
     if not rates.weight_sync_s >= 0:
         raise PlanError(f"weight sync must be >= 0 s (got {rates.weight_sync_s}); pass --weight-sync-seconds")
+    if not 0 <= rates.token_age < 1:
+        raise PlanError(
+            f"token age {rates.token_age:g} is outside [0, 1) (a token's wait for its group as a share of "
+            "the group's time in the engine; 0.5 for equally long responses); pass --token-age"
+        )
     if not 0 <= rates.gen_scaling <= 1:
         raise PlanError(
             f"engine scaling {rates.gen_scaling:g} is outside [0, 1] (1: tokens/s in proportion to the groups "
@@ -206,6 +219,16 @@ def check_rates(recipe: Recipe, rates: Rates) -> None:
 # --------------------------------------------------------------------------------------------------
 # The model, one function per numbered step of the module docstring
 # --------------------------------------------------------------------------------------------------
+
+
+def token_age_from_counts(tail_tokens: float, tokens: float, longest_tokens: float, groups: float) -> float:
+    """rho from the generators' counters (or their rates): the mean decode steps a token waits for
+    its group (group_tail_tokens / response tokens) over the mean steps a group runs (the
+    group_longest_tokens histogram's sum / count). Decode steps stand for seconds because a group's
+    responses decode side by side."""
+    if not (tokens > 0 and groups > 0 and longest_tokens > 0):
+        raise PlanError("no finished groups to measure the token age from; pass --token-age")
+    return (tail_tokens / tokens) / (longest_tokens / groups)
 
 
 def over_generation_factor(keep_fraction: float) -> float:
@@ -317,7 +340,7 @@ class Staleness:
     weight_lag: float
     """(e - 1)/2: the generators' weights lag the learner between publications."""
     in_flight: float
-    """D / (2t): versions that pass while a token's group is still being generated."""
+    """rho D / t: versions that pass while a token waits for its group to finish."""
     queue: float
     """Versions a finished group waits in the buffer."""
     batch_position: float
@@ -335,8 +358,9 @@ def expected_staleness(
     learner_s: float,
     group_s: float,
     learner_bound: bool,
+    token_age: float = 0.5,
 ) -> Staleness:
-    """7. Mean staleness of a token at its gradient step."""
+    """7. Mean staleness of a token at its gradient step (`token_age`: rho, `Rates.token_age`)."""
     b_v, s = recipe.groups_per_version, recipe.steps_per_rollout
     if learner_bound:
         queue = recipe.capacity / b_v - group_s / (keep_fraction * learner_s)
@@ -344,7 +368,7 @@ def expected_staleness(
         queue = learner_s / step_s * s / 2
     return Staleness(
         weight_lag=(recipe.sync_every - 1) / 2,
-        in_flight=group_s / (2 * step_s),
+        in_flight=token_age * group_s / step_s,
         queue=max(0.0, queue),
         batch_position=(s - 1) / 2,
     )
@@ -416,7 +440,7 @@ def plan(recipe: Recipe, rates: Rates) -> Plan:
     waiting = (
         recipe.capacity - in_flight if learner_bound else recipe.rollout_batch_prompts / 2 * (t_l / step) ** 2
     )
-    staleness = expected_staleness(recipe, k, step, t_l, d, learner_bound)
+    staleness = expected_staleness(recipe, k, step, t_l, d, learner_bound, rates.token_age)
     line_needed = capacity_for_step(recipe, rates, max(t_l, t_g), t_l)
     need_ms = max_staleness_for_capacity(recipe, max(line_needed, recipe.rollout_batch_prompts))
     result = Plan(
@@ -521,7 +545,7 @@ def prometheus_query(base_url: str, promql: str, timeout_s: float) -> float | No
     return value if math.isfinite(value) else None
 
 
-MEASURABLE = ("gen_tps", "learn_tps", "mean_response_len", "keep_fraction", "weight_sync_s")
+MEASURABLE = ("gen_tps", "learn_tps", "mean_response_len", "keep_fraction", "weight_sync_s", "token_age")
 _FLAG = {
     "gen_tps": "--gen-tps",
     "learn_tps": "--learn-tps",
@@ -530,6 +554,7 @@ _FLAG = {
     "weight_sync_s": "--weight-sync-seconds",
     "prompt_len": "--prompt-len",
     "gen_scaling": "--gen-scaling",
+    "token_age": "--token-age",
 }
 
 
@@ -622,6 +647,19 @@ def measure_from_prometheus(
                 f"the learner published no weights over the last {window}; pass --weight-sync-seconds"
             )
         out["weight_sync_s"] = seconds / count
+    if "token_age" in wanted:
+        # Soft: generators older than these counters leave it to the default.
+        counts = [
+            query(base_url, rate(sample_name(metric, suffix)), timeout_s)
+            for metric, suffix in (
+                (gen.group_tail_tokens, ""),
+                (gen.response_length, "_sum"),
+                (gen.group_longest, "_sum"),
+                (gen.group_longest, "_count"),
+            )
+        ]
+        if all(c is not None and c > 0 for c in counts):
+            out["token_age"] = token_age_from_counts(*(float(c) for c in counts if c is not None))
     return out
 
 
@@ -677,6 +715,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             f"({names}; default gpu). Measure it with bench/engine_scaling.py"
         ),
     )
+    src.add_argument(
+        "--token-age",
+        type=float,
+        metavar="RHO",
+        help=(
+            "a response token's mean wait for its group to finish, as a share of the group's time in the "
+            "engine (default 0.5, equal lengths; the generators' group_tail_tokens counters measure it)"
+        ),
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     from stream_dapo import memory_plan
 
@@ -706,6 +753,7 @@ def resolve_rates(args: argparse.Namespace, recipe: Recipe) -> tuple[Rates, dict
         "keep_fraction": args.keep_fraction,
         "weight_sync_s": args.weight_sync_seconds,
         "gen_scaling": getattr(args, "gen_scaling", None),
+        "token_age": getattr(args, "token_age", None),
     }
     sources = {k: _FLAG[k] for k, v in values.items() if v is not None}
     if not recipe.dynamic_sampling:
@@ -742,6 +790,7 @@ def resolve_rates(args: argparse.Namespace, recipe: Recipe) -> tuple[Rates, dict
         ),
         "keep_fraction": (DEFAULT_KEEP_FRACTION, "default (an assumption: measure it)"),
         "weight_sync_s": (0.0, "default (weight sync not counted)"),
+        "token_age": (0.5, "default: responses of equal length in a group"),
     }
     for key, (value, source) in defaults.items():
         if values[key] is None:
@@ -778,6 +827,7 @@ def format_plan(p: Plan, sources: dict[str, str]) -> str:
         ("kept fraction", f"{x.keep_fraction:.2f}", sources["keep_fraction"]),
         ("weight sync", f"{x.weight_sync_s:.1f} s per publication", sources["weight_sync_s"]),
         ("engine scaling", f"tokens/s ~ groups^{x.gen_scaling:g}", sources["gen_scaling"]),
+        ("token age", f"{x.token_age:.2f} of a group's time", sources["token_age"]),
     ]
     out = ["Inputs"]
     out += [f"  {a:<31}{b:<30}{c}" for a, b, c in rows]

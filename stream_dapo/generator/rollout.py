@@ -85,6 +85,24 @@ class FinishedGroup:
     start_version: int = 0
     """Policy version when the group was started (its first tokens' version)."""
 
+    @property
+    def longest(self) -> int:
+        """Tokens of the group's longest response: the decode steps the group spends in the engine."""
+        return max((len(s) for s in self.samples), default=0)
+
+    def tail_tokens(self) -> int:
+        """Decode steps the group still ran after each of its response tokens, summed over them.
+
+        The G responses start together; the i-th token (from 1) of a response is sampled at decode
+        step i and the group is done at step M, its longest response, so that token waits M - i
+        steps: a response of n tokens contributes M n - n (n + 1) / 2. Divided by the group's tokens
+        and by M, this is a token's mean wait as a share of the group's time in the engine: just
+        under 1/2 when the responses are equally long, more when short ones finish early and wait
+        for the longest (`stream-dapo plan`'s token age).
+        """
+        m = self.longest
+        return sum(m * n - n * (n + 1) // 2 for n in (len(s) for s in self.samples))
+
 
 @dataclass(frozen=True)
 class RolloutSettings:

@@ -566,6 +566,8 @@ class GeneratorService:
             )
 
     def _count_finished(self, group: FinishedGroup) -> None:
+        self.metrics.group_tail_tokens.inc(group.tail_tokens())
+        self.metrics.group_longest.observe(group.longest)
         for s in group.samples:
             self._rollouts["samples"] += 1
             self._rollouts["response_tokens"] += len(s)

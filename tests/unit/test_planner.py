@@ -34,6 +34,7 @@ from stream_dapo.planner import (
     max_staleness_for_capacity,
     measure_from_prometheus,
     plan,
+    token_age_from_counts,
 )
 
 PAPER = Path(__file__).resolve().parents[2] / "configs" / "dapo-qwen2.5-32b.toml"
@@ -74,6 +75,23 @@ def test_learner_bound_recipe_matches_hand_computation() -> None:
     # line needed at t = 2: 4 in flight + (8/2)(2/2)^2 = 8 groups -> ceil(8/2) + 4 + 1 - 2 = 7
     assert p.max_staleness_needed == 7
     assert len(p.warnings) == 1 and "4 generators where 2 keep the learner busy" in p.warnings[0]
+
+
+def test_tokens_that_wait_longer_for_their_group_are_staler_by_that_share() -> None:
+    # Learner-bound recipe above: D = 2 s, t = 2 s. rho = 0.75 instead of 0.5: in flight 0.75 D/t.
+    st = plan(RECIPE, replace(RATES, token_age=0.75)).staleness
+    assert st.in_flight == pytest.approx(0.75)
+    assert st.total == pytest.approx(6.25)  # only that part moves
+
+
+def test_token_age_from_counts_is_mean_wait_over_mean_group_length() -> None:
+    # Groups [3, 1, 2] and [4, 4] (see FinishedGroup.tail_tokens): tails 8 and 12 over 14 tokens;
+    # longest 3 and 4 over 2 groups. (20 / 14) / 3.5 = 0.408...
+    assert token_age_from_counts(20, 14, 7, 2) == pytest.approx((20 / 14) / 3.5)
+    # Equal lengths L: (L - 1) / 2 steps per token over L steps, just under one half.
+    assert token_age_from_counts(12, 8, 4, 1) == pytest.approx(3 / 8)
+    with pytest.raises(PlanError, match="--token-age"):
+        token_age_from_counts(0, 0, 0, 0)
 
 
 def test_generator_bound_recipe_matches_hand_computation() -> None:
@@ -208,6 +226,8 @@ def test_max_staleness_for_capacity_inverts_the_config_formula() -> None:
         ({"mean_response_len": 401.0}, "--mean-response-len"),
         ({"gen_scaling": 1.5}, "--gen-scaling"),
         ({"gen_scaling": -0.1}, "--gen-scaling"),
+        ({"token_age": 1.0}, "--token-age"),
+        ({"token_age": -0.1}, "--token-age"),
     ],
 )
 def test_bad_rates_name_the_flag(change: dict[str, float], flag: str) -> None:
@@ -364,6 +384,25 @@ def test_prometheus_rate_is_scaled_to_a_full_engine_by_the_groups_held(
     del prometheus.series[f"avg(avg_over_time(stream_dapo_generator_groups_in_flight[{W}]))"]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["rates"]["gen_tps"] == pytest.approx(6000.0)
+
+
+def test_token_age_comes_from_the_generators_counters_when_they_have_them(
+    prometheus: FakePrometheus, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "--config", str(PAPER), "--from-prometheus", prometheus.url, "--json"]
+    assert main(argv) == 0  # generators without the counters: the default, said so
+    data = json.loads(capsys.readouterr().out)
+    assert data["rates"]["token_age"] == 0.5 and data["sources"]["token_age"].startswith("default")
+    # 640 tail steps per second over 512 tokens per second; groups of 1,600 steps on average.
+    prometheus.series[f"sum(rate(stream_dapo_generator_group_tail_tokens_total[{W}]))"] = 640.0
+    prometheus.series[f"sum(rate(stream_dapo_generator_group_longest_tokens_sum[{W}]))"] = 40.0
+    prometheus.series[f"sum(rate(stream_dapo_generator_group_longest_tokens_count[{W}]))"] = 0.025
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["rates"]["token_age"] == pytest.approx((640 / 512) / 1600)
+    assert data["sources"]["token_age"] == "Prometheus, rate over 30m"
+    assert main([*argv, "--token-age", "0.6"]) == 0  # the flag wins
+    assert json.loads(capsys.readouterr().out)["rates"]["token_age"] == 0.6
 
 
 def test_flags_win_over_prometheus(prometheus: FakePrometheus, capsys: pytest.CaptureFixture[str]) -> None:

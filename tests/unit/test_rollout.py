@@ -229,3 +229,12 @@ def test_wire_group_has_no_extra_fields() -> None:
     out = build_group(group(MIXED), results(*MIXED_CORRECT), settings(), "generator-0")
     assert isinstance(out.group, Group)
     assert list(m.to_map(out.group)) == list(Group.__struct_fields__)
+
+
+def test_a_groups_tail_counts_each_tokens_wait_for_its_longest_response() -> None:
+    # Lengths 3, 1, 2: tokens wait 2+1+0, 2, and 2+1 decode steps for the 3-token response.
+    uneven = group([sample(3, "stop"), sample(1, "stop"), sample(2, "stop")])
+    assert uneven.longest == 3 and uneven.tail_tokens() == 8
+    # Equal lengths: (L - 1) / 2 per token.
+    even = group([sample(4, "stop"), sample(4, "length")])
+    assert even.longest == 4 and even.tail_tokens() == 12
