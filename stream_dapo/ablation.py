@@ -61,6 +61,7 @@ log = logging.getLogger("stream_dapo.ablation")
 
 __all__ = [
     "CURVE_METRICS",
+    "SPARSE_CURVES",
     "CellResult",
     "CurvePoint",
     "Spread",
@@ -76,6 +77,7 @@ __all__ = [
     "direction",
     "eval_fingerprint",
     "mean_curve",
+    "window_means",
     "plot_curves",
     "preset_changes",
     "read_curves",
@@ -285,9 +287,27 @@ class CurvePoint:
     hi: float
 
 
-def mean_curve(per_seed: Sequence[Mapping[int, float]]) -> list[CurvePoint]:
-    """Mean (and min/max band) over seeds at each step that every seed recorded."""
+SPARSE_CURVES = {"truncated_in_loss_share": TARGET_WINDOW, "clip_high_prob_mean": TARGET_WINDOW}
+"""Curves a step records only when it has something to measure (a truncated sample trained, a
+token clipped above), so seeds seldom share a step: each seed's points are first averaged over
+windows of this many steps, then over seeds."""
+
+
+def window_means(curve: Mapping[int, float], width: int) -> dict[int, float]:
+    """Mean of ``curve``'s points in each window of ``width`` steps, keyed by the window's last step
+    (steps 1..width -> width, width+1..2 width -> 2 width, ...); windows without a point are absent."""
+    bins: dict[int, list[float]] = {}
+    for step, value in curve.items():
+        bins.setdefault(-(-step // width) * width, []).append(value)
+    return {end: statistics.fmean(values) for end, values in sorted(bins.items())}
+
+
+def mean_curve(per_seed: Sequence[Mapping[int, float]], window: int | None = None) -> list[CurvePoint]:
+    """Mean (and min/max band) over seeds at each step that every seed recorded; with ``window``,
+    over the windows of that many steps that every seed has a point in (`window_means`)."""
     curves = [c for c in per_seed if c]
+    if window:
+        curves = [window_means(c, window) for c in curves]
     if not curves:
         return []
     steps = sorted(set.intersection(*(set(c) for c in curves)))
@@ -379,7 +399,9 @@ def aggregate(
             _paired_delta(by_preset["naive-grpo"], mine) if "naive-grpo" in by_preset else None
         )
         entry["delta_vs_previous"] = _paired_delta(by_preset[presets[i - 1]], mine) if i > 0 else None
-        entry["curves"] = {m: mean_curve([c.curves.get(m, {}) for c in ok]) for m in CURVE_METRICS}
+        entry["curves"] = {
+            m: mean_curve([c.curves.get(m, {}) for c in ok], SPARSE_CURVES.get(m)) for m in CURVE_METRICS
+        }
         if group_size:
             entry["generated_per_trained"] = spread(
                 [
@@ -652,7 +674,8 @@ def plot_curves(rows: Mapping[str, Mapping[str, Any]], out_dir: Path) -> tuple[l
             )
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("optimizer step (policy version)")
-        ax.set_title(textwrap.fill(f"{title}, mean over seeds (band: min–max)", 72), fontsize=9)
+        per = f", per {SPARSE_CURVES[metric]}-step window" if metric in SPARSE_CURVES else ""
+        ax.set_title(textwrap.fill(f"{title}{per}, mean over seeds (band: min–max)", 72), fontsize=9)
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)

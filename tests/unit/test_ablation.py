@@ -12,6 +12,8 @@ import pytest
 
 from stream_dapo import ablation
 from stream_dapo.ablation import (
+    CURVE_METRICS,
+    SPARSE_CURVES,
     CellResult,
     CurvePoint,
     Spread,
@@ -29,6 +31,7 @@ from stream_dapo.ablation import (
     spread,
     time_to_target,
     to_json,
+    window_means,
 )
 from stream_dapo.config import load_config
 
@@ -227,6 +230,20 @@ def test_mean_curve_averages_steps_every_seed_has() -> None:
     assert got[0].mean == pytest.approx(0.3) and (got[0].lo, got[0].hi) == (0.2, 0.4)
     assert got[1].mean == pytest.approx(0.5) and (got[1].lo, got[1].hi) == (0.4, 0.6)
     assert mean_curve([]) == []
+
+
+def test_a_sparse_curve_is_averaged_per_window_before_over_seeds() -> None:
+    # Seeds that record at different steps share no step, but they share windows of 10 steps.
+    a = {3: 0.2, 7: 0.4, 15: 1.0}
+    b = {4: 0.6, 12: 0.5, 18: 0.7, 25: 0.9}
+    assert window_means(a, 10) == {10: pytest.approx(0.3), 20: 1.0}
+    assert window_means(b, 10) == {10: 0.6, 20: pytest.approx(0.6), 30: 0.9}
+    assert mean_curve([a, b]) == []  # step by step, nothing in common
+    got = mean_curve([a, b], 10)
+    assert [p.step for p in got] == [10, 20]  # window 30: only seed b
+    assert got[0].mean == pytest.approx(0.45) and (got[0].lo, got[0].hi) == pytest.approx((0.3, 0.6))
+    assert got[1].mean == pytest.approx(0.8) and (got[1].lo, got[1].hi) == pytest.approx((0.6, 1.0))
+    assert set(SPARSE_CURVES) <= set(CURVE_METRICS)
 
 
 # ------------------------------------------------------------------------------------ table
