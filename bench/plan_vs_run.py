@@ -135,11 +135,13 @@ def predict(recipe: Recipe, rates: Rates) -> dict[str, Any]:
 
 
 def measure(
-    run_dir: Path, variants: tuple[tuple[float, float | None], ...] = ((1.0, None),)
+    run_dir: Path,
+    variants: tuple[tuple[float, float | None], ...] = ((1.0, None),),
+    token_age: float | None = None,
 ) -> dict[str, Any]:
     """Rates and outcomes of one finished run, as the module docstring defines them, and the
     planner's prediction for each (engine scaling, full-engine tokens/s or None for the run's
-    average) of `variants`."""
+    average) of `variants`; `token_age` replaces the run's measured one."""
     cfg = load_config([run_dir / "config.toml"])
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = _rows(run_dir / "learner" / "metrics.jsonl")
@@ -190,6 +192,8 @@ def measure(
         "staleness_max": max(stale_tokens) if stale_tokens else 0,
         "waiting_groups": statistics.fmean(queued) if queued else 0.0,
     }
+    if token_age is not None:
+        rates = replace(rates, token_age=token_age)
     recipe = Recipe.from_config(cfg)
     predicted = [
         predict(recipe, replace(rates, gen_scaling=a, gen_tps=rates.gen_tps if tps is None else tps))
@@ -259,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="full-engine tokens/s to feed instead of the run's average",
     )
+    parser.add_argument(
+        "--token-age",
+        type=float,
+        default=None,
+        help="token age rho to feed instead of the run's measured one (0.5: the planner's assumption "
+        "before the generators counted it)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     variants = tuple(
@@ -267,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     results = []
     for run_dir in args.run_dirs:
-        result = measure(run_dir, variants)
+        result = measure(run_dir, variants, token_age=args.token_age)
         print_report(result)
         results.append(result)
     if args.json:
