@@ -264,29 +264,31 @@ def test_slipped_examples_rework_chain_solutions_at_the_rate_seeded_by_prompt(tm
     assert 0.3 * len(items) < wrong_answers < 0.9 * len(items)
 
 
-def test_the_slip_phase_trains_on_after_the_reference_steps_and_keys_the_cache(tmp_path):
-    def chain_warmup(root: Path, *extra: str) -> WarmupResult:
-        cfg = load_config(
-            overrides=[
-                "data.synthetic.kind=chain",
-                "data.synthetic.min_ops=2",
-                "data.synthetic.max_ops=4",
-                "data.synthetic.num_train=64",
-                "data.synthetic.num_eval=4",
-                "warmup.steps=3",
-                "warmup.batch_size=4",
-                "warmup.eval_prompts=2",
-                "warmup.fold_temperature=1.0",
-                "algo.max_response_len=16",
-                "algo.overlong_cache_len=4",
-                f'run.out_dir="{root}"',
-                f'model.path="{root / "warm"}"',
-                *extra,
-            ],
-            environ={},
-        )
-        return warmup.warmup(cfg)
+def chain_warmup(root: Path, *extra: str) -> WarmupResult:
+    """A 3-step warm-up on 2-4 term chains (seconds): for what the phases do, not what they teach."""
+    cfg = load_config(
+        overrides=[
+            "data.synthetic.kind=chain",
+            "data.synthetic.min_ops=2",
+            "data.synthetic.max_ops=4",
+            "data.synthetic.num_train=64",
+            "data.synthetic.num_eval=4",
+            "warmup.steps=3",
+            "warmup.batch_size=4",
+            "warmup.eval_prompts=2",
+            "warmup.fold_temperature=1.0",
+            "algo.max_response_len=16",
+            "algo.overlong_cache_len=4",
+            f'run.out_dir="{root}"',
+            f'model.path="{root / "warm"}"',
+            *extra,
+        ],
+        environ={},
+    )
+    return warmup.warmup(cfg)
 
+
+def test_the_slip_phase_trains_on_after_the_reference_steps_and_keys_the_cache(tmp_path):
     from safetensors.torch import load_file
 
     plain = chain_warmup(tmp_path / "plain")
@@ -316,28 +318,8 @@ def test_the_reference_floor_runs_more_rounds_from_the_weights_reached_and_fails
 ):
     from safetensors.torch import load_file
 
-    def chain_warmup(root: Path, *extra: str) -> WarmupResult:
-        cfg = load_config(
-            overrides=[
-                "data.synthetic.kind=chain",
-                "data.synthetic.min_ops=2",
-                "data.synthetic.max_ops=4",
-                "data.synthetic.num_train=64",
-                "data.synthetic.num_eval=4",
-                "warmup.steps=3",
-                "warmup.batch_size=4",
-                "warmup.eval_prompts=2",
-                "warmup.track_prompts=2",
-                "warmup.fold_temperature=1.0",
-                "algo.max_response_len=16",
-                "algo.overlong_cache_len=4",
-                f'run.out_dir="{root}"',
-                f'model.path="{root / "warm"}"',
-                *extra,
-            ],
-            environ={},
-        )
-        return warmup.warmup(cfg)
+    def floored(root: Path, *extra: str) -> WarmupResult:
+        return chain_warmup(root, "warmup.track_prompts=2", *extra)
 
     # Three steps cannot teach the task, so the real greedy figure is 0; the floor's round logic is
     # driven by scripted figures for the end-of-round checks, the final pass@1 is measured for real.
@@ -349,11 +331,11 @@ def test_the_reference_floor_runs_more_rounds_from_the_weights_reached_and_fails
         return (script.pop(0) if script else greedy), lengths
 
     monkeypatch.setattr(warmup, "accuracy", scripted_accuracy)
-    plain = chain_warmup(tmp_path / "plain")
+    plain = floored(tmp_path / "plain")
     script[:] = [0.75]
-    first = chain_warmup(tmp_path / "first", "warmup.reference_min_greedy=0.5")
+    first = floored(tmp_path / "first", "warmup.reference_min_greedy=0.5")
     script[:] = [0.25, 0.75]
-    second = chain_warmup(tmp_path / "second", "warmup.reference_min_greedy=0.5")
+    second = floored(tmp_path / "second", "warmup.reference_min_greedy=0.5")
     a, b, c = (load_file(r.path / "model.safetensors") for r in (plain, first, second))
     # Reached in round 1: the weights of the schedule without a floor, bit for bit.
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -368,7 +350,7 @@ def test_the_reference_floor_runs_more_rounds_from_the_weights_reached_and_fails
     # Never reached: a FloorNotReached (a ConfigError: no traceback on the CLI), and nothing saved.
     monkeypatch.setattr(warmup, "accuracy", real_accuracy)
     with pytest.raises(warmup.FloorNotReached, match=r"2 round\(s\) at greedy pass@1 0.000, 0.000"):
-        chain_warmup(tmp_path / "never", "warmup.reference_min_greedy=1.0", "warmup.reference_max_rounds=2")
+        floored(tmp_path / "never", "warmup.reference_min_greedy=1.0", "warmup.reference_max_rounds=2")
     assert read_marker(tmp_path / "never" / "warm") is None
 
 
