@@ -540,9 +540,10 @@ class WarmupConfig(_Section):
     still below it then fails with a message and saves nothing. Why: a tiny model learns the chain
     task through an abrupt transition (copying the operands clicks), and whether one round of 3,000
     steps crosses it varies from build to build (after the whole warm-up, greedy pass@1 0.84 in one
-    build of configs/tiny-longcot-cpu.toml, 0.23 and 0.30 in two others; docs/results/longcot.md), so a fixed schedule gives a bimodal warm model. The first round is the
-    schedule without a floor, so a build that crosses in it has the same weights either way. Part of
-    the cache key when set. 0: off (one round, unchecked)."""
+    build of configs/tiny-longcot-cpu.toml, 0.23 and 0.30 in two others; docs/results/longcot.md),
+    so a fixed schedule gives a bimodal warm model. The first round is the schedule without a floor,
+    so a build that crosses in it has the same weights either way. Part of the cache key when set.
+    0: off (one round, unchecked)."""
     reference_max_rounds: int = Field(3, ge=1, le=20)
     """Rounds of the reference phase at most, with `warmup.reference_min_greedy` set."""
 

@@ -358,7 +358,7 @@ def expected_staleness(
     learner_s: float,
     group_s: float,
     learner_bound: bool,
-    token_age: float = 0.5,
+    token_age: float,
 ) -> Staleness:
     """7. Mean staleness of a token at its gradient step (`token_age`: rho, `Rates.token_age`)."""
     b_v, s = recipe.groups_per_version, recipe.steps_per_rollout
@@ -790,7 +790,7 @@ def resolve_rates(args: argparse.Namespace, recipe: Recipe) -> tuple[Rates, dict
         ),
         "keep_fraction": (DEFAULT_KEEP_FRACTION, "default (an assumption: measure it)"),
         "weight_sync_s": (0.0, "default (weight sync not counted)"),
-        "token_age": (0.5, "default: responses of equal length in a group"),
+        "token_age": (Rates.token_age, "default: responses of equal length in a group"),
     }
     for key, (value, source) in defaults.items():
         if values[key] is None:
