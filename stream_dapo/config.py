@@ -537,11 +537,12 @@ class WarmupConfig(_Section):
     """A floor for the reference phase: greedy pass@1 on `warmup.track_prompts` eval prompts after its
     `steps`. Below it, the phase runs its whole schedule again (warm-up, peak, cosine decay, a fresh
     optimizer) from the weights it reached, up to `warmup.reference_max_rounds` rounds in all; a build
-    still below it then fails with a message and saves nothing. Why: a tiny model learns the chain
-    task through an abrupt transition (copying the operands clicks), and whether one round of 3,000
-    steps crosses it varies from build to build (after the whole warm-up, greedy pass@1 0.84 in one
-    build of configs/tiny-longcot-cpu.toml, 0.23 and 0.30 in two others; docs/results/longcot.md),
-    so a fixed schedule gives a bimodal warm model. The first round is the schedule without a floor,
+    still below it then fails with a message and keeps the weights it reached in
+    `<model.path>.below-floor` (not a warm model), from which the same build with more rounds goes
+    on. Why: a tiny model learns the chain task through an abrupt transition (copying the operands
+    clicks), and whether one round of 3,000 steps crosses it varies from build to build (after the
+    whole warm-up, greedy pass@1 0.84 in one build of configs/tiny-longcot-cpu.toml, 0.23 and 0.30
+    in two others; docs/results/longcot.md), so a fixed schedule gives a bimodal warm model. The first round is the schedule without a floor,
     so a build that crosses in it has the same weights either way. Part of the cache key when set.
     0: off (one round, unchecked)."""
     reference_max_rounds: int = Field(3, ge=1, le=20)

@@ -9,7 +9,8 @@ learn from. ``stream-dapo warmup`` fixes that in a few CPU minutes:
    tokens only (the prompt is context, not a target), linear warm-up then cosine decay; with
    ``warmup.reference_min_greedy``, this schedule runs again from where it left the weights until
    greedy pass@1 reaches that floor (at most ``warmup.reference_max_rounds`` rounds, then a clear
-   error), so that a build lands past the task's transition (see "Why fold a temperature");
+   error that keeps the weights reached in ``<model.path>.below-floor``, from which a build with more
+   rounds goes on), so that a build lands past the task's transition (see "Why fold a temperature");
    and, with ``warmup.slip_rate`` (the long chain task), ``warmup.slip_steps`` more on solutions
    with that share of their additions off by one (``stream_dapo.data.longcot.draw_slips``): the
    warm model learns the task first, then to slip where it adds (RL's headroom on that task);
@@ -120,6 +121,11 @@ class WarmupResult:
 
 class FloorNotReached(ConfigError):
     """The reference phase stayed below ``warmup.reference_min_greedy`` for all its rounds."""
+
+    def __init__(self, message: str, rounds: Sequence[float] = ()) -> None:
+        super().__init__(message)
+        self.rounds = list(rounds)
+        """Greedy pass@1 after each round, the earlier builds' rounds included."""
 
 
 def synthetic_data_dir(cfg: Config) -> Path:
@@ -465,12 +471,15 @@ _ROUND_SEED_STRIDE = 1000
 (round 0 from ``warmup.seed``, the slip phase from ``warmup.seed + 1``)."""
 
 
-def train_until_floor(run_round: Callable[[int], float], *, floor: float, max_rounds: int) -> list[float]:
-    """Call ``run_round(0)``, ``run_round(1)``, ... until the figure one returns (greedy pass@1 after
-    that round) reaches ``floor``; return each round's figure. Each round trains on from where the
-    last one left the weights. After ``max_rounds`` rounds below it, raise ``FloorNotReached``."""
-    reached: list[float] = []
-    for index in range(max_rounds):
+def train_until_floor(
+    run_round: Callable[[int], float], *, floor: float, max_rounds: int, done: Sequence[float] = ()
+) -> list[float]:
+    """Call ``run_round(len(done))``, ``run_round(len(done) + 1)``, ... until the figure one returns
+    (greedy pass@1 after that round) reaches ``floor``; return every round's figure, ``done`` (the
+    figures of rounds an earlier build ran, all below the floor) first. Each round trains on from where
+    the last one left the weights. With ``max_rounds`` rounds below it, raise ``FloorNotReached``."""
+    reached = list(done)
+    for index in range(len(reached), max_rounds):
         reached.append(run_round(index))
         if reached[-1] >= floor:
             return reached
@@ -486,10 +495,52 @@ def train_until_floor(run_round: Callable[[int], float], *, floor: float, max_ro
             )
     figures = ", ".join(f"{g:.3f}" for g in reached)
     raise FloorNotReached(
-        f"the warm-up's reference phase ended its {max_rounds} round(s) at greedy pass@1 {figures} on "
+        f"the warm-up's reference phase ended its {len(reached)} round(s) at greedy pass@1 {figures} on "
         f"warmup.track_prompts eval prompts, below warmup.reference_min_greedy = {floor}: the tiny model "
-        "has not crossed the task's transition. Raise warmup.reference_max_rounds, try another "
-        "warmup.seed, or lower the floor (0: off); no model was saved"
+        "has not crossed the task's transition. Raise warmup.reference_max_rounds (the next build goes "
+        "on from the weights reached), try another warmup.seed, or lower the floor (0: off)",
+        reached,
+    )
+
+
+def below_floor_dir(out: Path) -> Path:
+    """Where a build that ended below ``warmup.reference_min_greedy`` keeps the weights it reached."""
+    return out.with_name(f"{out.name}.below-floor")
+
+
+def _kept_rounds(kept: Path, key: str) -> dict[str, Any] | None:
+    """The marker of weights an earlier build of this same key left below the floor, if any."""
+    marker = read_marker(kept)
+    if marker is None or marker.get("kind") != "below-floor" or marker.get("key") != key:
+        return None
+    return marker
+
+
+def _keep_below_floor(
+    model: Any, tokenizer: Any, kept: Path, info: dict[str, Any], err: FloorNotReached
+) -> FloorNotReached:
+    """Save the below-floor weights to ``kept`` so that a build with more rounds goes on from them;
+    return the error to raise, naming where they are (or why they could not be kept)."""
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{kept.name}.", dir=kept.parent))
+        try:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            write_marker(staging, {"kind": "below-floor", **info, "finished_at": time.time()})
+            publish_dir(staging, kept)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except OSError as save_err:
+        return FloorNotReached(f"{err}; the weights reached could not be kept ({save_err})", err.rounds)
+    return _kept_error(err, kept)
+
+
+def _kept_error(err: FloorNotReached, kept: Path) -> FloorNotReached:
+    return FloorNotReached(
+        f"{err}; the weights reached are kept in {kept} (not a warm model: run and eval do not use "
+        "them), and a build with the same settings and more rounds starts from them",
+        err.rounds,
     )
 
 
@@ -512,11 +563,13 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
     if marker is not None and marker.get("key") == key:
         return _cached_result(out, marker)  # before importing torch: a cache hit takes milliseconds
     check_replaceable(out)
+    w = cfg.warmup
+    kept = below_floor_dir(out)
+    resumed = _kept_rounds(kept, key) if w.reference_min_greedy else None
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    w = cfg.warmup
     started = time.perf_counter()
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # data building and loading are serial; training picks its own count
@@ -524,7 +577,16 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
         train_path, eval_path = ensure_synthetic_data(cfg.data, synthetic_data_dir(cfg))
         init_dir = init_model(default_init_dir(str(out)), seed=w.seed, spec=spec)
         tokenizer = AutoTokenizer.from_pretrained(init_dir)
-        model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
+        # A build that ended below the floor kept its weights; the same build with more rounds goes on
+        # from them (each round has a fresh optimizer, so that is the uninterrupted build's weights).
+        model = AutoModelForCausalLM.from_pretrained(kept if resumed else init_dir, dtype=torch.float32)
+        if resumed:
+            log.info(
+                "warm-up: going on from the %d below-floor round(s) kept in %s (greedy pass@1 %s)",
+                len(resumed["reference_rounds"]),
+                kept,
+                ", ".join(f"{g:.3f}" for g in resumed["reference_rounds"]),
+            )
         # The synthetic prompts are ~45 tokens; the model's own limit, not model.max_prompt_len, applies
         # here, so that the weights (and the cache key) do not depend on that serving setting.
         train_items, _ = load_prompts(train_path, tokenizer, spec.max_position_embeddings)
@@ -537,7 +599,7 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
                     f"no worked solution has at most warmup.max_solution_tokens = {w.max_solution_tokens} "
                     "tokens; raise it (0: all)"
                 )
-        progress: list[dict[str, Any]] = []
+        progress: list[dict[str, Any]] = list(resumed["progress"]) if resumed else []
         tracked = bool(w.track_every or w.reference_min_greedy)
 
         def train_phase(
@@ -571,13 +633,28 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
             return float(progress[-1]["greedy"])
 
         reference_rounds: list[float] = []
+        done: list[float] = list(resumed["reference_rounds"]) if resumed else []
         t_train = time.perf_counter()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(w.seed)
             if w.reference_min_greedy:
-                reference_rounds = train_until_floor(
-                    reference_round, floor=w.reference_min_greedy, max_rounds=w.reference_max_rounds
-                )
+                try:
+                    reference_rounds = train_until_floor(
+                        reference_round,
+                        floor=w.reference_min_greedy,
+                        max_rounds=w.reference_max_rounds,
+                        done=done,
+                    )
+                except FloorNotReached as err:
+                    if len(err.rounds) == len(done):  # no round ran: the kept weights are these already
+                        raise _kept_error(err, kept) from None
+                    info = {
+                        "key": key,
+                        "reference_rounds": err.rounds,
+                        "progress": progress,
+                        "train_seconds": round(time.perf_counter() - t_train, 2),
+                    }
+                    raise _keep_below_floor(model, tokenizer, kept, info, err) from None
                 final_loss = round_losses[-1]
             else:
                 final_loss = train_phase("reference", examples, w.steps, w.lr, w.seed)
@@ -616,12 +693,15 @@ def warmup(cfg: Config, *, out: Path | None = None, spec: TinyModelSpec | None =
             "pass_at_1": asdict(score),
             **({"progress": progress} if progress else {}),
             **({"reference_rounds": reference_rounds} if reference_rounds else {}),
+            **({"rounds_resumed": len(done)} if done else {}),
             "finished_at": time.time(),
         }
         write_marker(staging, info)
         publish_dir(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    if resumed:
+        shutil.rmtree(kept, ignore_errors=True)  # gone on into the warm model
     log.info(
         "warm model at %s: pass@1 %.3f (T=1.0), %.3f (greedy) on %d eval prompts; trained %.1f s",
         out,

@@ -347,11 +347,38 @@ def test_the_reference_floor_runs_more_rounds_from_the_weights_reached_and_fails
     assert [(p["phase"], p["step"]) for p in marker["progress"]] == [("reference", 3), ("reference-2", 3)]
     assert "reference_rounds" not in read_marker(plain.path)
 
-    # Never reached: a FloorNotReached (a ConfigError: no traceback on the CLI), and nothing saved.
+    # Not reached in its one round: no warm model, and the weights reached are kept aside. The same
+    # build with 2 rounds goes on from them: round 2 only, and the uninterrupted build's weights.
+    script[:] = [0.25]
+    with pytest.raises(warmup.FloorNotReached, match=r"1 round\(s\) at greedy pass@1 0.250.*kept in"):
+        floored(tmp_path / "resumed", "warmup.reference_min_greedy=0.5", "warmup.reference_max_rounds=1")
+    kept = warmup.below_floor_dir(tmp_path / "resumed" / "warm")
+    assert read_marker(tmp_path / "resumed" / "warm") is None
+    assert read_marker(kept)["kind"] == "below-floor" and read_marker(kept)["reference_rounds"] == [0.25]
+    script[:] = [0.75]
+    resumed = floored(
+        tmp_path / "resumed", "warmup.reference_min_greedy=0.5", "warmup.reference_max_rounds=2"
+    )
+    assert not script  # one end-of-round check: round 1 did not run again
+    d = load_file(resumed.path / "model.safetensors")
+    assert all(torch.equal(c[k], d[k]) for k in c)
+    marker = read_marker(resumed.path)
+    assert marker["reference_rounds"] == [0.25, 0.75] and marker["rounds_resumed"] == 1
+    assert [(p["phase"], p["step"]) for p in marker["progress"]] == [("reference", 3), ("reference-2", 3)]
+    assert not kept.exists()  # gone on into the warm model
+
+    # Never reached: a FloorNotReached (a ConfigError: no traceback on the CLI), no warm model.
     monkeypatch.setattr(warmup, "accuracy", real_accuracy)
+    never = ("warmup.reference_min_greedy=1.0", "warmup.reference_max_rounds=2")
     with pytest.raises(warmup.FloorNotReached, match=r"2 round\(s\) at greedy pass@1 0.000, 0.000"):
-        floored(tmp_path / "never", "warmup.reference_min_greedy=1.0", "warmup.reference_max_rounds=2")
+        floored(tmp_path / "never", *never)
     assert read_marker(tmp_path / "never" / "warm") is None
+    kept_marker = read_marker(warmup.below_floor_dir(tmp_path / "never" / "warm"))
+    assert kept_marker["reference_rounds"] == [0.0, 0.0]
+    # Asked again with no more rounds: the same error at once, and the kept weights left as they were.
+    with pytest.raises(warmup.FloorNotReached, match="kept in"):
+        floored(tmp_path / "never", *never)
+    assert read_marker(warmup.below_floor_dir(tmp_path / "never" / "warm")) == kept_marker
 
 
 def test_supervised_training_runs_every_step_at_the_given_thread_count_and_reports_each_loss(tmp_path):

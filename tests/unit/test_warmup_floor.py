@@ -45,6 +45,17 @@ def test_every_round_below_the_floor_fails_naming_the_figures_and_the_fixes():
     assert isinstance(err.value, ConfigError)
 
 
+def test_rounds_an_earlier_build_ran_are_not_run_again():
+    run_round, ran = _scripted([0.0, 0.0, 0.7])
+    assert warmup.train_until_floor(run_round, floor=0.5, max_rounds=3, done=[0.1, 0.2]) == [0.1, 0.2, 0.7]
+    assert ran == [2]  # the third round only, under its own index (its seed)
+    run_round, ran = _scripted([0.9])
+    with pytest.raises(warmup.FloorNotReached) as err:
+        warmup.train_until_floor(run_round, floor=0.5, max_rounds=2, done=[0.1, 0.2])
+    assert ran == [] and err.value.rounds == [0.1, 0.2]
+    assert "2 round(s) at greedy pass@1 0.100, 0.200" in str(err.value)
+
+
 def test_the_floor_and_its_prompts_key_the_cache_and_the_round_limit_does_not():
     spec = tiny.TinyModelSpec()
 
