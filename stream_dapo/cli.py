@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -79,7 +80,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def library_logs_to_stderr() -> None:
+    """stdout carries what a command prints for scripts (eval's JSON, plan's figures) and our own logs
+    go to stderr; vLLM logs to stdout unless told otherwise, so that `stream-dapo eval > out.json`
+    wrote its engine's start-up lines into the JSON. Point vLLM at stderr too, before any command can
+    import it; an operator's own VLLM_LOGGING_STREAM wins."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    library_logs_to_stderr()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)

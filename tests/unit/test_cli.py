@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,22 @@ def test_config_error_exits_2_and_names_the_key(capsys: pytest.CaptureFixture[st
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "COMMAND" in capsys.readouterr().out
+
+
+def test_vllm_logs_go_to_stderr_and_an_operators_stream_wins() -> None:
+    """`stream-dapo eval > out.json` must leave only the JSON on stdout: vLLM logs to stdout by
+    default, so every command points it at stderr first, unless VLLM_LOGGING_STREAM is set."""
+    code = (
+        "from stream_dapo.cli import library_logs_to_stderr\n"
+        "library_logs_to_stderr()\n"
+        "from vllm.config.logging import LoggingConfig\n"
+        "from vllm.logger import configure_logging, init_logger\n"
+        "configure_logging(LoggingConfig())\n"  # what building an engine does
+        "init_logger('vllm.stream_dapo_test').warning('engine line')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_STREAM"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert "engine line" not in out.stdout and "engine line" in out.stderr
+    env["VLLM_LOGGING_STREAM"] = "ext://sys.stdout"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert "engine line" in out.stdout and "engine line" not in out.stderr
