@@ -3,7 +3,7 @@
     flock /tmp/stream-dapo-cpu.lock .venv/bin/python bench/longcot_learning.py \
         [--config configs/tiny-longcot-cpu.toml] [--steps 400] [--checkpoint-every 20] [--eval-every 40] \
         [--budget-s 1200] [--target-delta 0.15] [--seeds 0 1 2] [--set key=value ...] \
-        [--json docs/results/longcot_learning.json]
+        [--work DIR | --evaluate-work DIR] [--no-stop] [--json docs/results/longcot_learning.json]
 
 Issue 12's criterion for ``configs/tiny-longcot-cpu.toml``: eval avg@k up by at least 15 points within
 20 minutes of training on 2 cores. For each seed this runs ``stream-dapo run --no-eval`` on the recipe
@@ -12,7 +12,11 @@ steps, all kept), then one vLLM engine scores the start model and the checkpoint
 evaluation (``stream-dapo eval``'s avg@k on the recipe's eval prompts and sampling settings, the same
 per-request seeds for every model; bench/peer_trl.py's ``evaluate``). Not every checkpoint is scored:
 those at multiples of ``--eval-every``, plus the last one inside the budget and the first one past it,
-so the figure at the budget is measured, not interpolated.
+so the figure at the budget is measured, not interpolated. A run is stopped (SIGTERM: the launcher
+drains and writes its summary) once a complete checkpoint past the budget exists, so ``--steps`` is
+only an upper bound and no step rate has to be guessed (``--no-stop`` runs them all).
+``--evaluate-work DIR`` trains nothing and scores the runs an earlier ``--work DIR`` holds; each run
+recorded its launch time in ``seed-N/launch.json``.
 
 Time is counted from launching ``stream-dapo run`` (engine and learner start-up included) to the
 learner's stamp of the optimizer step (``wall_time`` in ``learner/metrics.jsonl``): a little more than
@@ -29,6 +33,7 @@ spread of training, the eval seed is fixed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -44,6 +49,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from peer_trl import (  # noqa: E402
     CurvePoint,
     build_curve,
+    collect_stream_dapo,
     evaluate_checkpoints,
     git_state,
     run_stream_dapo,
@@ -163,6 +169,42 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"gain within the budget over seeds (points): {report['gain_within_budget']}")
 
 
+def run_seeds(args: argparse.Namespace, base: Sequence[str], work: Path) -> dict[int, dict]:
+    """One ``stream-dapo run`` per seed, each stopped once a checkpoint past the budget exists
+    (unless ``--no-stop``)."""
+    sides: dict[int, dict] = {}
+    for seed in args.seeds:
+        print(
+            f"seed {seed}: up to {args.steps} steps, checkpoints every {args.checkpoint_every} ...",
+            flush=True,
+        )
+        (work / f"seed-{seed}").mkdir(parents=True, exist_ok=True)
+        sides[seed] = run_stream_dapo(
+            args.config,
+            [*base, f"learner.seed={seed}", f"generator.seed={seed}"],
+            work / f"seed-{seed}",
+            args.steps,
+            args.checkpoint_every,
+            stop_after_s=None if args.no_stop else args.budget_s,
+        )
+        print(f"seed {seed} done in {sides[seed]['wall_s']:.0f} s", flush=True)
+    return sides
+
+
+def collected_side(seed_dir: Path) -> dict:
+    """A seed's run from a work directory of an earlier call (``--evaluate-work``)."""
+    launch_file = seed_dir / "launch.json"
+    if not launch_file.is_file():
+        raise SystemExit(
+            f"{launch_file} is missing: --evaluate-work needs the launch time each run recorded there "
+            '(write {"launch": <unix seconds>} by hand if the run came from elsewhere)'
+        )
+    launch = float(json.loads(launch_file.read_text())["launch"])
+    out = seed_dir / "stream-dapo"
+    summary = json.loads((out / "summary.json").read_text())
+    return collect_stream_dapo(out, launch, launch + float(summary.get("wall_seconds", 0.0)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -177,6 +219,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--eval-seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=None, help="keep run directories here")
+    parser.add_argument(
+        "--no-stop", action="store_true", help="run all --steps instead of stopping past the budget"
+    )
+    parser.add_argument(
+        "--evaluate-work",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="train nothing: score the runs an earlier --work DIR holds (seed-N/ for each --seeds)",
+    )
     parser.add_argument("--json", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.eval_every % args.checkpoint_every:
@@ -189,22 +241,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = str(ensure_warm_model(cfg).resolve())
     keep = args.steps // args.checkpoint_every + 1
     base = [*args.overrides, f"model.path={model}", f"learner.keep_checkpoints={keep}"]
-    work_ctx = tempfile.TemporaryDirectory(prefix="longcot_learning.") if args.work is None else None
-    work = Path(work_ctx.name) if work_ctx else args.work
-    sides: dict[int, dict] = {}
+    work_ctx = None
+    if args.evaluate_work is not None:
+        work = args.evaluate_work
+    elif args.work is None:
+        work_ctx = tempfile.TemporaryDirectory(prefix="longcot_learning.")
+        work = Path(work_ctx.name)
+    else:
+        work = args.work
     try:
-        for seed in args.seeds:
-            print(
-                f"seed {seed}: {args.steps} steps, checkpoints every {args.checkpoint_every} ...", flush=True
-            )
-            sides[seed] = run_stream_dapo(
-                args.config,
-                [*base, f"learner.seed={seed}", f"generator.seed={seed}"],
-                work / f"seed-{seed}",
-                args.steps,
-                args.checkpoint_every,
-            )
-            print(f"seed {seed} done in {sides[seed]['wall_s']:.0f} s", flush=True)
+        sides = (
+            {seed: collected_side(work / f"seed-{seed}") for seed in args.seeds}
+            if args.evaluate_work is not None
+            else run_seeds(args, base, work)
+        )
         chosen = [
             side["checkpoints"][s]
             for side in sides.values()
@@ -230,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "eval_every": args.eval_every,
         "budget_s": args.budget_s,
         "eval_seed": args.eval_seed,
+        "stopped_past_budget": not args.no_stop,
+        "evaluated_from_work": str(args.evaluate_work) if args.evaluate_work else None,
         "eval_before": start,
         "target_avg_at_k": target,
         "seeds": {

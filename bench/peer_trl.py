@@ -597,8 +597,19 @@ def _ensure_data(cfg: Config) -> None:
     ensure_synthetic_data(cfg.data, synthetic_data_dir(cfg))
 
 
-def run_stream_dapo(config: Path, overrides: Sequence[str], work: Path, steps: int, every: int) -> dict:
-    """``stream-dapo run`` with checkpoints every ``every`` steps; checkpoints and step times."""
+def run_stream_dapo(
+    config: Path,
+    overrides: Sequence[str],
+    work: Path,
+    steps: int,
+    every: int,
+    stop_after_s: float | None = None,
+) -> dict:
+    """``stream-dapo run`` with checkpoints every ``every`` steps; checkpoints and step times.
+
+    With ``stop_after_s``, the run is stopped (SIGTERM, the launcher drains) once a complete
+    checkpoint exists whose step finished more than that many seconds after launch, so a time
+    budget needs no guess of the step rate. The launch time is kept in ``work/launch.json``."""
     from tests.helpers import port_overrides
 
     out = work / "stream-dapo"
@@ -620,23 +631,51 @@ def run_stream_dapo(config: Path, overrides: Sequence[str], work: Path, steps: i
         "--quiet",
     ]
     launch = time.time()
-    subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-    end = time.time()
-    rows = [json.loads(line) for line in (out / "learner" / "metrics.jsonl").read_text().splitlines() if line]
-    step_time = {int(r["version"]): float(r["wall_time"]) for r in rows}
-    checkpoints = {
+    (work / "launch.json").write_text(json.dumps({"launch": launch}))
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL)
+    stopped = False
+    while proc.poll() is None:
+        if stop_after_s is not None and not stopped and _past_budget(out, launch, stop_after_s):
+            proc.terminate()
+            stopped = True
+        time.sleep(2.0)
+    if proc.returncode and not stopped:
+        raise subprocess.CalledProcessError(proc.returncode, argv)
+    return collect_stream_dapo(out, launch, time.time())
+
+
+def _step_times(out: Path) -> dict[int, float]:
+    path = out / "learner" / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {int(r["version"]): float(r["wall_time"]) for r in rows}
+
+
+def _complete_checkpoints(out: Path) -> dict[int, str]:
+    return {
         int(p.parent.name.split("_")[1]): str(p)
         for p in sorted((out / "checkpoints").glob("step_*/hf"))
         if (p / "model.safetensors").is_file()
     }
-    summary = json.loads((out / "summary.json").read_text())
+
+
+def _past_budget(out: Path, launch: float, budget_s: float) -> bool:
+    """Whether a complete checkpoint of ``out`` holds a step that finished past the budget."""
+    times = _step_times(out)
+    return any(times.get(s, 0.0) - launch > budget_s for s in _complete_checkpoints(out))
+
+
+def collect_stream_dapo(out: Path, launch: float, end: float) -> dict:
+    """A finished (or stopped) run's checkpoints, step times and summary."""
+    rows = [json.loads(line) for line in (out / "learner" / "metrics.jsonl").read_text().splitlines() if line]
     return {
         "launch": launch,
         "wall_s": end - launch,
-        "step_time": step_time,
-        "checkpoints": checkpoints,
+        "step_time": {int(r["version"]): float(r["wall_time"]) for r in rows},
+        "checkpoints": _complete_checkpoints(out),
         "steps_log": rows,
-        "summary": summary,
+        "summary": json.loads((out / "summary.json").read_text()),
     }
 
 

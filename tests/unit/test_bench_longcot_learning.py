@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.helpers import load_bench_script
@@ -53,3 +55,36 @@ def test_a_seed_report_keeps_only_the_scored_checkpoints():
     assert rep["startup_s"] == 20.0
     assert rep["entropy_first_last"] == pytest.approx([0.029, 0.026])
     assert bench.spread([10.0, 14.0])["std"] == pytest.approx(2.828, abs=1e-3)
+
+
+def _run_dir(tmp_path, times: dict[int, float], checkpoints: list[int]):
+    out = tmp_path / "seed-0" / "stream-dapo"
+    (out / "learner").mkdir(parents=True)
+    rows = [json.dumps({"version": v, "wall_time": t}) for v, t in times.items()]
+    (out / "learner" / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    for step in checkpoints:
+        hf = out / "checkpoints" / f"step_{step:06d}" / "hf"
+        hf.mkdir(parents=True)
+        (hf / "model.safetensors").write_bytes(b"")
+    (out / "summary.json").write_text(json.dumps({"learner_steps": max(times), "wall_seconds": 50.0}))
+    return out
+
+
+def test_a_run_is_past_its_budget_once_a_complete_checkpoint_finished_after_it(tmp_path):
+    out = _run_dir(tmp_path, {20: 1030.0, 40: 1060.0}, [20])
+    assert not peer._past_budget(out, launch=1000.0, budget_s=45.0)  # step 40 has no checkpoint yet
+    (out / "checkpoints" / "step_000040" / "hf").mkdir(parents=True)
+    assert not peer._past_budget(out, launch=1000.0, budget_s=45.0)  # its weights are not written
+    (out / "checkpoints" / "step_000040" / "hf" / "model.safetensors").write_bytes(b"")
+    assert peer._past_budget(out, launch=1000.0, budget_s=45.0)
+    assert not peer._past_budget(out, launch=1000.0, budget_s=60.0)
+
+
+def test_evaluating_a_work_directory_needs_the_launch_time_and_uses_it(tmp_path):
+    _run_dir(tmp_path, {20: 1030.0, 40: 1060.0}, [20, 40])
+    with pytest.raises(SystemExit, match="launch.json is missing"):
+        bench.collected_side(tmp_path / "seed-0")
+    (tmp_path / "seed-0" / "launch.json").write_text(json.dumps({"launch": 1000.0}))
+    side = bench.collected_side(tmp_path / "seed-0")
+    assert side["launch"] == 1000.0 and side["wall_s"] == 50.0
+    assert sorted(side["checkpoints"]) == [20, 40] and side["step_time"] == {20: 1030.0, 40: 1060.0}
