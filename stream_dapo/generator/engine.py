@@ -28,7 +28,9 @@ Weight update protocol (``update_weights``), each step a helper with a timeout:
    in-flight KV (cheaper for very long rollouts; post-swap tokens then attend to old-weight KV); new
    requests get a per-version ``cache_salt`` so they never hit old blocks, and the plain
    ``reset_prefix_cache()`` (which refuses, returning False, while requests hold blocks) is retried
-   after later steps until it succeeds, to release the old hashes. ``"between-groups"``: the
+   at the engine's next idle step, to release the old hashes. Not while it is busy: every refusal
+   logs a vLLM warning, once a second for the whole of a continuously fed run, and meanwhile the
+   salted old blocks are unreachable and evicted like any free block. ``"between-groups"``: the
    generator service swaps only once no group is in flight (it starts none while an update waits),
    so the reset has nothing to preempt and every sample is sampled by one version.
    ``tokens_recomputed`` counts the context tokens each reset made the engine prefill again.
@@ -469,9 +471,9 @@ class RolloutEngine:
             return []
         outputs = list(self._engine.step())
         outputs.extend(self._ready_outputs())
-        finished = self._groups.consume(outputs)
-        self._retry_kv_reset()
-        return finished
+        # No retry of a pending KV reset here: vLLM refuses it (with a warning) while any request holds
+        # blocks, which in a busy engine is always, so it waits for the next idle step above.
+        return self._groups.consume(outputs)
 
     def _ready_outputs(self) -> list[Any]:
         """Outputs the engine process already queued: take them now rather than one per call, so a

@@ -229,7 +229,16 @@ def test_keep_kv_mode_salts_new_requests_and_retries_cache_reset(setup: Any) -> 
         assert engine.kv_reset_pending, "reset_prefix_cache refuses while requests hold KV blocks"
         # Same prompt while the old group still holds its version-1 prompt block: no reuse allowed.
         new = engine.add_group(long_prompt)
-        groups = {g.group_id: g for g in _run_until_done(engine, 2)}
+        tries: list[tuple] = []
+        reset = engine._engine.reset_prefix_cache
+        engine._engine.reset_prefix_cache = lambda *a, **k: tries.append(a) or reset(*a, **k)
+        engine._kv_reset_last_try = -math.inf  # a retry would be due at once
+        try:
+            groups = {g.group_id: g for g in _run_until_done(engine, 2)}
+        finally:
+            del engine._engine.reset_prefix_cache
+        assert tries == [], "a busy engine refuses the reset; it waits for an idle step"
+        assert engine.kv_reset_pending
         for s in groups[old].samples:
             k = int((s.versions == 1).sum())
             assert 1 <= k < MAX_NEW and s.versions.tolist() == [1] * k + [2] * (MAX_NEW - k)
