@@ -25,9 +25,9 @@ the summary's ``train_seconds``, which starts once the launcher has loaded. The 
 whose step finished within ``--budget-s``; time to target interpolates between the scored points
 either side of the first crossing (``peer_trl.time_to_target``).
 
-What it does not show: another machine's speed (the same recipe ran 3.5-8.6 s per step on machines of
-one kind), or the eval's own noise, about +-4 points at 100 prompts x 4 samples; seeds show the
-spread of training, the eval seed is fixed.
+What it does not show: another machine's speed (the same recipe ran 3.5 to 17 s per step, by machine
+and by how many groups dynamic sampling drops as the policy improves), or the eval's own noise, about
++-4 points at 100 prompts x 4 samples; seeds show the spread of training, the eval seed is fixed.
 """
 
 from __future__ import annotations
