@@ -630,6 +630,7 @@ def run_stream_dapo(
         "--no-eval",
         "--quiet",
     ]
+    work.mkdir(parents=True, exist_ok=True)
     launch = time.time()
     (work / "launch.json").write_text(json.dumps({"launch": launch}))
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL)
