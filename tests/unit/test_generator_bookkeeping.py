@@ -356,7 +356,9 @@ def test_a_failed_load_leaves_the_engine_paused_and_says_restart(weights_file: P
     assert engine.version == 2
 
 
-def test_keep_mode_salts_requests_by_version_and_retries_the_cache_reset(weights_file: Path) -> None:
+def test_keep_mode_salts_requests_by_version_and_retries_the_cache_reset_when_idle(
+    weights_file: Path,
+) -> None:
     fake = FakeEngine(reset_ok=[False, False, True])
     engine = make_engine(fake, kv_on_update="keep")
     engine.add_group(Prompt("p", [1]))
@@ -366,11 +368,16 @@ def test_keep_mode_salts_requests_by_version_and_retries_the_cache_reset(weights
     assert ("reset_prefix_cache", False) in fake.calls and engine.kv_reset_pending
     engine.add_group(Prompt("q", [1]))
     assert {r.prompt["cache_salt"] for r in fake.requests.values()} == {"v0", "v1"}
-    engine.step()  # within the retry interval: no new attempt
-    assert fake.calls.count(("reset_prefix_cache", False)) == 1
     engine._kv_reset_last_try = -math.inf
-    engine.step()
+    engine.step()  # busy: vLLM would refuse (and warn), so no attempt while requests run
+    assert fake.calls.count(("reset_prefix_cache", False)) == 1 and engine.kv_reset_pending
+    while fake.has_unfinished_requests():
+        engine.step()
+    assert fake.calls.count(("reset_prefix_cache", False)) == 1
+    engine.step()  # idle: refused once more (the fake's script), still pending
     assert fake.calls.count(("reset_prefix_cache", False)) == 2 and engine.kv_reset_pending
+    engine.step()  # idle, but within the retry interval of that try: no new attempt
+    assert fake.calls.count(("reset_prefix_cache", False)) == 2
     engine._kv_reset_last_try = -math.inf
     engine.step()
     assert fake.calls.count(("reset_prefix_cache", False)) == 3 and not engine.kv_reset_pending
