@@ -29,3 +29,21 @@ def test_a_json_section_with_a_page_of_its_name_shows_the_page_and_one_without_s
         and "| pairs | 12 |" in b
     )
     assert c == "C\n\nNot yet run: `c`\n\n"
+
+
+def test_the_time_to_target_row_names_the_long_cot_seeds_when_their_file_is_there(tmp_path: Path) -> None:
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    alone = results.time_to_target_row(results_dir)
+    assert "tiny-cpu: one seed" in alone and "long-CoT" not in alone
+    over = {"ratio_sync_over_async": {"mean": 1.3891, "std": 0.0594, "n": 3, "missing": 0}}
+    (results_dir / "async_sync_ttt_longcot.json").write_text(
+        json.dumps({"target_delta": 0.1, "over_seeds": over})
+    )
+    row = results.time_to_target_row(results_dir)
+    assert "long-CoT recipe: 3 seeds, sync/async 1.39 ± 0.06 to +10 points" in row
+    assert "`results/async_sync_ttt_longcot.json`" in row and row.endswith(". |\n")
+    (results_dir / "async_sync_ttt_longcot.json").write_text("{not json")
+    assert (
+        results.time_to_target_row(results_dir) == alone
+    )  # a broken file: the figure left out, no traceback
