@@ -1,7 +1,7 @@
 """End to end: `stream-dapo run` with real vLLM, ZeroMQ and DeepSpeed on a tiny model.
 
-One short async run and one short sync run share a module-scoped warm model. Each asserts what the
-design promises: the version advances, generators receive several weight versions, every learner
+One short async run (the session's `async_run`, tests/integration/conftest.py, which the tracking tests
+read too) and one short sync run, on the session's warm model. Each asserts what the design promises: the version advances, generators receive several weight versions, every learner
 parameter changed, losses are finite, no trained token exceeds the staleness bound, no group is
 trained twice, and no process outlives the run.
 """
@@ -20,47 +20,10 @@ import pytest
 
 from stream_dapo.config import load_config
 from tests.helpers import free_ports, tiny_overrides
-from tests.integration.prometheus_live import live_prometheus, query
+from tests.integration.pipeline_runs import ASYNC_STEPS, alive, run_pipeline
+from tests.integration.prometheus_live import query
 
 pytestmark = pytest.mark.timeout(900)
-
-
-def run_pipeline(
-    tmp: Path, warm: Path, mode: str, steps: int, ports: list[int] | None = None
-) -> tuple[int, dict, set[int], Path]:
-    out = tmp / f"run-{mode}"
-    overrides = tiny_overrides(warm, out, ports or free_ports(8)) + [f"learner.total_steps={steps}"]
-    argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--no-eval", "--quiet", "--mode", mode]
-    for item in overrides:
-        argv += ["--set", item]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: set[int] = set()
-    parent = psutil.Process(proc.pid)
-    while proc.poll() is None:
-        try:
-            seen.update(p.pid for p in parent.children(recursive=True))
-        except psutil.NoSuchProcess:
-            pass
-        time.sleep(0.5)
-    output = proc.stdout.read() if proc.stdout else ""
-    summary_path = out / "summary.json"
-    if proc.returncode != 0 or not summary_path.exists():
-        logs = "\n".join(
-            f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((out / "logs").glob("*.log"))
-        )
-        pytest.fail(f"run failed (rc {proc.returncode}):\n{output[-3000:]}\n{logs}")
-    return proc.returncode, json.loads(summary_path.read_text()), seen, out
-
-
-def alive(pids: set[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def assert_every_parameter_changed(initial: Path, final: Path) -> None:
@@ -92,19 +55,6 @@ def assert_generator_followed_the_learner(summary: dict, cfg, steps: int) -> Non
     assert summary["generator_policy_version"] >= cfg.admission.steps_per_rollout - (
         cfg.learner.sync_every - 1
     )
-
-
-ASYNC_STEPS = 6
-
-
-@pytest.fixture(scope="module")
-def async_run(tmp_path_factory: pytest.TempPathFactory, warm_model: Path):
-    """One async run, scraped every second by a real Prometheus server (Debian's `prometheus`)."""
-    tmp = tmp_path_factory.mktemp("async")
-    ports = free_ports(9)
-    with live_prometheus(tmp, ports[8], buffer=ports[3], learner=ports[4], generator=ports[5]) as prom:
-        result = run_pipeline(tmp, warm_model, "async", ASYNC_STEPS, ports)
-        yield (*result, prom)
 
 
 def test_async_run_trains_and_cleans_up(async_run, warm_model: Path) -> None:

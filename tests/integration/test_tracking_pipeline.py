@@ -1,7 +1,8 @@
 """`stream-dapo run` with every tracking backend on, offline: W&B and TensorBoard hold what
 metrics.jsonl holds, read back with the libraries' own readers, and the run writes its report.
 
-One short async run (real vLLM, ZeroMQ, DeepSpeed on the tiny model) with
+The session's short async run (real vLLM, ZeroMQ, DeepSpeed on the tiny model; the `async_run` of
+tests/integration/conftest.py, which the end-to-end tests share) with
 ``tracking.backends = ["jsonl", "wandb", "tensorboard"]`` and ``WANDB_MODE=offline`` (no network,
 no account). TensorBoard's event files are read with tensorboard's `EventAccumulator`, W&B's
 offline run file with W&B's own protobuf schema (`tests/integration/wandb_files.py`). The step
@@ -11,46 +12,27 @@ axis of both must be the learner versions of `learner/metrics.jsonl`, and their 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from stream_dapo.tracking import staleness_quantiles
-from tests.helpers import free_ports, tiny_overrides
+from tests.integration.conftest import TRACKING_PROJECT, TRACKING_TAGS
+from tests.integration.pipeline_runs import ASYNC_STEPS
 from tests.integration.wandb_files import read_offline_run
 
 pytestmark = pytest.mark.timeout(900)
 
-STEPS = 4
+STEPS = ASYNC_STEPS
 
 
 @pytest.fixture(scope="module")
-def tracked_run(tmp_path_factory: pytest.TempPathFactory, warm_model: Path) -> Path:
+def tracked_run(async_run) -> Path:
+    """The session's async run (tests/integration/conftest.py), which tracks to every backend."""
     pytest.importorskip("wandb")
     pytest.importorskip("tensorboard")
-    out = tmp_path_factory.mktemp("tracking") / "tracked-run"
-    overrides = tiny_overrides(warm_model, out, free_ports(8)) + [
-        f"learner.total_steps={STEPS}",
-        'tracking.backends=["jsonl", "wandb", "tensorboard"]',
-        'tracking.tags=["test", "tiny"]',
-        'tracking.project="stream-dapo-test"',
-    ]
-    argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--no-eval", "--quiet", "--mode", "async"]
-    for item in overrides:
-        argv += ["--set", item]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(WANDB_MODE="offline", WANDB_SILENT="true")
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=840)
-    if proc.returncode != 0 or not (out / "summary.json").exists():
-        logs = "\n".join(
-            f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((out / "logs").glob("*.log"))
-        )
-        pytest.fail(
-            f"run failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}\n{logs}"
-        )
+    rc, _summary, _seen, out, _prom = async_run
+    assert rc == 0
     return out
 
 
@@ -63,7 +45,7 @@ def test_tensorboard_event_files_hold_the_jsonl_steps_and_values(tracked_run: Pa
 
     rows = jsonl_rows(tracked_run)
     assert [r["version"] for r in rows] == list(range(1, STEPS + 1))
-    logdir = tracked_run / "tracking" / "tensorboard" / "stream-dapo-test" / "tracked-run"
+    logdir = tracked_run / "tracking" / "tensorboard" / TRACKING_PROJECT / tracked_run.name
     acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     for tag, key in (
@@ -101,8 +83,8 @@ def test_wandb_offline_run_holds_the_config_once_and_the_jsonl_steps(tracked_run
     rows = jsonl_rows(tracked_run)
     (run_dir,) = sorted((tracked_run / "tracking" / "wandb").glob("offline-run-*"))
     run = read_offline_run(run_dir)
-    assert run["name"] == "tracked-run" and run["project"] == "stream-dapo-test"
-    assert run["tags"] == ["test", "tiny"]
+    assert run["name"] == tracked_run.name and run["project"] == TRACKING_PROJECT
+    assert run["tags"] == TRACKING_TAGS
     assert run["config"]["algo"]["group_size"] == 4
     assert run["config"]["learner"]["total_steps"] == STEPS
     history = [h for h in run["history"] if "train/loss" in h]
@@ -120,7 +102,6 @@ def test_the_run_writes_its_report_with_the_generator_side_plots(tracked_run: Pa
     live = [json.loads(line) for line in (tracked_run / "metrics.jsonl").read_text().splitlines()]
     assert any(row["generator_tokens_per_s"] > 0 for row in live)
     assert live[-1]["step"] == STEPS  # the final metrics give the last steps a row
-    assert json.loads((tracked_run / "learner" / "config.json").read_text())["tracking"]["tags"] == [
-        "test",
-        "tiny",
-    ]
+    assert (
+        json.loads((tracked_run / "learner" / "config.json").read_text())["tracking"]["tags"] == TRACKING_TAGS
+    )

@@ -1,0 +1,64 @@
+"""Short `stream-dapo run`s of the tiny pipeline for the integration tests, and the processes they left."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import free_ports, tiny_overrides
+
+ASYNC_STEPS = 6  # the session's async run (conftest.async_run)
+
+
+def run_pipeline(
+    tmp: Path,
+    warm: Path,
+    mode: str,
+    steps: int,
+    ports: list[int] | None = None,
+    extra: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, dict, set[int], Path]:
+    """`stream-dapo run --no-eval` on the tiny pipeline; returns (rc, summary, every child pid seen, out)."""
+    out = tmp / f"run-{mode}"
+    overrides = tiny_overrides(warm, out, ports or free_ports(8)) + [f"learner.total_steps={steps}", *extra]
+    argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--no-eval", "--quiet", "--mode", mode]
+    for item in overrides:
+        argv += ["--set", item]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(env) if env else None
+    )
+    seen: set[int] = set()
+    parent = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            seen.update(p.pid for p in parent.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+        time.sleep(0.5)
+    output = proc.stdout.read() if proc.stdout else ""
+    summary_path = out / "summary.json"
+    if proc.returncode != 0 or not summary_path.exists():
+        logs = "\n".join(
+            f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((out / "logs").glob("*.log"))
+        )
+        pytest.fail(f"run failed (rc {proc.returncode}):\n{output[-3000:]}\n{logs}")
+    return proc.returncode, json.loads(summary_path.read_text()), seen, out
+
+
+def alive(pids: set[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
