@@ -515,6 +515,13 @@ EXTERNAL = (
         "to docs/results/ablation-longcot/ (the cells' runs stay in runs/)",
     ),
     (
+        "Dynamic sampling on the long-CoT recipe (+token-loss vs dapo, the current warm build)",
+        "ablation-longcot-ds/ablation.md",
+        "stream-dapo ablate --config configs/tiny-longcot-cpu.toml --presets +token-loss,dapo --seeds 3 "
+        "--budget 32 --target-delta 0.10 --out runs/ablation-longcot-ds, then its ablation.md, "
+        "ablation.json and plots/ copied to docs/results/ablation-longcot-ds/",
+    ),
+    (
         "The staleness bound's length bias, and holding the learner for groups in flight",
         "length_bias.json",
         "python bench/length_bias.py RUN_DIR ... --json docs/results/length_bias.json (its page, "

@@ -998,7 +998,8 @@ def run(args: argparse.Namespace) -> int:
     if why_not:
         log.warning("plots skipped: %s; the table is written", why_not)
         report["meta"]["plots_skipped"] = why_not
-    report["meta"]["plots"] = [str(p) for p in plots]
+    # Relative to the output directory, like the markdown's links: the report stays valid when copied.
+    report["meta"]["plots"] = [p.relative_to(plan.out).as_posix() for p in plots]
     write_report(plan.out, report)
     print(
         f"wrote {plan.out / 'ablation.md'}, {plan.out / 'ablation.json'}"

@@ -96,6 +96,9 @@ def test_one_cell_gives_a_table_and_a_resumable_run(tmp_path: Path, warm_model: 
         ]
 
         assert "- [policy entropy (nats/token)](plots/entropy.png)" in md
+        # The JSON names its plots relative to the output directory, so a copied report stays valid.
+        assert "plots/entropy.png" in report["meta"]["plots"]
+        assert all((out / p).is_file() for p in report["meta"]["plots"])
         assert "## The curves in numbers" in md and "## What a step costs" in md
 
     # A second call finds both cells and the before-eval done: nothing is trained or evaluated again
