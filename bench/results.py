@@ -522,6 +522,14 @@ EXTERNAL = (
         "ablation.json and plots/ copied to docs/results/ablation-longcot-ds/",
     ),
     (
+        "The ladder's first four rungs on the long-CoT recipe (naive GRPO to +token-loss, the paper's curves)",
+        "ablation-longcot-ladder/ablation.md",
+        "stream-dapo ablate --config configs/tiny-longcot-cpu.toml --presets "
+        "naive-grpo,+overlong-filter,+soft-overlong,+token-loss --seeds 3 --budget 32 --target-delta 0.10 "
+        "--out runs/ablation-longcot-ladder, then its ablation.md, ablation.json and plots/ copied to "
+        "docs/results/ablation-longcot-ladder/",
+    ),
+    (
         "The staleness bound's length bias, and holding the learner for groups in flight",
         "length_bias.json",
         "python bench/length_bias.py RUN_DIR ... --json docs/results/length_bias.json (its page, "
