@@ -613,13 +613,7 @@ def run_stream_dapo(
     from tests.helpers import port_overrides
 
     out = work / "stream-dapo"
-    sets = [
-        *overrides,
-        f'run.out_dir="{out}"',
-        f"learner.total_steps={steps}",
-        f"learner.checkpoint_every={every}",
-        *port_overrides(),
-    ]
+    sets = [*stream_dapo_run_sets(overrides, out, steps, every), *port_overrides()]
     _ensure_data(load_config([config], sets))
     argv = [
         sys.executable,
@@ -643,6 +637,19 @@ def run_stream_dapo(
     if proc.returncode and not stopped:
         raise subprocess.CalledProcessError(proc.returncode, argv)
     return collect_stream_dapo(out, launch, time.time())
+
+
+def stream_dapo_run_sets(overrides: Sequence[str], out: Path, steps: int, every: int) -> list[str]:
+    """The ``--set`` overrides of a benchmarked ``stream-dapo run``: ``steps`` optimizer steps with a
+    checkpoint every ``every``, all of them kept (the learner prunes to ``learner.keep_checkpoints``,
+    default 3, which would leave the curve only its last three points)."""
+    return [
+        *overrides,
+        f'run.out_dir="{out}"',
+        f"learner.total_steps={steps}",
+        f"learner.checkpoint_every={every}",
+        f"learner.keep_checkpoints={steps // every + 1}",
+    ]
 
 
 def _step_times(out: Path) -> dict[int, float]:

@@ -167,3 +167,19 @@ def test_target_sensitivity_reports_each_delta_and_the_ratio():
     assert rows[1]["ratio_trl_over_stream_dapo"] == pytest.approx(2.0)
     assert rows[2]["stream_dapo_s"] == pytest.approx(15.0) and rows[2]["trl_s"] is None
     assert rows[2]["ratio_trl_over_stream_dapo"] is None
+
+
+def test_the_benchmarked_run_keeps_every_checkpoint_its_curve_needs(tmp_path):
+    """120 steps with a checkpoint every 20: six checkpoints, all of them left after pruning (the
+    learner's default keeps 3, which once left the long-CoT curve only steps 80, 100 and 120)."""
+    from stream_dapo.learner.checkpoints import checkpoint_name, prune_checkpoints
+
+    out = tmp_path / "run"
+    sets = peer.stream_dapo_run_sets(["learner.keep_checkpoints=2"], out, steps=120, every=20)
+    cfg = load_config([REPO / "configs" / "tiny-longcot-cpu.toml"], sets, environ={})
+    assert (cfg.learner.total_steps, cfg.learner.checkpoint_every) == (120, 20)
+    root = tmp_path / "checkpoints"
+    for version in range(20, 121, 20):
+        (root / checkpoint_name(version)).mkdir(parents=True)
+        assert prune_checkpoints(root, cfg.learner.keep_checkpoints) == []
+    assert sorted(p.name for p in root.iterdir()) == [checkpoint_name(v) for v in range(20, 121, 20)]
