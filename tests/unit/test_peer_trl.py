@@ -183,3 +183,23 @@ def test_the_benchmarked_run_keeps_every_checkpoint_its_curve_needs(tmp_path):
         (root / checkpoint_name(version)).mkdir(parents=True)
         assert prune_checkpoints(root, cfg.learner.keep_checkpoints) == []
     assert sorted(p.name for p in root.iterdir()) == [checkpoint_name(v) for v in range(20, 121, 20)]
+
+
+def test_the_differences_state_the_figures_of_the_config_compared():
+    """tiny-cpu: 128 samples per generation batch, 64 per step; the long-CoT recipe: 64 and 32, inline engine."""
+    tiny = {
+        d["setting"]: d
+        for d in peer.differences(load_config([REPO / "configs" / "tiny-cpu.toml"], environ={}))
+    }
+    long = {
+        d["setting"]: d
+        for d in peer.differences(load_config([REPO / "configs" / "tiny-longcot-cpu.toml"], environ={}))
+    }
+    assert tiny.keys() == long.keys() and len(tiny) == 10
+    assert "generate 128 samples, then 2 optimizer steps" in tiny["rollout/training overlap"]["trl"]
+    assert "generate 64 samples, then 2 optimizer steps" in long["rollout/training overlap"]["trl"]
+    assert "32-sample mini-batch" in long["token-level loss normaliser"]["stream_dapo"]
+    assert "64-sample mini-batch" in tiny["token-level loss normaliser"]["stream_dapo"]
+    assert "micro_batch_tokens=16384" in long["micro-batching"]["stream_dapo"]
+    assert "engine core inline" in long["generation engine"]["stream_dapo"]
+    assert "sqrt(7/8) = 0.935" in long["advantage normalisation"]["trl"]
