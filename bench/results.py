@@ -541,6 +541,18 @@ EXTERNAL = (
         "python bench/async_sync_ttt.py --out docs/results/async_sync_ttt.json",
     ),
     ("TRL peer comparison", "peer_trl.json", "python bench/peer_trl.py --out docs/results/peer_trl.json"),
+    (
+        "TRL peer comparison on the long-CoT recipe, seed 0",
+        "peer_trl_longcot.json",
+        "python bench/peer_trl.py --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
+        "--target-delta 0.05 --seed 0 --out docs/results/peer_trl_longcot.json",
+    ),
+    (
+        "TRL peer comparison on the long-CoT recipe, seed 1",
+        "peer_trl_longcot_seed1.json",
+        "python bench/peer_trl.py --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
+        "--target-delta 0.05 --seed 1 --out docs/results/peer_trl_longcot_seed1.json",
+    ),
     ("Fault drill", "drill.json", "python bench/drill.py --json docs/results/drill.json"),
     (
         "Elastic generator fleet drill",
