@@ -216,8 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cfg = load_config([args.config], args.overrides)
     model = str(ensure_warm_model(cfg).resolve())
-    keep = args.steps // args.checkpoint_every + 1
-    base = [*args.overrides, f"model.path={model}", f"learner.keep_checkpoints={keep}"]
+    base = [*args.overrides, f"model.path={model}"]  # run_stream_dapo keeps every checkpoint
     work_ctx = None
     if args.work is None:
         work_ctx = tempfile.TemporaryDirectory(prefix="async_sync_ttt.")
