@@ -522,10 +522,9 @@ EXTERNAL = (
         "ablation.json and plots/ copied to docs/results/ablation-longcot-ds/",
     ),
     (
-        "The ladder's first four rungs on the long-CoT recipe (naive GRPO to +token-loss, the paper's curves)",
+        "The DAPO ladder on the long-CoT recipe (six presets, 3 seeds x 32 steps, the paper's curves)",
         "ablation-longcot-ladder/ablation.md",
-        "stream-dapo ablate --config configs/tiny-longcot-cpu.toml --presets "
-        "naive-grpo,+overlong-filter,+soft-overlong,+token-loss --seeds 3 --budget 32 --target-delta 0.10 "
+        "stream-dapo ablate --config configs/tiny-longcot-cpu.toml --seeds 3 --budget 32 --target-delta 0.10 "
         "--out runs/ablation-longcot-ladder, then its ablation.md, ablation.json and plots/ copied to "
         "docs/results/ablation-longcot-ladder/",
     ),
