@@ -529,6 +529,15 @@ EXTERNAL = (
         "docs/results/ablation-longcot-ladder/",
     ),
     (
+        "Clip-Higher with the clip made to bind on the long-CoT recipe (8 optimizer steps per rollout batch)",
+        "ablation-longcot-cliphigher/ablation.md",
+        "stream-dapo ablate --config configs/tiny-longcot-cpu.toml --set learner.mini_batch_samples=8 "
+        "--set algo.max_staleness=32 --set learner.sync_every=4 --set learner.checkpoint_every=64 "
+        "--presets +overlong-filter,+clip-higher --seeds 3 --budget 256 --target-delta 0.10 "
+        "--out runs/ablation-longcot-cliphigher, then its ablation.md, ablation.json and plots/ copied to "
+        "docs/results/ablation-longcot-cliphigher/",
+    ),
+    (
         "The staleness bound's length bias, and holding the learner for groups in flight",
         "length_bias.json",
         "python bench/length_bias.py RUN_DIR ... --json docs/results/length_bias.json (its page, "
