@@ -561,6 +561,12 @@ EXTERNAL = (
         "python bench/peer_trl.py --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
         "--target-delta 0.05 --seed 1 --out docs/results/peer_trl_longcot_seed1.json",
     ),
+    (
+        "TRL peer comparison on the long-CoT recipe, seed 2",
+        "peer_trl_longcot_seed2.json",
+        "python bench/peer_trl.py --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
+        "--target-delta 0.05 --seed 2 --out docs/results/peer_trl_longcot_seed2.json",
+    ),
     ("Fault drill", "drill.json", "python bench/drill.py --json docs/results/drill.json"),
     (
         "Elastic generator fleet drill",

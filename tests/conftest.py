@@ -25,14 +25,11 @@ def restore_root_logging():
     root.setLevel(level)
 
 
-@pytest.fixture(scope="session")
-def warm_model() -> Path:
-    """The embedded default's warm tiny model (built once, cached under runs/, shared with `make run`).
+_WARM: dict[str, object] = {}
+"""The warm model's path (or the error its build raised), built once before the first test."""
 
-    STREAM_DAPO_TEST_MODEL=DIR uses an existing model directory instead (quick local iterations).
-    """
-    if os.environ.get("STREAM_DAPO_TEST_MODEL"):
-        return Path(os.environ["STREAM_DAPO_TEST_MODEL"]).resolve()
+
+def _build_warm_model() -> Path:
     from stream_dapo.config import load_config
     from stream_dapo.model.warmup import ensure_warm_model
 
@@ -40,3 +37,39 @@ def warm_model() -> Path:
         [REPO / "configs" / "tiny-cpu.toml"], [f"model.path={REPO / 'runs/tiny-model/warm'}"], environ={}
     )
     return ensure_warm_model(cfg)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the warm model between collection and the first test, when a collected test needs it.
+
+    Built inside the session fixture instead, the build (minutes on a fresh clone) counted against the
+    first test's pytest-timeout and failed it on a slow or busy machine. An error is kept and raised by
+    the fixture, so only the tests that need the model fail, each with the build's own error.
+    """
+    if os.environ.get("STREAM_DAPO_TEST_MODEL") or session.config.option.collectonly:
+        return
+    if not any("warm_model" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("building the tests' warm tiny model once (cached in runs/tiny-model/warm) ...")
+    try:
+        _WARM["path"] = _build_warm_model()
+    except Exception as exc:  # raised again by the fixture, in the tests that need the model
+        _WARM["error"] = exc
+
+
+@pytest.fixture(scope="session")
+def warm_model() -> Path:
+    """The embedded default's warm tiny model (built once before the first test, cached under runs/,
+    shared with `make run`).
+
+    STREAM_DAPO_TEST_MODEL=DIR uses an existing model directory instead (quick local iterations).
+    """
+    if os.environ.get("STREAM_DAPO_TEST_MODEL"):
+        return Path(os.environ["STREAM_DAPO_TEST_MODEL"]).resolve()
+    if "error" in _WARM:
+        raise _WARM["error"]  # type: ignore[misc]
+    if "path" not in _WARM:  # the hook did not run (e.g. the fixture requested dynamically)
+        _WARM["path"] = _build_warm_model()
+    return _WARM["path"]  # type: ignore[return-value]
