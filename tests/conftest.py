@@ -25,8 +25,8 @@ def restore_root_logging():
     root.setLevel(level)
 
 
-_WARM: dict[str, object] = {}
-"""The warm model's path (or the error its build raised), built once before the first test."""
+_BUILD_ERROR: list[Exception] = []
+"""The error the build before the first test raised, if it did; the fixture raises it again."""
 
 
 def _build_warm_model() -> Path:
@@ -54,9 +54,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if reporter is not None:
         reporter.write_line("building the tests' warm tiny model once (cached in runs/tiny-model/warm) ...")
     try:
-        _WARM["path"] = _build_warm_model()
+        _build_warm_model()
     except Exception as exc:  # raised again by the fixture, in the tests that need the model
-        _WARM["error"] = exc
+        _BUILD_ERROR.append(exc)
 
 
 @pytest.fixture(scope="session")
@@ -68,8 +68,6 @@ def warm_model() -> Path:
     """
     if os.environ.get("STREAM_DAPO_TEST_MODEL"):
         return Path(os.environ["STREAM_DAPO_TEST_MODEL"]).resolve()
-    if "error" in _WARM:
-        raise _WARM["error"]  # type: ignore[misc]
-    if "path" not in _WARM:  # the hook did not run (e.g. the fixture requested dynamically)
-        _WARM["path"] = _build_warm_model()
-    return _WARM["path"]  # type: ignore[return-value]
+    if _BUILD_ERROR:
+        raise _BUILD_ERROR[0]
+    return _build_warm_model()  # returns at once once built (the hook built it unless it did not run)
