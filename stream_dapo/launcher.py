@@ -374,7 +374,9 @@ def prepare_run_dir(cfg: Config, resume: bool) -> Path:
 
 
 def prepare_model(cfg: Config) -> None:
-    """Build the tiny warm model when model.path is the embedded default's empty cache; use an
+    """Import model.source when one is set (into model.path, or sft.base under [sft]), then warm it
+    up into model.path when sft.enabled (both once: stream_dapo.model.importer, .sft); else
+    build the tiny warm model when model.path is the embedded default's empty cache; use an
     existing model as it is; refuse (ConfigError) a model.path elsewhere that holds no model.
 
     A run never retrains the policy it was pointed at: when the cached tiny model was built with
@@ -384,6 +386,15 @@ def prepare_model(cfg: Config) -> None:
     from stream_dapo.model.warmup import ensure_warm_model, tiny_spec, warmup_key
 
     path = Path(cfg.model.path)
+    if cfg.model.source is not None or cfg.sft.enabled:
+        from stream_dapo.model.importer import ensure_imported_model
+        from stream_dapo.model.sft import ensure_sft_model
+
+        if cfg.model.source is not None:
+            ensure_imported_model(cfg.model.source, cfg.sft.base if cfg.sft.enabled else path)
+        if cfg.sft.enabled:
+            ensure_sft_model(cfg)
+        return
     if not (path / "config.json").is_file():
         ensure_warm_model(cfg)
         return
@@ -397,11 +408,16 @@ def prepare_model(cfg: Config) -> None:
 
 
 def check_data(cfg: Config) -> None:
-    """Validate data.train_path, and data.eval_path when the run evaluates, row by row before any
+    """Write data.gsm_symbolic's files when that source is set (cached); then validate
+    data.train_path, and data.eval_path when the run evaluates, row by row before any
     service starts: a bad line or a missing column stops the run with the file, line and fix (a
     ConfigError), not a generator at start-up."""
     from stream_dapo.data.dataset import check_data_file
 
+    if cfg.data.gsm_symbolic is not None:
+        from stream_dapo.data.gsm_symbolic import ensure_gsm_symbolic_data
+
+        ensure_gsm_symbolic_data(cfg.data.gsm_symbolic)
     files = {"data.train_path": cfg.data.train_path}
     if cfg.run.eval_before_after:
         files["data.eval_path"] = cfg.data.eval_path
@@ -611,8 +627,8 @@ def run(args: argparse.Namespace) -> int:
     except PortInUse as exc:
         print(f"stream-dapo run: {exc}", file=sys.stderr)
         return ExitCode.CONFIG
+    check_data(cfg)  # first: it writes data.gsm_symbolic's files, which [sft] trains on
     prepare_model(cfg)
-    check_data(cfg)
     run_dir = prepare_run_dir(cfg, args.resume)
     shutil.rmtree(run_dir / FINAL_METRICS_DIR, ignore_errors=True)  # an earlier run's, on --resume
     config_path = run_dir / "config.toml"

