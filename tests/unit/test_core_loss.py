@@ -332,7 +332,7 @@ def test_entropy_bonus_is_subtracted_with_its_coefficient() -> None:
     ("kwargs", "match"),
     [
         ({"eps_low": 0.2, "eps_high": 0.1}, "must be >= eps_low"),
-        ({"eps_low": 1.0}, r"eps_low must be in \[0, 1\)"),
+        ({"eps_low": 1.5}, r"eps_low must be in \[0, 1\]"),
         ({"dual_clip_c": 1.0}, "dual_clip_c must be > 1"),
         ({"is_cap": 1.0}, "is_cap must be"),
         (
