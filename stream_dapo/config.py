@@ -185,7 +185,7 @@ class AlgoConfig(_Section):
     """b of is_mode icepop's band [a, b], b > 1 (IcePop's default 5)."""
     ratio_level: RatioLevel = "token"
     """The clipped policy ratio. token: pi_theta/pi_old per token (PPO, DAPO; the default).
-    sequence: GSPO's length-normalised sequence ratio (prod_t pi_theta/pi_old)^(1/|y|) (Zheng et al.
+    sequence: GSPO's length-normalised sequence ratio (prod_t pi_theta/pi_old)^(1/length) (Zheng et al.
     2025), clipped per sample; GSPO uses agg_mode seq-mean-token-mean and much smaller clip ranges
     (eps_low 3e-4, eps_high 4e-4)."""
     surrogate: Surrogate = "clip"
