@@ -161,7 +161,7 @@ class AlgoConfig(_Section):
     """Lower clip range of the ratio (1 - eps_low), in [0, 1]; 1 removes the lower bound."""
     eps_high: float = 0.28
     """Upper clip range (1 + eps_high), >= eps_low. Clip-Higher: eps_high > eps_low keeps exploration
-    alive."""
+    alive. With surrogate cispo the two are the IS-weight bounds and need not be ordered."""
     dual_clip_c: float | None = 10.0
     """Dual-clip bound c > 1 for negative advantages; null turns it off."""
     ratio_mode: RatioMode = "decoupled"

@@ -252,6 +252,19 @@ class LearnerMetrics:
         self.is_weight = Gauge(
             p + "importance_weight", "Behaviour importance weight statistic.", ["stat"], registry=registry
         )
+        self.masked_tokens = Gauge(
+            p + "masked_tokens_ratio",
+            "Share of the last step's loss tokens the behaviour correction dropped (algo.is_mode mask or "
+            "icepop, at token or sequence level, and non-finite log-probs).",
+            registry=registry,
+        )
+        self.sequence_ratio = Gauge(
+            p + "sequence_ratio",
+            "Min/max over the last step's samples of the length-normalised sequence ratio "
+            "exp(mean log(pi/pi_old)) (GSPO's s_i); NaN when no token was trained.",
+            ["stat"],
+            registry=registry,
+        )
         self.grad_norm = Gauge(p + "grad_norm", "Gradient norm before clipping.", registry=registry)
         self.lr = Gauge(p + "learning_rate", "Current learning rate.", registry=registry)
         self.reward = Gauge(

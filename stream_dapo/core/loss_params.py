@@ -77,7 +77,11 @@ class PolicyLossParams:
             raise ValueError(
                 f"eps_low must be in [0, 1] (DAPO uses 0.2; 1 removes the lower bound), got {self.eps_low}"
             )
-        if not (math.isfinite(self.eps_high) and self.eps_high >= self.eps_low):
+        if not (math.isfinite(self.eps_high) and self.eps_high >= 0.0):
+            raise ValueError(f"eps_high must be a finite number >= 0 (DAPO uses 0.28), got {self.eps_high}")
+        # CISPO's IS-weight bounds are independent (MiniMax-M1: no lower bound, eps_low 1, and a small
+        # eps_high); the PPO clip keeps Clip-Higher's rule.
+        if self.surrogate == "clip" and self.eps_high < self.eps_low:
             raise ValueError(
                 f"eps_high ({self.eps_high}) must be >= eps_low ({self.eps_low}): Clip-Higher raises the "
                 "upper bound only (DAPO: eps_low 0.2, eps_high 0.28); set eps_high to at least eps_low "

@@ -488,6 +488,10 @@ class LearnerService:
             mx.clip_fraction.labels(side=side).set(getattr(s, f"clip_frac_{side}"))
         mx.is_weight.labels(stat="mean").set(s.is_weight_mean)
         mx.is_weight.labels(stat="max").set(s.is_weight_max)
+        mx.masked_tokens.set(s.masked_frac)
+        for stat in ("min", "max"):
+            value = getattr(s, f"seq_ratio_{stat}")
+            mx.sequence_ratio.labels(stat=stat).set(math.nan if value is None else value)
         mx.approx_kl.set(s.approx_kl_behaviour)
         for tokens in ("all", "fresh"):
             gap = s.behaviour_gap.get(tokens)
