@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -346,6 +347,14 @@ class LearnerMetrics:
             buckets=SECONDS_BUCKETS,
             registry=registry,
         )
+
+    def set_off_policy(
+        self, masked_frac: float, seq_ratio_min: float | None, seq_ratio_max: float | None
+    ) -> None:
+        """The off-policy correction's gauges from a step's rows (None: no trained token, NaN)."""
+        self.masked_tokens.set(masked_frac)
+        for stat, value in (("min", seq_ratio_min), ("max", seq_ratio_max)):
+            self.sequence_ratio.labels(stat=stat).set(math.nan if value is None else value)
 
 
 @dataclass

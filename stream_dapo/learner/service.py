@@ -488,10 +488,7 @@ class LearnerService:
             mx.clip_fraction.labels(side=side).set(getattr(s, f"clip_frac_{side}"))
         mx.is_weight.labels(stat="mean").set(s.is_weight_mean)
         mx.is_weight.labels(stat="max").set(s.is_weight_max)
-        mx.masked_tokens.set(s.masked_frac)
-        for stat in ("min", "max"):
-            value = getattr(s, f"seq_ratio_{stat}")
-            mx.sequence_ratio.labels(stat=stat).set(math.nan if value is None else value)
+        mx.set_off_policy(s.masked_frac, s.seq_ratio_min, s.seq_ratio_max)
         mx.approx_kl.set(s.approx_kl_behaviour)
         for tokens in ("all", "fresh"):
             gap = s.behaviour_gap.get(tokens)
