@@ -142,13 +142,14 @@ def correction_figures(d: np.ndarray) -> list[dict[str, Any]]:
     """The loss's behaviour weight on these log-ratios, per mode and cap."""
     import torch
 
-    from stream_dapo.core.loss import IS_MODES
+    from stream_dapo.core.loss import IS_MODES, PolicyLossParams
 
     log_w = torch.from_numpy(np.where(np.isfinite(d), d, -np.inf))
     rows = []
-    for mode, weight_fn in IS_MODES.items():
+    for mode in ("truncate", "mask"):  # the modes with a cap C (icepop has its own band)
+        weight_fn = IS_MODES[mode]
         for cap in CAPS:
-            w = weight_fn(log_w, cap)
+            w = weight_fn(log_w, PolicyLossParams(is_cap=cap))
             rows.append(
                 {
                     "is_mode": mode,

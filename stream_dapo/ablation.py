@@ -118,6 +118,12 @@ _NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {
     ("warmup", "track_prompts"): 32,
     ("warmup", "reference_min_greedy"): 0.0,  # no floor: one round of the reference phase, as before
     ("warmup", "reference_max_rounds"): 3,
+    # The off-policy corrections of issue 40; their defaults are the loss as it was.
+    ("algo", "is_level"): "token",
+    ("algo", "icepop_low"): 0.5,
+    ("algo", "icepop_high"): 5.0,
+    ("algo", "ratio_level"): "token",
+    ("algo", "surrogate"): "clip",
 }
 """Settings added after cells were first fingerprinted, with the value that behaves as the code did
 before they existed. At that value a setting is left out of the fingerprint, so cells recorded

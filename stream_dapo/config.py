@@ -31,7 +31,15 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from stream_dapo.core.loss_params import AggMode, IsMode, PolicyLossParams, RatioMode
+from stream_dapo.core.loss_params import (
+    AggMode,
+    IsLevel,
+    IsMode,
+    PolicyLossParams,
+    RatioLevel,
+    RatioMode,
+    Surrogate,
+)
 from stream_dapo.core.rewards import RewardShaping
 
 if TYPE_CHECKING:  # imported where used: stream_dapo.core's package imports torch
@@ -200,10 +208,10 @@ class AlgoConfig(_Section):
     """G: samples per prompt."""
     # The loss keys: `PolicyLossParams` (stream_dapo.core.loss_params) checks their bounds.
     eps_low: float = 0.2
-    """Lower clip range of the ratio (1 - eps_low), in [0, 1)."""
+    """Lower clip range of the ratio (1 - eps_low), in [0, 1]; 1 removes the lower bound."""
     eps_high: float = 0.28
     """Upper clip range (1 + eps_high), >= eps_low. Clip-Higher: eps_high > eps_low keeps exploration
-    alive."""
+    alive. With surrogate cispo the two are the IS-weight bounds and need not be ordered."""
     dual_clip_c: float | None = 10.0
     """Dual-clip bound c > 1 for negative advantages; null turns it off."""
     ratio_mode: RatioMode = "decoupled"
@@ -212,7 +220,29 @@ class AlgoConfig(_Section):
     is_cap: float = 2.0
     """C > 1: cap of the behaviour importance weight (truncate) or the [1/C, C] band (mask)."""
     is_mode: IsMode = "truncate"
-    """How the behaviour importance weight is bounded."""
+    """How the behaviour importance weight rho = pi_prox/mu is bounded. truncate: min(rho, is_cap)
+    (truncated IS, the default). mask: 1 inside [1/is_cap, is_cap], else 0 (the token, or the sample
+    at sequence level, is dropped; TRL's and verl's masked IS). icepop: rho inside
+    [icepop_low, icepop_high], else 0, both sides masked (IcePop, inclusionAI's Ring-1T, 2025)."""
+    is_level: IsLevel = "token"
+    """What rho is computed on. token: per token (the default). sequence: the product over the
+    response (sequence-level TIS/MIS, TRL and verl). geometric: its geometric mean, the
+    length-normalised product (SkyRL's and verl's geometric sequence mask). Needs ratio_mode
+    decoupled."""
+    icepop_low: float = 0.5
+    """a of is_mode icepop's band [a, b], 0 < a < 1 (IcePop's default 0.5)."""
+    icepop_high: float = 5.0
+    """b of is_mode icepop's band [a, b], b > 1 (IcePop's default 5)."""
+    ratio_level: RatioLevel = "token"
+    """The clipped policy ratio. token: pi_theta/pi_old per token (PPO, DAPO; the default).
+    sequence: GSPO's length-normalised sequence ratio (prod_t pi_theta/pi_old)^(1/length) (Zheng et al.
+    2025), clipped per sample; GSPO uses agg_mode seq-mean-token-mean and much smaller clip ranges
+    (eps_low 3e-4, eps_high 4e-4)."""
+    surrogate: Surrogate = "clip"
+    """The per-token objective. clip: PPO's clipped surrogate with the dual clip (the default).
+    cispo: -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi, a clipped stop-gradient IS weight on the
+    log-prob that clips no token's update (CISPO, MiniMax-M1 2025, which sets no lower bound:
+    eps_low 1); dual_clip_c does not apply."""
     agg_mode: AggMode = "token-mean"
     """Loss aggregation. token-mean over the global token count is DAPO's token-level loss."""
     kl_coef: float = 0.0

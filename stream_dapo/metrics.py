@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -252,6 +253,19 @@ class LearnerMetrics:
         self.is_weight = Gauge(
             p + "importance_weight", "Behaviour importance weight statistic.", ["stat"], registry=registry
         )
+        self.masked_tokens = Gauge(
+            p + "masked_tokens_ratio",
+            "Share of the last step's loss tokens the behaviour correction dropped (algo.is_mode mask or "
+            "icepop, at token or sequence level, and non-finite log-probs).",
+            registry=registry,
+        )
+        self.sequence_ratio = Gauge(
+            p + "sequence_ratio",
+            "Min/max over the last step's samples of the length-normalised sequence ratio "
+            "exp(mean log(pi/pi_old)) (GSPO's s_i); NaN when no token was trained.",
+            ["stat"],
+            registry=registry,
+        )
         self.grad_norm = Gauge(p + "grad_norm", "Gradient norm before clipping.", registry=registry)
         self.lr = Gauge(p + "learning_rate", "Current learning rate.", registry=registry)
         self.reward = Gauge(
@@ -333,6 +347,14 @@ class LearnerMetrics:
             buckets=SECONDS_BUCKETS,
             registry=registry,
         )
+
+    def set_off_policy(
+        self, masked_frac: float, seq_ratio_min: float | None, seq_ratio_max: float | None
+    ) -> None:
+        """The off-policy correction's gauges from a step's rows (None: no trained token, NaN)."""
+        self.masked_tokens.set(masked_frac)
+        for stat, value in (("min", seq_ratio_min), ("max", seq_ratio_max)):
+            self.sequence_ratio.labels(stat=stat).set(math.nan if value is None else value)
 
 
 @dataclass

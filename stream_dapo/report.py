@@ -363,13 +363,20 @@ FIGURES: tuple[Figure, ...] = (
                 (Line("KL", _learner("approx_kl_behaviour")),),
             ),
             Panel(
-                "Masked tokens (is_mode = mask)",
+                "Masked tokens (is_mode = mask or icepop)",
                 "% of response tokens",
                 (Line("masked", _learner("masked_frac", 100)),),
             ),
+            Panel(
+                "Sequence ratio (length-normalised)",
+                "exp(mean log pi/pi_old) per sample",
+                (Line("min", _learner("seq_ratio_min")), Line("max", _learner("seq_ratio_max"), "--")),
+            ),
         ),
-        "The truncated importance weight between the learner's proximal policy and the generators' "
-        "behaviour policy (decoupled loss); masked tokens only in algo.is_mode = mask.",
+        "The importance weight between the learner's proximal policy and the generators' behaviour "
+        "policy (decoupled loss), per token or per sample (algo.is_level); masked tokens only in "
+        "algo.is_mode = mask or icepop. The sequence ratio's spread is what GSPO (algo.ratio_level = "
+        "sequence) clips.",
     ),
     Figure(
         "throughput",

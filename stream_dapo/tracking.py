@@ -58,6 +58,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "is_weight_mean",
         "is_weight_max",
         "masked_frac",
+        "seq_ratio_min",
+        "seq_ratio_max",
     ),
     "rollout": (
         "reward_mean",

@@ -4,22 +4,56 @@ Notation, per response token t of sample i: advantage A_i, behaviour log-prob mu
 vLLM returned), proximal log-prob prox_t (the learner's no-grad log-prob at the start of consuming the
 batch), current log-prob logp_t (with gradient).
 
-Ratio modes (``PolicyLossParams.ratio_mode``):
+The loss is assembled from five independent switches, each a small registry of pure functions below
+(one documented place per correction). The defaults are DAPO's loss as it always was; every other
+value is opt-in.
 
-- ``"decoupled"`` (default, decoupled PPO as in AReaL): r_t = exp(logp_t - prox_t) is clipped, and the
-  staleness between the generator and the learner is corrected by a stop-gradient behaviour weight
-  w_t = exp(prox_t - mu_t), truncated at C (``is_mode="truncate"``: w_t = min(w_t, C)) or turned into a
-  0/1 mask (``is_mode="mask"``: w_t = 1 inside [1/C, C], 0 outside).
-- ``"behaviour"``: mu plays the old policy of PPO: r_t = exp(logp_t - mu_t), w_t = 1.
+1. Ratio modes (``ratio_mode``, `RATIO_MODES`): what the policy ratio is taken against.
 
-Per-token loss, with clip(r) = clamp(r, 1 - eps_low, 1 + eps_high) (Clip-Higher when eps_high > eps_low)::
+   - ``"decoupled"`` (default, decoupled PPO as in AReaL): r_t = exp(logp_t - prox_t), and the
+     staleness between the generator and the learner is corrected by a stop-gradient behaviour weight
+     on rho_t = exp(prox_t - mu_t).
+   - ``"behaviour"``: mu plays the old policy of PPO: r_t = exp(logp_t - mu_t), w_t = 1.
 
-    l_t = -w_t * min(r_t * A_i, clip(r_t) * A_i)
-    l_t = min(l_t, -c * A_i * w_t)          only where A_i < 0, when dual clip c is on
+2. Behaviour-weight granularity (``is_level``, `IS_LEVELS`), decoupled mode only: what rho is.
 
-The dual clip is PPO's dual-clip bound: for A < 0 the objective max(min(rA, clip(r)A), cA) stops a
-huge ratio on a bad action from producing an unbounded loss and gradient; in loss form (negated) that
-is min(l_t, -cA) for w = 1, and the weight multiplies both sides since w >= 0.
+   - ``"token"`` (default): rho_t per token.
+   - ``"sequence"``: the product over the sample's tokens, rho_i = prod_t rho_t, on every token of i
+     (sequence-level TIS/MIS: TRL's sequence modes, verl's and SkyRL's sequence TIS).
+   - ``"geometric"``: the geometric mean, rho_i = (prod_t rho_t)^(1/|y_i|), the length-normalised
+     product (SkyRL's and verl's geometric sequence mask).
+
+   Sequence values are taken over the sample's tokens that count (``mask``) and have finite log-probs.
+
+3. Bounding (``is_mode``, `IS_MODES`) turns rho into the weight w:
+
+   - ``"truncate"`` (default, truncated importance sampling): w = min(rho, C).
+   - ``"mask"``: w = 1 where rho is in [1/C, C], else 0 (the token or sequence is dropped).
+   - ``"icepop"`` (IcePop, inclusionAI's Ring-1T, 2025): w = rho where rho is in [a, b], else 0:
+     both sides of the band are masked, the weight is kept inside it.
+
+4. Ratio granularity (``ratio_level``, `RATIO_LEVELS`):
+
+   - ``"token"`` (default): r_t as above.
+   - ``"sequence"`` (GSPO, Zheng et al. 2025): s_i = (prod_t pi_theta/pi_old)^(1/|y_i|), the
+     length-normalised sequence ratio, on every token of i in GSPO-token form,
+     r_t = sg(s_i) * pi_theta(y_t) / sg(pi_theta(y_t)): the value is s_i and the gradient of r_t is
+     s_i * grad log pi_theta(y_t), so with agg_mode "seq-mean-token-mean" the loss and its gradient
+     are GSPO's exactly (the clip then acts on whole sequences).
+
+5. Surrogate (``surrogate``, `SURROGATES`), per token, with clip(r) = clamp(r, 1 - eps_low, 1 + eps_high):
+
+   - ``"clip"`` (default, PPO with Clip-Higher when eps_high > eps_low)::
+
+         l_t = -w_t * min(r_t * A_i, clip(r_t) * A_i)
+         l_t = min(l_t, -c * A_i * w_t)          only where A_i < 0, when dual clip c is on
+
+     The dual clip is PPO's dual-clip bound: for A < 0 the objective max(min(rA, clip(r)A), cA) stops
+     a huge ratio on a bad action from producing an unbounded loss and gradient; in loss form
+     (negated) that is min(l_t, -cA) for w = 1, and the weight multiplies both sides since w >= 0.
+   - ``"cispo"`` (CISPO, MiniMax-M1 2025): l_t = -w_t * sg(clip(r_t)) * A_i * logp_t. The clipped ratio
+     is a stop-gradient weight on the log-prob; no token's update is clipped away and there is no dual
+     clip. The value is not a surrogate of the return (it contains logp); its gradient is the point.
 
 Aggregation (``agg_mode``), with m the token mask:
 
@@ -30,6 +64,7 @@ Aggregation (``agg_mode``), with m the token mask:
 ``global_tokens`` and ``global_seqs`` must be counted over the whole mini-batch (all micro-batches and
 all data-parallel ranks) and passed in: normalising per micro-batch silently reweights samples under
 gradient accumulation. They are counted on the ``mask`` argument as given (see ``policy_loss``).
+Sequence-level quantities need a sample's tokens in one call: the learner packs one sample per row.
 """
 
 from __future__ import annotations
@@ -41,12 +76,23 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from stream_dapo.core.loss_params import AggMode, IsMode, PolicyLossParams, RatioMode
+from stream_dapo.core.loss_params import (
+    AggMode,
+    IsLevel,
+    IsMode,
+    PolicyLossParams,
+    RatioLevel,
+    RatioMode,
+    Surrogate,
+)
 
 __all__ = [
     "AGGREGATIONS",
+    "IS_LEVELS",
     "IS_MODES",
+    "RATIO_LEVELS",
     "RATIO_MODES",
+    "SURROGATES",
     "PolicyLossParams",
     "policy_loss",
     "token_entropy",
@@ -156,20 +202,128 @@ RATIO_MODES: dict[RatioMode, Callable[[Tensor, Tensor | None], _RatioInputs]] = 
 }
 
 
-def _truncate_weight(log_weight: Tensor, cap: float) -> Tensor:
+def _token_level(log_weight: Tensor, valid: Tensor) -> Tensor:
+    """Token-level behaviour weight: log rho_t as it is."""
+    del valid
+    return log_weight
+
+
+def _sequence_level(log_weight: Tensor, valid: Tensor) -> Tensor:
+    """Sequence-level weight: log prod_t rho_t = sum_t log rho_t over the valid tokens, on every token."""
+    total = torch.where(valid, log_weight, 0.0).sum(dim=-1, keepdim=True)
+    return total.expand_as(log_weight)
+
+
+def _geometric_level(log_weight: Tensor, valid: Tensor) -> Tensor:
+    """Geometric-mean weight: (1/|y|) sum_t log rho_t over the |y| valid tokens, on every token."""
+    count = valid.to(log_weight.dtype).sum(dim=-1, keepdim=True).clamp(min=1.0)
+    total = torch.where(valid, log_weight, 0.0).sum(dim=-1, keepdim=True)
+    return (total / count).expand_as(log_weight)
+
+
+# Each takes log rho [N, T] (no gradient) and the valid-token mask [N, T] (counted and finite); returns
+# the log of the weight that `IS_MODES` bounds, [N, T].
+IS_LEVELS: dict[IsLevel, Callable[[Tensor, Tensor], Tensor]] = {
+    "token": _token_level,
+    "sequence": _sequence_level,
+    "geometric": _geometric_level,
+}
+
+
+def _truncate_weight(log_weight: Tensor, params: PolicyLossParams) -> Tensor:
     """Truncated importance sampling: w = min(exp(log_weight), C), computed in log space."""
-    return torch.exp(torch.clamp(log_weight, max=math.log(cap)))
+    return torch.exp(torch.clamp(log_weight, max=math.log(params.is_cap)))
 
 
-def _mask_weight(log_weight: Tensor, cap: float) -> Tensor:
+def _mask_weight(log_weight: Tensor, params: PolicyLossParams) -> Tensor:
     """Masked importance sampling: w = 1 where exp(log_weight) is in [1/C, C], else 0."""
-    inside = log_weight.abs() <= math.log(cap)
+    inside = log_weight.abs() <= math.log(params.is_cap)
     return inside.to(log_weight.dtype)
 
 
-IS_MODES: dict[IsMode, Callable[[Tensor, float], Tensor]] = {
+def _icepop_weight(log_weight: Tensor, params: PolicyLossParams) -> Tensor:
+    """IcePop: w = exp(log_weight) where it lies in [a, b] = [icepop_low, icepop_high], else 0."""
+    inside = (log_weight >= math.log(params.icepop_low)) & (log_weight <= math.log(params.icepop_high))
+    return torch.where(inside, torch.exp(torch.where(inside, log_weight, 0.0)), 0.0)
+
+
+IS_MODES: dict[IsMode, Callable[[Tensor, PolicyLossParams], Tensor]] = {
     "truncate": _truncate_weight,
     "mask": _mask_weight,
+    "icepop": _icepop_weight,
+}
+
+
+def _token_log_ratio(logprobs: Tensor, old: Tensor, keep: Tensor) -> Tensor:
+    """log r_t = logp_t - old_t on kept tokens (0 elsewhere), clamped to +-_MAX_LOG_RATIO."""
+    return torch.where(keep, logprobs - old, 0.0).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+
+
+def _sequence_log_ratio(logprobs: Tensor, old: Tensor, keep: Tensor) -> Tensor:
+    """GSPO-token: log r_t = sg(log s_i) + logp_t - sg(logp_t), log s_i the mean of logp - old over the
+    sample's kept tokens (clamped to +-_MAX_LOG_RATIO); 0 on tokens not kept."""
+    token = torch.where(keep, logprobs.detach() - old, 0.0)
+    count = keep.to(logprobs.dtype).sum(dim=-1, keepdim=True).clamp(min=1.0)
+    seq = (token.sum(dim=-1, keepdim=True) / count).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return torch.where(keep, seq + (logprobs - logprobs.detach()), 0.0)
+
+
+# Each takes the current log-probs [N, T] (with gradient), the ratio's denominator [N, T] (no
+# gradient, equal to logprobs where not kept) and the kept-token mask; returns log r [N, T].
+RATIO_LEVELS: dict[RatioLevel, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "token": _token_log_ratio,
+    "sequence": _sequence_log_ratio,
+}
+
+
+@dataclass(frozen=True)
+class _SurrogateOut:
+    """A surrogate's per-token loss before the behaviour weight, and where its bounds bound.
+
+    Attributes:
+        per_token: [N, T] l_t for w = 1 (with gradient).
+        low / high: [N, T] bool, the tokens the lower / upper clip bound acted on.
+        dual: [N, T] bool, the tokens the dual clip bound acted on.
+    """
+
+    per_token: Tensor
+    low: Tensor
+    high: Tensor
+    dual: Tensor
+
+
+def _clip_surrogate(logprobs: Tensor, ratio: Tensor, adv: Tensor, params: PolicyLossParams) -> _SurrogateOut:
+    """PPO's clipped surrogate -min(rA, clip(r)A), with the dual clip for A < 0 when it is on."""
+    del logprobs
+    clipped_ratio = ratio.clamp(1.0 - params.eps_low, 1.0 + params.eps_high)
+    clipped = torch.maximum(-adv * ratio, -adv * clipped_ratio)  # = -min(rA, clip(r)A)
+    per_token = clipped
+    neg = (adv < 0).expand_as(ratio)
+    dual = torch.zeros_like(neg)
+    if params.dual_clip_c is not None:
+        dual_bound = -params.dual_clip_c * adv  # positive where A < 0
+        per_token = torch.where(adv < 0, torch.minimum(clipped, dual_bound), clipped)
+        dual = neg & (clipped.detach() > dual_bound)
+    with torch.no_grad():
+        low = neg & (ratio < 1.0 - params.eps_low)
+        high = (adv > 0).expand_as(ratio) & (ratio > 1.0 + params.eps_high)
+    return _SurrogateOut(per_token, low, high, dual)
+
+
+def _cispo_surrogate(logprobs: Tensor, ratio: Tensor, adv: Tensor, params: PolicyLossParams) -> _SurrogateOut:
+    """CISPO: -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp; every token keeps its gradient."""
+    ratio = ratio.detach()
+    is_weight = ratio.clamp(1.0 - params.eps_low, 1.0 + params.eps_high)
+    low = ratio < 1.0 - params.eps_low
+    high = ratio > 1.0 + params.eps_high
+    return _SurrogateOut(-is_weight * adv * logprobs, low, high, torch.zeros_like(low))
+
+
+# Each takes the current log-probs [N, T] (with gradient; 0 on tokens not kept), the ratio r [N, T]
+# (with gradient), the advantages [N, 1] and the params.
+SURROGATES: dict[Surrogate, Callable[[Tensor, Tensor, Tensor, PolicyLossParams], _SurrogateOut]] = {
+    "clip": _clip_surrogate,
+    "cispo": _cispo_surrogate,
 }
 
 
@@ -248,7 +402,7 @@ def policy_loss(
     global_tokens: float | None = None,
     global_seqs: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """DAPO clipped surrogate with behaviour-weight correction, dual clip, aggregation, KL and entropy.
+    """DAPO's policy loss with the off-policy corrections the params select (module docstring).
 
     Args:
         logprobs: [N, T] current log-probs of the response tokens, with gradient.
@@ -266,22 +420,26 @@ def policy_loss(
         global_seqs: sequence count for the "seq-mean-*" modes, the number of samples with at least one
             mask token across the mini-batch. None counts this call's.
 
-    Tokens whose behaviour log-prob (or prox in decoupled mode) is NaN/inf, and tokens outside the
-    [1/C, C] range in IS mask mode, are dropped: they contribute zero loss and zero gradient. They stay
+    Tokens whose behaviour log-prob (or prox in decoupled mode) is NaN/inf, and tokens (or, at
+    sequence level, whole samples) whose weight is 0 in IS mode "mask" or "icepop", are dropped: they
+    contribute zero loss and zero gradient, and do not enter a sequence ratio. They stay
     in the normalisers, which are therefore a function of ``mask`` alone, so a learner can count them
     once per mini-batch before the forward passes.
 
     Returns:
         (loss, metrics): the scalar loss, and python floats computed without gradient over the tokens
-        that contributed: ``pg_loss``, ``clip_frac_low`` (A < 0 and r < 1 - eps_low),
-        ``clip_frac_high`` (A > 0 and r > 1 + eps_high), ``clip_frac_dual`` (A < 0 and the dual bound
-        active), ``clip_high_prob_density`` (the up-clipped tokens' probabilities under the ratio's
-        denominator policy, summed and divided by the contributing tokens: divided by
-        ``clip_frac_high`` it is their mean probability, DAPO's Fig. 3a), ``is_weight_mean``/``is_weight_max`` (w after truncation/masking),
-        ``is_weight_raw_max`` (exp(prox - mu) before it; 1 in behaviour mode), ``masked_frac`` (dropped
-        tokens / mask tokens), ``approx_kl_behaviour`` (k3 estimate of KL(mu || pi_theta) from tokens
-        sampled from mu: r - 1 - log r with r = pi_theta / mu), ``ratio_mean``, ``num_tokens``
-        (contributing tokens), and ``kl_ref`` / ``entropy`` when those terms are given.
+        that contributed: ``pg_loss``, ``clip_frac_low`` (A < 0 and r < 1 - eps_low; with CISPO any A),
+        ``clip_frac_high`` (A > 0 and r > 1 + eps_high; with CISPO any A), ``clip_frac_dual`` (A < 0
+        and the dual bound active), ``clip_high_prob_density`` (the up-clipped tokens' probabilities
+        under the ratio's denominator policy, summed and divided by the contributing tokens: divided
+        by ``clip_frac_high`` it is their mean probability, DAPO's Fig. 3a),
+        ``is_weight_mean``/``is_weight_max`` (w after truncation/masking, per token; a sequence weight
+        counts once per token), ``is_weight_raw_max`` (rho before it, at the chosen granularity; 1 in
+        behaviour mode), ``masked_frac`` (dropped tokens / mask tokens), ``approx_kl_behaviour`` (k3
+        estimate of KL(mu || pi_theta) from tokens sampled from mu: r - 1 - log r with
+        r = pi_theta / mu), ``ratio_mean``, ``seq_ratio_min``/``seq_ratio_max`` (extremes over the
+        samples of the length-normalised sequence ratio exp(mean_t log r_t), GSPO's s_i; 1 without
+        samples), ``num_tokens`` (contributing tokens), and ``kl_ref`` / ``entropy`` when given.
     """
     _check_inputs(
         logprobs,
@@ -306,21 +464,18 @@ def policy_loss(
     given = mask.to(dtype) > 0
 
     ratio_inputs = RATIO_MODES[params.ratio_mode](behaviour, prox)
-    weight = IS_MODES[params.is_mode](ratio_inputs.log_weight, params.is_cap)
-    keep = given & ratio_inputs.finite & (weight > 0)
+    valid = given & ratio_inputs.finite
+    log_weight = IS_LEVELS[params.is_level](ratio_inputs.log_weight, valid)
+    weight = IS_MODES[params.is_mode](log_weight, params)
+    keep = valid & (weight > 0)
 
     # Sanitise before subtracting: a dropped token's log-ratio is exactly 0 and has zero gradient.
     old = torch.where(keep, ratio_inputs.old, logprobs.detach())
-    log_ratio = torch.where(keep, logprobs - old, 0.0).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    log_ratio = RATIO_LEVELS[params.ratio_level](logprobs, old, keep)
     ratio = torch.exp(log_ratio)
 
-    clipped_ratio = ratio.clamp(1.0 - params.eps_low, 1.0 + params.eps_high)
-    clipped = torch.maximum(-adv * ratio, -adv * clipped_ratio)  # = -min(rA, clip(r)A)
-    per_token = clipped
-    if params.dual_clip_c is not None:
-        dual_bound = -params.dual_clip_c * adv  # positive where A < 0
-        per_token = torch.where(adv < 0, torch.minimum(clipped, dual_bound), clipped)
-    per_token = torch.where(keep, weight * per_token, 0.0)
+    surrogate = SURROGATES[params.surrogate](torch.where(keep, logprobs, 0.0), ratio, adv, params)
+    per_token = torch.where(keep, weight * surrogate.per_token, 0.0)
 
     norm_mask = given.to(dtype)
     tokens = _resolve_count(global_tokens, norm_mask.sum(), "global_tokens")
@@ -352,21 +507,20 @@ def policy_loss(
     if entropy_mean is not None:
         scalars["entropy"] = entropy_mean
     metrics = _loss_metrics(
-        params, keep, given, adv, ratio, log_ratio, clipped, ratio_inputs, weight, scalars
+        keep, given, ratio, log_ratio, surrogate, ratio_inputs, log_weight, weight, scalars
     )
     return loss, metrics
 
 
 @torch.no_grad()
 def _loss_metrics(
-    params: PolicyLossParams,
     keep: Tensor,
     given: Tensor,
-    adv: Tensor,
     ratio: Tensor,
     log_ratio: Tensor,
-    clipped: Tensor,
+    surrogate: _SurrogateOut,
     ratio_inputs: _RatioInputs,
+    log_weight: Tensor,
     weight: Tensor,
     scalars: dict[str, Tensor],
 ) -> dict[str, float]:
@@ -374,6 +528,7 @@ def _loss_metrics(
     keep_f = keep.to(ratio.dtype)
     count = keep_f.sum()
     denom = count.clamp(min=1.0)
+    log_ratio = log_ratio.detach()
 
     def frac(condition: Tensor) -> Tensor:
         return (condition & keep).to(ratio.dtype).sum() / denom
@@ -381,18 +536,19 @@ def _loss_metrics(
     def mean(values: Tensor) -> Tensor:
         return (values * keep_f).sum() / denom
 
-    neg = (adv < 0).expand_as(ratio)
-    pos = (adv > 0).expand_as(ratio)
-    if params.dual_clip_c is not None:
-        dual_active = neg & (clipped > -params.dual_clip_c * adv)
-    else:
-        dual_active = torch.zeros_like(keep)
     # The log-ratio behaviour -> current. In decoupled mode logp - mu = (logp - prox) + (prox - mu).
     log_r_behaviour = log_ratio + torch.where(keep, ratio_inputs.log_weight, 0.0)
     k3_behaviour = torch.exp(log_r_behaviour) - 1.0 - log_r_behaviour
     zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
-    up_clipped = pos & (ratio > 1.0 + params.eps_high) & keep
+    one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
+    up_clipped = surrogate.high & keep
     given_count = given.to(ratio.dtype).sum()
+    # The length-normalised sequence ratio exp(mean_t log r_t) of every sample with a kept token (in
+    # ratio_level "sequence" it is GSPO's s_i itself); 1 when there is none.
+    seq_tokens = keep_f.sum(dim=-1)
+    has_seq = seq_tokens > 0
+    seq_log = (log_ratio * keep_f).sum(dim=-1) / seq_tokens.clamp(min=1.0)
+    any_seq = bool(has_seq.any()) if has_seq.numel() else False
     names = [
         "clip_frac_low",
         "clip_frac_high",
@@ -404,19 +560,23 @@ def _loss_metrics(
         "masked_frac",
         "approx_kl_behaviour",
         "ratio_mean",
+        "seq_ratio_min",
+        "seq_ratio_max",
         "num_tokens",
     ]
     values = [
-        frac(neg & (ratio < 1.0 - params.eps_low)),
+        frac(surrogate.low),
         frac(up_clipped),
-        frac(dual_active),
+        frac(surrogate.dual),
         mean(torch.where(up_clipped, torch.exp(ratio_inputs.old), zero)),
         mean(weight),
         torch.where(keep, weight, zero).amax() if keep.numel() else zero,
-        torch.where(keep, torch.exp(ratio_inputs.log_weight), zero).amax() if keep.numel() else zero,
+        torch.where(keep, torch.exp(log_weight), zero).amax() if keep.numel() else zero,
         (given_count - count) / given_count.clamp(min=1.0),
         mean(k3_behaviour),
         mean(ratio),
+        torch.exp(seq_log[has_seq].amin()) if any_seq else one,
+        torch.exp(seq_log[has_seq].amax()) if any_seq else one,
         count,
     ]
     for name, scalar in scalars.items():

@@ -488,6 +488,7 @@ class LearnerService:
             mx.clip_fraction.labels(side=side).set(getattr(s, f"clip_frac_{side}"))
         mx.is_weight.labels(stat="mean").set(s.is_weight_mean)
         mx.is_weight.labels(stat="max").set(s.is_weight_max)
+        mx.set_off_policy(s.masked_frac, s.seq_ratio_min, s.seq_ratio_max)
         mx.approx_kl.set(s.approx_kl_behaviour)
         for tokens in ("all", "fresh"):
             gap = s.behaviour_gap.get(tokens)

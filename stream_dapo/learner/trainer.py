@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import os
 import shutil
 import socket
@@ -339,6 +340,12 @@ class StepMetrics:
     """Mean probability, under the ratio's denominator policy, of the tokens the upper clip bound
     stopped (A > 0, r > 1 + eps_high); None when there were none. DAPO's Fig. 3a finds them below
     0.2: the bound binds on unlikely tokens, which is what Clip-Higher frees."""
+    seq_ratio_min: float | None = None
+    """Smallest, over the step's samples with a trained token, length-normalised sequence ratio
+    exp(mean_t log(pi_theta/pi_old)) (GSPO's s_i; algo.ratio_level = "sequence" clips it); None when
+    no token was trained."""
+    seq_ratio_max: float | None = None
+    """Largest such sequence ratio; with seq_ratio_min, the spread of whole samples off-policy."""
     truncated_in_loss_share: float | None = None
     """Of the mini-batch's truncated samples, the share trained with a nonzero advantage: the
     reward noise DAPO's overlong filtering removes (a sample cut at the cap is scored wrong whatever
@@ -383,6 +390,8 @@ class AccumulatedStep:
     contributing: float = 0.0
     given: float = 0.0
     is_weight_max: float = 0.0
+    seq_ratio_min: float = math.inf
+    seq_ratio_max: float = 0.0
     staleness: Counter[int] = field(default_factory=Counter)
     gap: dict[str, BehaviourGap] = field(
         default_factory=lambda: {"all": BehaviourGap(), "fresh": BehaviourGap()}
@@ -722,6 +731,8 @@ class Learner:
         acc.given += float(mb.mask.sum())
         if n > 0:
             acc.is_weight_max = max(acc.is_weight_max, metrics["is_weight_max"])
+            acc.seq_ratio_min = min(acc.seq_ratio_min, metrics["seq_ratio_min"])
+            acc.seq_ratio_max = max(acc.seq_ratio_max, metrics["seq_ratio_max"])
         trained = mb.mask > 0
         if bool(trained.any()):
             stale = (self.version - mb.versions[trained]).cpu().numpy()
@@ -763,6 +774,8 @@ class Learner:
                 acc.is_weight_max,
                 max(acc.staleness, default=-(2**31)),
                 *(gap.max_abs for gap in acc.gap.values()),
+                acc.seq_ratio_max,
+                -acc.seq_ratio_min,  # the max of the negated values is the negated min
             ],
             "max",
         )
@@ -779,6 +792,7 @@ class Learner:
         contributing, given, has_kl = sums[n_sum + len(_MEAN_METRICS) : n_sum + len(_MEAN_METRICS) + 3]
         counts = sums[n_sum + len(_MEAN_METRICS) + 3 :]
         denom = max(contributing, 1.0)
+        seq_ratio_max, neg_seq_ratio_min = maxes[2 + len(acc.gap) :]
         seconds = time.perf_counter() - acc.started
         max_stale = int(maxes[1])
         means = {name: weighted[name] / denom for name in _MEAN_METRICS}
@@ -791,6 +805,8 @@ class Learner:
             **means,
             clip_high_prob_mean=density / means["clip_frac_high"] if means["clip_frac_high"] > 0 else None,
             is_weight_max=maxes[0],
+            seq_ratio_min=-neg_seq_ratio_min if contributing > 0 else None,
+            seq_ratio_max=seq_ratio_max if contributing > 0 else None,
             masked_frac=(given - contributing) / given if given else 0.0,
             grad_norm=grad_norm,
             lr=lr,

@@ -145,6 +145,38 @@ def test_first_mini_batch_takes_its_proximal_logprobs_from_its_own_forward(tmp_p
     assert any(not torch.equal(pa[n], params_of(tiny_model(0))[n]) for n in pa)  # it did train
 
 
+# The off-policy corrections of issue 40 (algo keys), each through the real learner.
+CORRECTIONS = {
+    "sequence-tis": {"is_level": "sequence"},
+    "geometric-mask": {"is_level": "geometric", "is_mode": "mask", "is_cap": 1.1},
+    "icepop": {"is_mode": "icepop"},
+    "gspo": {"ratio_level": "sequence", "agg_mode": "seq-mean-token-mean", "eps_low": 0.01, "eps_high": 0.01},
+    "cispo": {"surrogate": "cispo", "eps_low": 1.0, "eps_high": 0.01},
+}
+
+
+@pytest.mark.parametrize("algo", CORRECTIONS.values(), ids=CORRECTIONS.keys())
+def test_each_correction_trains_every_parameter_against_a_stale_proximal_policy(
+    tmp_path: Path, algo: dict[str, Any]
+) -> None:
+    """Two mini-batches of one rollout batch, as the service trains them: the second one's proximal
+    log-probs come from the weights before the first step, so its ratio pi_theta / pi_prox is not 1
+    and the GSPO clip and CISPO's IS weight act on it."""
+    learner = Learner(make_cfg(tmp_path, algo=algo), tiny_model(), source_dir=tmp_path)
+    before = params_of(learner.engine.module)
+    first, second = learner.prepare(make_groups(1)), learner.prepare(make_groups(2))
+    prox = learner.compute_logprobs(second.micro_batches)
+    step1 = learner.train_step(first, None, 0)
+    step2 = learner.train_step(second, prox, 0)
+    for step in (step1, step2):
+        assert math.isfinite(step.loss) and math.isfinite(step.grad_norm) and step.grad_norm > 0
+        assert 0.0 <= step.masked_frac < 1.0
+    assert (step1.seq_ratio_min, step1.seq_ratio_max) == pytest.approx((1.0, 1.0))
+    assert step2.seq_ratio_min < step2.seq_ratio_max  # the first step moved the policy
+    after = params_of(learner.engine.module)
+    assert [n for n in before if torch.equal(before[n], after[n])] == []
+
+
 def test_checkpoint_resume_continues_bit_identically(tmp_path: Path) -> None:
     cfg = make_cfg(tmp_path)
     first = Learner(cfg, tiny_model(0), source_dir=tmp_path)

@@ -190,9 +190,40 @@ def test_algo_builds_the_loss_and_shaping_parameters_from_its_keys() -> None:
 def test_the_loss_implements_exactly_the_modes_the_config_accepts() -> None:
     from typing import get_args
 
-    from stream_dapo.core.loss import AGGREGATIONS, IS_MODES, RATIO_MODES
-    from stream_dapo.core.loss_params import AggMode, IsMode, RatioMode
+    from stream_dapo.core.loss import (
+        AGGREGATIONS,
+        IS_LEVELS,
+        IS_MODES,
+        RATIO_LEVELS,
+        RATIO_MODES,
+        SURROGATES,
+    )
+    from stream_dapo.core.loss_params import AggMode, IsLevel, IsMode, RatioLevel, RatioMode, Surrogate
 
     assert set(RATIO_MODES) == set(get_args(RatioMode))
     assert set(IS_MODES) == set(get_args(IsMode))
+    assert set(IS_LEVELS) == set(get_args(IsLevel))
+    assert set(RATIO_LEVELS) == set(get_args(RatioLevel))
+    assert set(SURROGATES) == set(get_args(Surrogate))
     assert set(AGGREGATIONS) == set(get_args(AggMode))
+
+
+def test_off_policy_correction_keys_are_checked_once_with_their_algo_names() -> None:
+    algo = load_config(
+        overrides=[
+            "algo.is_level=geometric",
+            "algo.is_mode=icepop",
+            "algo.surrogate=cispo",
+            "algo.eps_low=1",
+        ],
+        environ={},
+    ).algo
+    assert (algo.loss_params.is_level, algo.loss_params.is_mode, algo.loss_params.surrogate) == (
+        "geometric",
+        "icepop",
+        "cispo",
+    )
+    with pytest.raises(ValueError, match=r"algo\.icepop_low < 1 < algo\.icepop_high"):
+        load_config(overrides=["algo.icepop_high=0.9"], environ={})
+    with pytest.raises(ValueError, match=r"set algo\.ratio_mode 'decoupled'"):
+        load_config(overrides=["algo.ratio_mode=behaviour", "algo.is_level=sequence"], environ={})

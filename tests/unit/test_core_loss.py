@@ -332,7 +332,7 @@ def test_entropy_bonus_is_subtracted_with_its_coefficient() -> None:
     ("kwargs", "match"),
     [
         ({"eps_low": 0.2, "eps_high": 0.1}, "must be >= eps_low"),
-        ({"eps_low": 1.0}, r"eps_low must be in \[0, 1\)"),
+        ({"eps_low": 1.5}, r"eps_low must be in \[0, 1\]"),
         ({"dual_clip_c": 1.0}, "dual_clip_c must be > 1"),
         ({"is_cap": 1.0}, "is_cap must be"),
         (
@@ -340,7 +340,7 @@ def test_entropy_bonus_is_subtracted_with_its_coefficient() -> None:
             "unknown agg_mode 'mean'; valid values: seq-mean-token-mean, seq-mean-token-sum, token-mean",
         ),
         ({"ratio_mode": "ppo"}, "valid values: behaviour, decoupled"),
-        ({"is_mode": "clip"}, "valid values: mask, truncate"),
+        ({"is_mode": "clip"}, "valid values: icepop, mask, truncate"),
         ({"kl_coef": -0.1}, "kl_coef must be"),
     ],
 )
@@ -452,6 +452,35 @@ def test_two_data_parallel_ranks_sum_to_the_full_batch_gradient(agg_mode: str, r
     params = PolicyLossParams(agg_mode=agg_mode, ratio_mode=ratio_mode)
     full = _grad(_micro_loss(s, list(range(6)), params, None, None), s["w"])
     # Each rank accumulates its own micro-batches; the all-reduce sums the two ranks.
+    rank0 = _accumulated_grad(s, [[0], [2, 4]], params, use_global=True)
+    rank1 = _accumulated_grad(s, [[1, 3], [5]], params, use_global=True)
+    torch.testing.assert_close(rank0 + rank1, full, rtol=0, atol=1e-6)
+
+
+# The off-policy corrections of issue 40: sequence-level quantities are per row, and a row is one whole
+# sample in every micro-batch, so the global counts keep accumulation exact for them too.
+_CORRECTIONS = [
+    {"is_level": "sequence"},
+    {"is_level": "geometric", "is_mode": "mask", "is_cap": 1.3},
+    {"is_mode": "icepop", "icepop_low": 0.8, "icepop_high": 1.25},
+    {"is_level": "sequence", "is_mode": "icepop"},
+    {"ratio_level": "sequence", "agg_mode": "seq-mean-token-mean"},
+    {"ratio_level": "sequence", "eps_low": 3e-4, "eps_high": 4e-4},
+    {"surrogate": "cispo"},
+    {"surrogate": "cispo", "eps_low": 1.0, "ratio_level": "sequence", "is_level": "geometric"},
+]
+
+
+@pytest.mark.parametrize("kwargs", _CORRECTIONS, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_corrections_accumulate_over_micro_batches_and_ranks_to_the_full_batch_gradient(
+    kwargs: dict[str, object],
+) -> None:
+    s = _accumulation_setup()
+    params = PolicyLossParams(**kwargs)  # type: ignore[arg-type]
+    full = _grad(_micro_loss(s, list(range(6)), params, None, None), s["w"])
+    assert full.abs().max() > 1e-3
+    accumulated = _accumulated_grad(s, [[0, 1], [2, 3, 4], [5]], params, use_global=True)
+    torch.testing.assert_close(accumulated, full, rtol=0, atol=1e-6)
     rank0 = _accumulated_grad(s, [[0], [2, 4]], params, use_global=True)
     rank1 = _accumulated_grad(s, [[1, 3], [5]], params, use_global=True)
     torch.testing.assert_close(rank0 + rank1, full, rtol=0, atol=1e-6)

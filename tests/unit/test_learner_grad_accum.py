@@ -27,11 +27,11 @@ LR = 1e-3
 tiny_model = tiny_qwen2
 
 
-def make_cfg(micro_batch_tokens: int, **learner: object) -> Config:
+def make_cfg(micro_batch_tokens: int, algo: dict[str, object] | None = None, **learner: object) -> Config:
     return Config.model_validate(
         {
             "model": {"max_prompt_len": 8, "path": "unused"},
-            "algo": {"group_size": 3, "max_response_len": 32, "overlong_cache_len": 4},
+            "algo": {"group_size": 3, "max_response_len": 32, "overlong_cache_len": 4, **(algo or {})},
             "learner": {
                 "mini_batch_samples": 6,
                 "rollout_batch_prompts": 2,
@@ -56,18 +56,20 @@ def make_groups(seed: int) -> list[Group]:
 
 def reference_step(
     model: Qwen2ForCausalLM, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config
-) -> tuple[float, dict, float]:
-    """Plain torch: token-mean loss over the whole mini-batch, one unpadded sequence at a time."""
+) -> tuple[float, dict, float, float]:
+    """Plain torch: the loss over the whole mini-batch, one unpadded sequence at a time. Returns the
+    loss, the gradients, the gradient norm and the share of loss tokens the correction dropped."""
     params = cfg.algo.loss_params
     seqs = sequences_from_groups(groups)
     total_tokens = sum(len(s.response) for s in seqs if s.loss_weight > 0)
-    loss_sum = 0.0
+    total_seqs = sum(1 for s in seqs if s.loss_weight > 0)
+    loss_sum, kept = 0.0, 0.0
     for s in seqs:
         ids = torch.from_numpy(np.concatenate([s.prompt, s.response]).astype(np.int64))[None]
         p = len(s.prompt)
         logp = token_logprobs(model(input_ids=ids).logits[:, p - 1 : -1], ids[:, p:])
         mask = torch.full_like(logp, float(s.loss_weight > 0))
-        loss, _ = policy_loss(
+        loss, m = policy_loss(
             logp,
             torch.from_numpy(s.behaviour_logprobs)[None],
             torch.tensor([s.advantage]),
@@ -75,14 +77,16 @@ def reference_step(
             params,
             prox_logprobs=logp.detach(),
             global_tokens=total_tokens,
+            global_seqs=total_seqs,
         )
         loss.backward()
         loss_sum += float(loss.detach())
+        kept += m["num_tokens"]
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.learner.grad_clip))
     opt.step()
     opt.zero_grad()
-    return loss_sum, grads, norm
+    return loss_sum, grads, norm, 1.0 - kept / total_tokens
 
 
 def learner_step(learner: Learner, groups: list[Group]) -> tuple[object, dict, int]:
@@ -96,8 +100,21 @@ def params_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
-def test_one_vs_three_micro_batches_match_one_big_batch_reference() -> None:
-    big, small = make_cfg(4096), make_cfg(64)
+# The off-policy corrections of issue 40 through the real learner: each trains every parameter, and
+# accumulation over micro-batches still equals the one-big-batch reference.
+CORRECTIONS = {
+    "dapo": {},
+    "sequence-tis": {"is_level": "sequence"},
+    "geometric-mask": {"is_level": "geometric", "is_mode": "mask", "is_cap": 1.05},
+    "icepop": {"is_mode": "icepop"},
+    "gspo": {"ratio_level": "sequence", "agg_mode": "seq-mean-token-mean"},
+    "cispo": {"surrogate": "cispo", "eps_low": 1.0},
+}
+
+
+@pytest.mark.parametrize("algo", CORRECTIONS.values(), ids=CORRECTIONS.keys())
+def test_one_vs_three_micro_batches_match_one_big_batch_reference(algo: dict[str, object]) -> None:
+    big, small = make_cfg(4096, algo), make_cfg(64, algo)
     learners = {
         1: Learner(big, tiny_model(), source_dir="."),
         3: Learner(small, tiny_model(), source_dir="."),
@@ -114,7 +131,7 @@ def test_one_vs_three_micro_batches_match_one_big_batch_reference() -> None:
 
     for step, seed in enumerate((1, 2)):
         groups = make_groups(seed)
-        ref_loss, ref_grads, ref_norm = reference_step(reference, opt, groups, big)
+        ref_loss, ref_grads, ref_norm, ref_masked = reference_step(reference, opt, groups, big)
         for expected_micro, learner in learners.items():
             metrics, grads, n_micro = learner_step(learner, groups)
             assert n_micro == expected_micro
@@ -122,6 +139,10 @@ def test_one_vs_three_micro_batches_match_one_big_batch_reference() -> None:
             assert metrics.loss_tokens == 24 + 22 + 16 + 14 + 8  # the filtered sample (19) is not in T
             assert metrics.loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
             assert metrics.grad_norm == pytest.approx(ref_norm, rel=1e-5)
+            assert metrics.masked_frac == pytest.approx(ref_masked, abs=1e-9)
+            assert metrics.masked_frac < 1.0
+            # The proximal policy is the current one (fresh weights), so every sequence ratio is 1.
+            assert (metrics.seq_ratio_min, metrics.seq_ratio_max) == pytest.approx((1.0, 1.0))
             for name, g in ref_grads.items():
                 torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7, msg=f"grad of {name}")
             # Adam's update g / (|g| + eps) amplifies float noise in gradients near eps (1e-8), so

@@ -22,3 +22,21 @@ def test_observe_many_adds_what_as_many_single_observations_add() -> None:
     assert counted(bulk) == counted(one)
     assert registry_samples(bulk)['stale_bucket{le="2.0"}'] == 8.0  # 5 + 3; the 3s and the 9 above
     assert registry_samples(bulk)["stale_sum"] == 0 * 5 + 1 * 3 + 3 * 2 + 9
+
+
+def test_learner_off_policy_gauges_show_the_masked_share_and_the_sequence_ratio_spread() -> None:
+    import math
+
+    from prometheus_client import CollectorRegistry
+
+    from stream_dapo.metrics import LearnerMetrics
+
+    registry = CollectorRegistry()
+    mx = LearnerMetrics(registry)
+    mx.set_off_policy(0.25, 0.5, 1.2247)
+    value = registry.get_sample_value
+    assert value("stream_dapo_learner_masked_tokens_ratio") == 0.25
+    assert value("stream_dapo_learner_sequence_ratio", {"stat": "min"}) == 0.5
+    assert value("stream_dapo_learner_sequence_ratio", {"stat": "max"}) == 1.2247
+    mx.set_off_policy(0.0, None, None)  # a step that trained no token
+    assert math.isnan(value("stream_dapo_learner_sequence_ratio", {"stat": "max"}))
