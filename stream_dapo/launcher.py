@@ -211,6 +211,35 @@ def generator_totals(snap: Mapping[str, Mapping[str, float]]) -> dict[str, float
     }
 
 
+STARVING_FILTERED_FRAC = 0.9
+"""Dynamic sampling that drops this share of groups leaves the learner next to nothing to train on."""
+
+
+def starvation_warning(row: Mapping[str, Any], cfg: Config) -> str | None:
+    """The warning to log when dynamic sampling starves the learner, naming the likely cause and
+    the fixes; None while it does not (or before 4 rollout batches of groups have finished)."""
+    wrong, right, kept = row["groups_all_wrong"], row["groups_all_correct"], row["groups_kept"]
+    finished = wrong + right + kept
+    if finished < 4 * cfg.learner.rollout_batch_prompts or row["filtered_frac"] < STARVING_FILTERED_FRAC:
+        return None
+    head = (
+        f"dynamic sampling drops {row['filtered_frac']:.0%} of groups ({wrong} all wrong, {right} all "
+        f"correct, {kept} kept of {finished}): the learner gets a rollout batch only every "
+        f"~{finished / max(kept, 1) * cfg.learner.rollout_batch_prompts:.0f} groups"
+    )
+    if wrong >= right:
+        return (
+            f"{head}. The policy is almost never right on these prompts. Fixes: easier training data, a "
+            "supervised warm-up on worked solutions ([sft]), a lower generator.temperature, a larger "
+            "algo.group_size, a longer algo.max_response_len if responses are truncated; check that "
+            "the verifier extracts the answer format the prompts ask for (`stream-dapo verify`)"
+        )
+    return (
+        f"{head}. The policy is almost always right on these prompts: use harder data, or stop (it "
+        "has learned this set)"
+    )
+
+
 def format_duration(seconds: float | None) -> str:
     """3725 -> '1h02m05s', 125 -> '2m05s', 7 -> '7s', None -> '?'."""
     if seconds is None:
@@ -276,12 +305,17 @@ class LiveView:
         self.t0 = time.monotonic()
         self.last: dict[str, dict[str, float]] = {}
         self._prev: tuple[float, dict[str, float]] | None = None
+        self._warned_starving = False
 
     def update(self) -> dict[str, Any]:
         snap = self.endpoints.snapshot()
         if any(snap.values()):
             self.last = {k: v or self.last.get(k, {}) for k, v in snap.items()}
         row = self.record(self.last)
+        warning = None if self._warned_starving else starvation_warning(row, self.cfg)
+        if warning is not None:
+            log.warning("%s", warning)
+            self._warned_starving = True
         if not self.quiet:
             self.show(format_status(row, self.cfg.learner.total_steps))
         return row

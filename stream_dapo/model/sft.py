@@ -97,7 +97,7 @@ def _train(cfg: Config, out: Path, key: str) -> dict[str, Any]:
         seed=sft.seed,
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
         threads=sft.threads,
-        log_every=10,
+        log_every=4,
         by_length=True,
     )
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")

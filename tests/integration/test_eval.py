@@ -52,6 +52,9 @@ def test_evaluate_counts_and_bounds(llm, prompts):
     assert 0.0 < result["avg_at_k"] < 1.0  # the warm model solves part of the set
     assert 1.0 < result["mean_response_len"] < 64
     assert 0.0 <= result["truncation_rate"] <= 1.0
+    # Format and solving told apart: correct / all = (correct / answered) x (answered / all).
+    assert 0.0 < result["answered_rate"] <= 1.0
+    assert result["accuracy_when_answered"] * result["answered_rate"] == pytest.approx(result["avg_at_k"])
     # Per-request seeds: the same call gives the same numbers.
     again = evaluate(llm, prompts[:16], k=4, temperature=1.0, top_p=1.0, max_tokens=64, seed=0)
     assert again == result

@@ -14,6 +14,7 @@ from stream_dapo.launcher import (
     format_duration,
     format_status,
     rewrites_in_place,
+    starvation_warning,
     status_text,
 )
 
@@ -122,3 +123,27 @@ def test_rates_in_a_row_are_over_the_time_since_the_previous_row(tmp_path: Path)
     assert second["generator_weight_sync_seconds"] == 0.3  # the three new loads: 0.9 s / 3
     third = view.row({"generator-0": registry_samples(registry)}, elapsed=30.0)
     assert third["generator_tokens_per_s"] == 0.0 and third["generator_weight_sync_seconds"] is None
+
+
+def _groups(wrong: int, right: int, kept: int) -> dict:
+    finished = wrong + right + kept
+    return {
+        "groups_all_wrong": wrong,
+        "groups_all_correct": right,
+        "groups_kept": kept,
+        "filtered_frac": round(1 - kept / finished, 3),
+    }
+
+
+def test_starvation_is_named_with_its_cause_and_fixes_once_it_is_clear() -> None:
+    cfg = load_config([], ["learner.rollout_batch_prompts=8"], environ={})
+    # 97 of 100 groups all wrong (the SmolLM2 run): the learner waits ~267 groups per batch
+    msg = starvation_warning(_groups(95, 2, 3), cfg)
+    assert msg is not None and msg.startswith(
+        "dynamic sampling drops 97% of groups (95 all wrong, 2 all correct"
+    )
+    assert "every ~267 groups" in msg and "[sft]" in msg and "generator.temperature" in msg
+    assert "almost always right" in starvation_warning(_groups(2, 95, 3), cfg)
+    assert starvation_warning(_groups(20, 0, 10), cfg) is None  # 67% filtered: dynamic sampling at work
+    assert starvation_warning(_groups(31, 0, 0), cfg) is None  # fewer than 4 rollout batches finished
+    assert starvation_warning(_groups(32, 0, 0), cfg) is not None
