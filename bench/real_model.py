@@ -263,6 +263,57 @@ def print_report(rep: dict) -> None:
     print(f"training: {t['summary']}, {t['seconds_per_step']} s/step, entropy {t['entropy_first_last']}")
 
 
+RESULTS = REPO / "docs" / "results"
+PAGE_NOTES = """\
+What the figures do not show: another machine's speed; more than the seeds listed; the eval's own noise
+(one eval seed; about +-4 points of avg@k at 128 prompts x 4 samples). Greedy is one sample at T = 0;
+sampled is eval.k samples at eval.temperature. "answered" is the share of responses with an answer the
+verifier could extract; "acc|answered" the accuracy among those, so avg@k = answered x acc|answered.
+"""
+
+
+def render_page(reports: Sequence[dict]) -> str:
+    """docs/results/real-model.md from the seeds' JSON reports."""
+    lines = [
+        "# A real pretrained model on real word problems",
+        "",
+        "Written by `python bench/real_model.py --render` from `docs/results/real_model_seed*.json`; each",
+        "seed's figures come from `flock /tmp/stream-dapo-cpu.lock .venv/bin/python bench/real_model.py --seed N`.",
+        "",
+    ]
+    for rep in reports:
+        t, sft = rep["training"], rep.get("warm_start") or {}
+        lines += [
+            f"## Seed {rep['seed']} ({rep['config']}, {rep['cores']} cores, {rep['machine'].get('cpu_model', '')})",
+            "",
+            f"Warm start: {sft.get('steps')} supervised steps on {sft.get('examples')} worked solutions "
+            f"({sft.get('seconds')} s, final loss {sft.get('final_loss', 0):.3f}).",
+            f"Training: budget {t['budget_s']:.0f} s, first step {t['first_step_after_launch_s']} s after launch, "
+            f"{t['summary'].get('learner_steps')} optimizer steps, {t['seconds_per_step']} s per step, "
+            f"{t['summary'].get('samples_generated')} samples generated, groups filtered "
+            f"{t['summary'].get('groups_filtered_all_wrong')} all wrong / {t['summary'].get('groups_filtered_all_correct')} "
+            f"all correct, {t['summary'].get('groups_trained')} trained, {t['summary'].get('groups_dropped_stale')} "
+            f"dropped stale; entropy first/last {t['entropy_first_last']}; weight sync per version "
+            f"(learner publish / generator load, median s): {t['weight_sync']['learner_publish_s']['median']} / "
+            f"{t['weight_sync']['generator_load_s']['median']}.",
+            "",
+            "| eval set | avg@k before | after | gain (points) | answered before / after | acc given answered "
+            "before / after | truncated before / after | mean length before / after |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for label, e in rep["eval"].items():
+            b, a = e["before"], e["after"]
+            lines.append(
+                f"| {label} ({e['num_prompts']} prompts x {e['k']}) | {b['avg_at_k']:.4f} | {a['avg_at_k']:.4f} | "
+                f"{e['gain_points']:+.2f} | {b['answered_rate']:.3f} / {a['answered_rate']:.3f} | "
+                f"{b['accuracy_when_answered']:.3f} / {a['accuracy_when_answered']:.3f} | "
+                f"{b['truncation_rate']:.3f} / {a['truncation_rate']:.3f} | "
+                f"{b['mean_response_len']:.0f} / {a['mean_response_len']:.0f} |"
+            )
+        lines.append("")
+    return "\n".join(lines) + "\n" + PAGE_NOTES
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -276,7 +327,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--json", type=Path, default=None, help="default: docs/results/real_model_seed<N>.json"
     )
+    parser.add_argument(
+        "--render", action="store_true", help="only write docs/results/real-model.md from the JSONs"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        reports = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("real_model_seed*.json"))]
+        (RESULTS / "real-model.md").write_text(render_page(reports))
+        return 0
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     work = args.work / f"seed-{args.seed}"
     work.mkdir(parents=True, exist_ok=True)

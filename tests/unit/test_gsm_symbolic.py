@@ -14,6 +14,7 @@ from stream_dapo.data.gsm_symbolic import (
     clean_solution,
     ensure_gsm_symbolic_data,
     gsm_symbolic_folder,
+    largest_number,
     split_templates,
     steps_of,
 )
@@ -41,6 +42,27 @@ def test_clean_solution_drops_the_marks_and_writes_the_answer_in_the_asked_forma
     assert boxed.endswith("The answer is \\boxed{1072}.")
     assert boxed.splitlines()[0] == "Natalia sold 48/2 = 24 clips in May."
     assert clean_solution(SOLUTION, "answer").endswith("\nAnswer: 1072")
+
+
+def test_largest_number_reads_thousands_separators_and_decimals() -> None:
+    assert largest_number("She had 1,250 beads and 3.75 m of string, 12 friends.") == 1250.0
+    assert largest_number("no digits") == 0.0
+
+
+def test_max_number_keeps_only_small_instances_and_the_same_split(tmp_path: Path) -> None:
+    base = GsmSymbolicConfig(
+        dir=str(tmp_path), max_steps=2, per_template=3, eval_templates=4, eval_per_template=2
+    )
+    small = base.model_copy(update={"max_number": 30, "max_tries": 3000})
+    every, few = ensure_gsm_symbolic_data(base), ensure_gsm_symbolic_data(small)
+    rows = _rows(few.train) + _rows(few.eval)
+    assert rows and all(float(r["reward_model"]["ground_truth"]) <= 30 for r in rows)
+    assert all(
+        largest_number(r["prompt"][0]["content"].split("\n\n", 1)[1]) <= 30 for r in rows
+    )  # the question
+    # Small numbers drop templates, never move one across the split.
+    assert set(few.info["train_templates"]) <= set(every.info["train_templates"])
+    assert set(few.info["eval_templates"]) <= set(every.info["eval_templates"])
 
 
 def test_split_is_disjoint_covering_and_seeded() -> None:
