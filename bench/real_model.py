@@ -11,7 +11,9 @@ resumes where it stopped; the run itself resumes with the launcher's ``--resume`
 1. prepare: the model import, the GSM-Symbolic files and the [sft] warm-up (each cached by key);
 2. ``evals-start.json``: the warm model on the held-out templates (sampled: eval.k samples per prompt
    at eval.temperature; greedy: one sample at T = 0) and on the original GSM8K problems of the kept
-   templates (the same two ways), on one vLLM engine;
+   templates (the same two ways), and on the first eval.max_prompts training instances (in
+   distribution: what RL sharpens where it trains), on one vLLM engine; a set missing from an
+   earlier file is evaluated and added;
 3. ``run/``: ``stream-dapo run --no-eval`` with ``learner.seed`` and ``generator.seed`` = the seed,
    stopped (SIGTERM; the launcher drains and exports ``run/final``) once the learner has stepped past
    ``--budget-s`` seconds after launch;
@@ -45,7 +47,7 @@ sys.path.insert(0, str(REPO))
 from bench.report import machine_info, save_json  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "smollm2-gsm-cpu.toml"
-EVAL_SETS = ("heldout", "gsm8k")
+EVAL_SETS = ("heldout", "gsm8k", "train")
 _SUMMARY_KEYS = (
     "learner_steps",
     "samples_generated",
@@ -76,7 +78,7 @@ def prepare(config: Path, overrides: Sequence[str]) -> dict[str, str]:
     check_data(cfg)
     prepare_model(cfg)
     files = ensure_gsm_symbolic_data(cfg.data.gsm_symbolic)
-    return {"heldout": str(files.eval), "gsm8k": str(files.gsm8k)}
+    return {"heldout": str(files.eval), "gsm8k": str(files.gsm8k), "train": str(files.train)}
 
 
 def evaluate_model(
@@ -137,6 +139,17 @@ def _cached(path: Path, build: Any) -> Any:
     value = build()
     save_json(path, value)
     return value
+
+
+def _cached_evals(path: Path, data: dict[str, str], build: Any) -> dict:
+    """The evals kept in ``path``, with the eval sets it lacks evaluated (``build(missing data)``)
+    and added: a set added to the study later is measured without measuring the others again."""
+    have = json.loads(path.read_text()) if path.is_file() else {}
+    missing = {name: p for name, p in data.items() if f"{name}_sampled" not in have}
+    if missing:
+        have = {**have, **build(missing)}
+        save_json(path, have)
+    return have
 
 
 def _past_budget(run_dir: Path, launch: float, budget_s: float) -> bool:
@@ -342,17 +355,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = prepare(args.config, overrides)
     cfg = _load(args.config, overrides)
     print(f"seed {args.seed}: evaluating the start model {cfg.model.path} ...", flush=True)
-    start = _cached(
+    start = _cached_evals(
         work / "evals-start.json",
-        lambda: evaluate_model(args.config, overrides, cfg.model.path, data, args.eval_seed),
+        data,
+        lambda sets: evaluate_model(args.config, overrides, cfg.model.path, sets, args.eval_seed),
     )
     print(f"seed {args.seed}: training for {args.budget_s:.0f} s ...", flush=True)
     trained = _cached(work / "trained.json", lambda: train(args.config, overrides, work, args.budget_s))
     final_dir = str(work / "run" / "final")
     print(f"seed {args.seed}: evaluating {final_dir} ...", flush=True)
-    final = _cached(
+    final = _cached_evals(
         work / "evals-final.json",
-        lambda: evaluate_model(args.config, overrides, final_dir, data, args.eval_seed),
+        data,
+        lambda sets: evaluate_model(args.config, overrides, final_dir, sets, args.eval_seed),
     )
     rep = {
         "what": "SmolLM2-135M-Instruct on GSM-Symbolic through the whole pipeline, before and after RL",
