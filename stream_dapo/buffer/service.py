@@ -44,6 +44,7 @@ from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.config import Config
 from stream_dapo.exit_codes import ExitCode
 from stream_dapo.metrics import BufferMetrics, start_metrics
+from stream_dapo.ports import endpoint_port, write_bound_ports, zmq_listen
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
@@ -140,7 +141,10 @@ class BufferService:
         self._last_compaction = time.monotonic()
         self._last_status = time.monotonic()
         self._closed = False
-        self.health.detail.update({"samples": self.samples.address, "batches": self.batches.address})
+        self.health.detail.update(
+            {"samples": self.samples.address, "batches": self.batches.address, "ports": self.bound_ports}
+        )
+        write_bound_ports(cfg.run.out_dir, "buffer", self.bound_ports)
         self.health.ready = True
         log.info(
             "buffer ready: generators -> %s, learner -> %s, metrics on port %d, admission capacity %d groups",
@@ -183,11 +187,13 @@ class BufferService:
             ("samples", t.samples_port, "generator"),
             ("batches", t.batches_port, "learner"),
         ):
+            address, fd = zmq_listen(f"transport.{name}_port", t.host, port)
             try:
                 endpoint = open_endpoint(
                     self._ctx,
                     zmq.ROUTER,
-                    bind=f"tcp://{t.host}:{port}",
+                    bind=address,
+                    use_fd=fd,
                     max_bytes=t.max_message_bytes,
                     peer=peer,
                     hwm=t.hwm,
@@ -222,6 +228,15 @@ class BufferService:
     @property
     def metrics_port(self) -> int:
         return int(self.metrics_server.port)
+
+    @property
+    def bound_ports(self) -> dict[str, int]:
+        """What this buffer bound, by the setting that chose it (0 in the config: a free port)."""
+        return {
+            "transport.samples_port": endpoint_port(self.samples.address),
+            "transport.batches_port": endpoint_port(self.batches.address),
+            "metrics.buffer_port": self.metrics_port,
+        }
 
     # ---------------------------------------------------------------------------------- loop
 

@@ -67,6 +67,7 @@ from stream_dapo.metrics import (
     start_metrics,
     write_final_metrics,
 )
+from stream_dapo.ports import require_bound, write_bound_ports
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
@@ -198,6 +199,7 @@ class GeneratorService:
         """Everything that can fail, in order of cost: files, ports, peers, prompts, engine, weights."""
         if self.engine is None or self.prompts is None:
             self._check_model_dir()  # the engine's weights, the prompts' tokenizer
+        self._check_peer_ports()
         self._start_metrics()
         self._connect_buffer()
         if self.prompts is None:
@@ -242,6 +244,17 @@ class GeneratorService:
             health=self.health,
         )
         log.info("metrics on http://%s:%d/metrics and /healthz", mc.host, self.metrics_server.port)
+        ports = {"metrics.generator_port": self.metrics_server.port}
+        self.health.detail["ports"] = ports
+        write_bound_ports(self.cfg.run.out_dir, self.generator_id, ports)
+
+    def _check_peer_ports(self) -> None:
+        """The buffer's and the learner's ports must be known here: 0 ("any free port") is a
+        server's setting, refused with where to read the bound port (`stream_dapo/ports.py`)."""
+        t = self.cfg.transport
+        require_bound("transport.samples_port", t.samples_port, "buffer")
+        if self.weights is None and self.cfg.weights.method != "shared_dir":
+            require_bound("transport.weights_port", t.weights_port, "learner")
 
     def _curve(self) -> CurveKeys | None:
         return curve_client(self.cfg.transport.curve_dir)

@@ -47,6 +47,7 @@ from stream_dapo.disk import write_text_atomic
 from stream_dapo.learner import distributed
 from stream_dapo.learner.checkpoints import Checkpoints
 from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, observe_many, start_metrics
+from stream_dapo.ports import require_bound, write_bound_ports
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
@@ -220,6 +221,7 @@ class LearnerService:
         self._start_metrics()
         if self.rank == 0:
             self._start_publishers()
+            self._report_ports()
         self.learner = Learner(self.cfg, self._model)
         state = self._resume()
         if self.rank == 0:  # one writer per run
@@ -253,6 +255,7 @@ class LearnerService:
         from stream_dapo.weights.factory import make_publisher
 
         t = self.cfg.transport
+        require_bound("transport.batches_port", t.batches_port, "buffer")
         self._ctx = zmq.Context()
         self._publisher = make_publisher(self.cfg, rejected_metric=self.metrics.messages_rejected)
         client = curve_client(t.curve_dir)
@@ -265,6 +268,15 @@ class LearnerService:
             hwm=t.hwm,
             curve=client,
         )
+
+    def _report_ports(self) -> None:
+        """Tell supervisors and peers what rank 0 bound (`stream_dapo/ports.py`), before the slow
+        model set-up, so that generators can be started while the learner loads."""
+        assert self._publisher is not None and self._metrics_server is not None
+        ports = {**self._publisher.bound_ports(), "metrics.learner_port": self._metrics_server.port}
+        if self.health is not None:
+            self.health.detail["ports"] = ports
+        write_bound_ports(self.cfg.run.out_dir, "learner", ports)
 
     def _resume(self) -> dict[str, Any]:
         """Load ``checkpoints/latest`` if present; cut the logs back to its version."""

@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import time
 import warnings
 from collections import Counter
@@ -189,12 +188,6 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _import_deepspeed() -> Any:
     """Import DeepSpeed with the CPU accelerator where there is no GPU, and without its shm op.
 
@@ -230,8 +223,9 @@ def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, int]:
     """Join (or create) the default process group; returns (rank, world_size, local_rank).
 
     Under torchrun or the deepspeed launcher the environment already says who we are. A plain
-    process (a test, ``stream-dapo learner`` without a launcher) becomes rank 0 of 1 on a free local
-    port: without these variables DeepSpeed would try MPI discovery and fail. Backend: NCCL on GPUs,
+    process (a test, ``stream-dapo learner`` without a launcher) becomes rank 0 of 1, its rendezvous
+    store on port 0 (the kernel's choice at bind: no other rank needs to find it, and no port is picked
+    and released first); without these variables DeepSpeed would try MPI discovery and fail. Backend: NCCL on GPUs,
     gloo on the CPU. Idempotent.
     """
     if "WORLD_SIZE" in os.environ and "RANK" not in os.environ:
@@ -241,7 +235,7 @@ def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, int]:
         )
     if "RANK" not in os.environ:
         os.environ.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"
         )
     deepspeed = _import_deepspeed()
     on_gpu = torch.cuda.is_available()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stream_dapo.config import Config
+from stream_dapo.ports import require_bound, zmq_listen
 from stream_dapo.transport.curve import curve_client, curve_server
 from stream_dapo.transport.sockets import TransportError
 from stream_dapo.weights.base import WeightPublisher, WeightSource
@@ -53,8 +54,10 @@ def _weight_server(cfg: Config, rejected_metric: prometheus_client.Counter | Non
 
     t = cfg.transport
     curve, allowed = curve_server(t.curve_dir) or (None, None)
+    address, fd = zmq_listen("transport.weights_port", t.host, t.weights_port)
     server = WeightServer(
-        f"tcp://{t.host}:{t.weights_port}",
+        address,
+        use_fd=fd,
         chunk_bytes=cfg.weights.chunk_bytes,
         curve=curve,
         allowed_clients_dir=allowed,
@@ -91,6 +94,7 @@ def _zmq_source(cfg: Config, index: int) -> WeightSource:
 
     t = cfg.transport
     cache = Path(cfg.run.out_dir) / "weights-cache" / f"generator-{index}"
+    require_bound("transport.weights_port", t.weights_port, "learner")
     return ZmqWeightSource(t.weights_address(), t.timeout_s, cache, curve_client(t.curve_dir))
 
 
@@ -98,6 +102,7 @@ def _nccl_source(cfg: Config, index: int) -> WeightSource:
     from stream_dapo.weights.nccl import NcclAnnouncementSource, nccl_group_spec
 
     t = cfg.transport
+    require_bound("transport.weights_port", t.weights_port, "learner")
     return NcclAnnouncementSource(
         t.weights_address(),
         t.timeout_s,

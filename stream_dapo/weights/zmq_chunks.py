@@ -99,6 +99,7 @@ class WeightServer:
         hwm: int = 1000,
         poll_ms: int = 50,
         rejected_metric: prometheus_client.Counter | None = None,
+        use_fd: int | None = None,
     ) -> None:
         if not 4096 <= chunk_bytes <= WEIGHTS_MAX_BYTES - _CHUNK_OVERHEAD:
             raise ValueError(
@@ -108,6 +109,7 @@ class WeightServer:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.bind = bind
+        self.use_fd = use_fd  # a listening socket handed over for `bind` (`stream_dapo/ports.py`)
         self.chunk_bytes = chunk_bytes
         self.keep = keep
         self.curve = curve
@@ -147,6 +149,7 @@ class WeightServer:
             self._ctx,
             zmq.ROUTER,
             bind=self.bind,
+            use_fd=self.use_fd,
             max_bytes=REQUEST_MAX_BYTES,
             peer="generator",
             hwm=self.hwm,
@@ -181,6 +184,12 @@ class WeightServer:
         self.stop()
 
     # ------------------------------------------------------------------ publishing
+
+    def bound_ports(self) -> dict[str, int]:
+        """{"transport.weights_port": the port bound} once started."""
+        from stream_dapo.ports import endpoint_port
+
+        return {"transport.weights_port": endpoint_port(self.address)}
 
     def publish(self, payload: WeightsPayload, state_dict: Mapping[str, Tensor] | None = None) -> None:
         """Make ``payload`` the current version; older ones beyond ``keep`` stop being served."""

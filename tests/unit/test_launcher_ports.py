@@ -7,8 +7,8 @@ import socket
 import pytest
 
 from stream_dapo.config import ConfigError, load_config
-from stream_dapo.launcher import PortInUse, check_ports_free
-from tests.helpers import free_ports, port_overrides
+from stream_dapo.launcher import PortInUse, check_ports_free, fixed_ports
+from tests.helpers import port_overrides
 
 
 def _config(method: str, nccl_port: int):  # -> Config
@@ -32,11 +32,19 @@ def test_a_taken_nccl_port_stops_an_nccl_run_naming_the_key() -> None:
 def test_the_nccl_group_meets_at_the_configured_port() -> None:
     from stream_dapo.weights.nccl import nccl_group_spec
 
-    (port,) = free_ports(1)
-    assert nccl_group_spec(_config("nccl", port)).port == port
+    assert nccl_group_spec(_config("nccl", 6123)).port == 6123  # nothing is bound here
 
 
 def test_the_nccl_port_must_differ_from_the_other_transport_ports() -> None:
     with pytest.raises(ConfigError, match="transport ports must differ"):
         load_config(overrides=["weights.method=nccl", "transport.nccl_port=5557"], environ={})
     assert load_config(overrides=["transport.nccl_port=5557"], environ={}).transport.nccl_port == 5557
+
+
+def test_ports_set_to_0_never_clash_and_need_no_check() -> None:
+    """0 binds a port of the kernel's choosing (`stream_dapo/ports.py`): several 0s are not one port,
+    and the launcher has nothing to check for them."""
+    cfg = load_config(overrides=port_overrides(), environ={})
+    assert cfg.transport.samples_port == cfg.transport.batches_port == cfg.transport.weights_port == 0
+    assert fixed_ports(cfg) == {}
+    check_ports_free(cfg)

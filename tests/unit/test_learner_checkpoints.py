@@ -22,7 +22,7 @@ from stream_dapo.disk import is_disk_full
 from stream_dapo.exit_codes import ExitCode
 from stream_dapo.learner import service as learner_service
 from stream_dapo.learner.checkpoints import LATEST, discard_unfinished, prune_checkpoints, read_latest
-from tests.integration.test_learner import FakeBuffer, free_port, make_cfg, tiny_model
+from tests.integration.test_learner import FakeBuffer, make_cfg, tiny_model
 
 TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
 
@@ -93,18 +93,17 @@ def test_a_failed_write_leaves_only_the_checkpoint_latest_names(tmp_path: Path) 
 def run_learner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **learner: int) -> tuple[int, FakeBuffer]:
     """`stream-dapo learner` in-process against a stand-in buffer; returns its exit code."""
     tiny_model(0).save_pretrained(tmp_path / "model")
-    ports = {"samples_port": free_port(), "batches_port": free_port(), "weights_port": free_port()}
     cfg = make_cfg(
         tmp_path,
         learner={"sync_every": 1, "checkpoint_every": 1, "mini_batch_samples": 2, **learner},
-        transport={**ports, "timeout_s": 10.0},
+        transport={"timeout_s": 10.0},
         metrics={"learner_port": 0},
         weights={"chunk_bytes": 4096},
     )
     monkeypatch.setattr(service_runner, "on_stop_signal", lambda *args: None)  # no handlers in pytest
     buffer = FakeBuffer(cfg)
     try:
-        return learner_service.run(argparse.Namespace(cfg=cfg, max_steps=None)), buffer
+        return learner_service.run(argparse.Namespace(cfg=buffer.cfg, max_steps=None)), buffer
     finally:
         buffer.close()
 
