@@ -45,6 +45,15 @@ Record = dict[str, Any]
 class BufferInputError(ValueError):
     """A caller passed something the buffer cannot act on; the message says what to pass."""
 
+    reason = "bad_request"
+    """The `error` reply's reason."""
+
+
+class GeneratorIdTaken(BufferInputError):
+    """A hello for a generator id that another live process holds (two generators with one --index)."""
+
+    reason = "generator_id_taken"
+
 
 class GroupState(enum.Enum):
     """Where a group is in its life. COMMITTED groups are forgotten except for their id."""
@@ -274,6 +283,9 @@ class ReplayBuffer:
         # `_last_seen` (not persisted: liveness, not state): when each generator was last heard
         # from; after a restart every generator starts with a full lease (`_started_at`).
         self._filtered: dict[str, int] = {}
+        self._holders: dict[str, str] = {}
+        """Per generator id, the process that said hello with it last (persisted): while that one is
+        live, no other process may use the id (`generator_hello`)."""
         self._last_seen: dict[str, float] = {}
         self._expired: set[str] = set()
         self._started_at = clock()
@@ -326,10 +338,29 @@ class ReplayBuffer:
 
     # ---------------------------------------------------------------------------------- generators
 
-    def generator_hello(self, generator_id: str) -> int:
+    def generator_hello(self, generator_id: str, holder: str = "") -> int:
         """A generator (re)started: it holds no credits any more, so its outstanding ones are
         released back to the line, and its filtered_total starts again from 0. Returns the learner
-        version to tell it."""
+        version to tell it.
+
+        A generator id belongs to one live process, named by `holder` (host, pid, a token): a hello
+        from another process while the holder is live (heard from within generator_lease_s) raises
+        GeneratorIdTaken naming both, and changes nothing, so the holder's credits and filtered_total
+        stay exact. A restarted process gets in once its predecessor's lease has run out. A hello
+        without a holder (an older client) claims nothing but is refused the same way."""
+        _check_id(generator_id, "generator_id")
+        current = self._holders.get(generator_id)
+        if current and holder != current and self._is_live(generator_id):
+            silent = self._clock() - self._last_seen.get(generator_id, self._started_at)
+            raise GeneratorIdTaken(
+                f"generator_id {generator_id!r} is held by {current} (heard from {silent:.1f} s ago), so "
+                f"{holder or 'this process'} may not use it: two generators run with one id (--index). Give "
+                f"each its own --index; a restarted generator gets in once its predecessor's lease of "
+                f"{self.policy.generator_lease_s:g} s (buffer.generator_lease_s) has run out"
+            )
+        if holder and holder != current:
+            self._log({"kind": "hello", "generator": generator_id, "holder": holder})
+            self._holders[generator_id] = holder
         self._heard_from(generator_id)
         self._expired.discard(generator_id)
         self._in_flight.pop(generator_id, None)  # a new process: its predecessor's groups are gone
@@ -413,6 +444,15 @@ class ReplayBuffer:
                 room = (limit, start)
             k += 1
         return room
+
+    def _is_live(self, generator_id: str) -> bool:
+        """Heard from within generator_lease_s (after a restart, every generator gets a full lease)."""
+        since = self._clock() - self._last_seen.get(generator_id, self._started_at)
+        return since <= self.policy.generator_lease_s
+
+    def holder_of(self, generator_id: str) -> str | None:
+        """The process that holds `generator_id` (its last hello's), if any said hello with one."""
+        return self._holders.get(generator_id)
 
     def _heard_from(self, generator_id: str) -> None:
         _check_id(generator_id, "generator_id")
@@ -827,6 +867,7 @@ class ReplayBuffer:
             # A list of pairs, not a map: there may be more generators than a map may have keys.
             "credits": [[gen, n] for gen, n in self._credits.items()],
             "filtered": [[gen, n] for gen, n in self._filtered.items()],
+            "holders": [[gen, holder] for gen, holder in self._holders.items()],
             "learner_version": self.learner_version,
             "committed_through": self.committed_through,
             "position": [self._pos_version, self._pos],
@@ -858,6 +899,7 @@ class ReplayBuffer:
         self._rejected_groups = {str(k): int(v) for k, v in r["rejected_groups"].items()}
         self._credits = {str(gen): int(n) for gen, n in r["credits"] if int(n) > 0}
         self._filtered = {str(gen): int(n) for gen, n in r.get("filtered", []) if int(n) > 0}
+        self._holders = {str(gen): str(holder) for gen, holder in r.get("holders", [])}
         self.learner_version = int(r["learner_version"])
         self.committed_through = int(r["committed_through"])
         self._pos_version, self._pos = (int(x) for x in r["position"])
@@ -1010,6 +1052,7 @@ _REPLAY: dict[str, Callable[[ReplayBuffer, Record], None]] = {
         None if r.get("request_id") is None else int(r["request_id"]),
     ),
     "expire": lambda b, r: b._apply_expire(r["generator"]),
+    "hello": lambda b, r: b._holders.__setitem__(str(r["generator"]), str(r["holder"])),
     "lease": lambda b, r: b._apply_lease(
         int(r["learner_version"]),
         list(r["group_ids"]),

@@ -302,7 +302,10 @@ class BufferService:
             return
         try:
             reply = handler(msg.body, rid)
-        except (BufferInputError, SchemaError) as exc:
+        except BufferInputError as exc:
+            self._refuse(endpoint, peer, exc.reason, f"{msg.type}: {exc}", rid)
+            return
+        except SchemaError as exc:
             self._refuse(endpoint, peer, "bad_request", f"{msg.type}: {exc}", rid)
             return
         self._reply(endpoint, peer, reply, rid)
@@ -338,9 +341,14 @@ class BufferService:
     # ---------------------------------------------------------------------------------- handlers
 
     def _on_hello(self, body: m.Hello, rid: int | None) -> m.Credit:
-        version = self.buffer.generator_hello(body.generator_id)
+        version = self.buffer.generator_hello(body.generator_id, body.holder)
         self.rollouts.restart(body.generator_id)
-        log.info("generator %s connected (policy version %d)", body.generator_id, body.policy_version)
+        log.info(
+            "generator %s connected (%s, policy version %d)",
+            body.generator_id,
+            body.holder or "no holder named",
+            body.policy_version,
+        )
         return m.Credit(0, version)
 
     def _on_credit_request(self, body: m.CreditRequest, rid: int | None) -> m.Credit:

@@ -41,6 +41,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import secrets
+import socket
 import threading
 import time
 from collections import Counter, deque
@@ -78,6 +81,7 @@ from stream_dapo.transport.sockets import (
     Endpoint,
     PeerUnavailable,
     RateLimitedWarnings,
+    RemoteError,
     TransportTimeout,
     open_endpoint,
     request,
@@ -103,6 +107,11 @@ RATE_WINDOW_S = 5.0
 UNACKED_FACTOR = 4
 """Stop asking for credits while more than this many times max_groups_in_flight groups wait for an
 acknowledgement: the buffer is down or far behind, and new groups would only pile up here."""
+
+
+def process_name() -> str:
+    """This process, for people and for the buffer: host, pid and a random token (a pid is reused)."""
+    return f"{socket.gethostname()} pid {os.getpid()} ({secrets.token_hex(4)})"
 
 
 class StartupError(RuntimeError):
@@ -148,6 +157,8 @@ class GeneratorService:
         self.cfg = cfg
         self.index = index
         self.generator_id = f"generator-{index}"
+        self.holder = process_name()
+        """Who this process is, in its hello: a generator id belongs to one live process."""
         self.settings = RolloutSettings.from_config(cfg.algo)
         t = cfg.transport
         self.buffer_address = t.buffer_address("samples")
@@ -239,7 +250,10 @@ class GeneratorService:
         *_, self.metrics_server = start_metrics(
             mc.host,
             port,
-            setting="metrics.generator_port (generator I serves on generator_port + I)",
+            setting=(
+                f"metrics.generator_port (generator {self.index} serves on generator_port + {self.index}; "
+                f"is another generator with --index {self.index} running on this host?)"
+            ),
             registry=self.registry,
             health=self.health,
         )
@@ -273,12 +287,38 @@ class GeneratorService:
         )
 
     def _connect_buffer(self) -> None:
-        t = self.cfg.transport
+        """Say hello. While another live process holds this generator id, the buffer refuses: wait
+        for its lease to run out (a restart after a crash), or exit 2 naming both once the holder has
+        outlived a lease (two generators with one --index)."""
         self.buffer = self._buffer_endpoint(self._curve())
+        patience_s = self.cfg.buffer.generator_lease_s + 2 * self.cfg.generator.heartbeat_s
+        refused_since: float | None = None
+        while True:
+            try:
+                reply = self._hello()
+                break
+            except RemoteError as exc:
+                if exc.reason != "generator_id_taken":
+                    raise
+                now = time.monotonic()
+                if refused_since is None:
+                    refused_since = now
+                    log.warning("%s; waiting up to %.0f s for that lease to run out", exc.detail, patience_s)
+                if now - refused_since > patience_s:
+                    raise StartupError(f"the buffer refused this generator: {exc.detail}") from None
+                time.sleep(self.cfg.generator.heartbeat_s)
+        log.info(
+            "buffer at %s answered (learner version %d)", self.buffer_address, reply.body.learner_version
+        )
+        self._monitor = self.buffer.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+
+    def _hello(self) -> Message:
+        t = self.cfg.transport
+        assert self.buffer is not None
         try:
-            reply = request(
+            return request(
                 self.buffer,
-                m.Hello(self.generator_id, 0),
+                m.Hello(self.generator_id, 0, self.holder),
                 timeout_ms=int(t.timeout_s * 1000),
                 retries=0,
                 accept=lambda msg: msg.type == m.CREDIT,
@@ -290,10 +330,6 @@ class GeneratorService:
                 + (" / the Curve keys in transport.curve_dir" if t.curve_dir else "")
                 + ")"
             ) from None
-        log.info(
-            "buffer at %s answered (learner version %d)", self.buffer_address, reply.body.learner_version
-        )
-        self._monitor = self.buffer.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
 
     def _load_prompts(self) -> PromptStream:
         from transformers import AutoTokenizer

@@ -609,3 +609,76 @@ def test_a_flood_of_misrouted_messages_is_answered_and_counted_but_logged_once(
     refusals = [r for r in caplog.records if "refused a message" in r.getMessage()]
     # One warning per 10 s: 50 round trips on loopback take far less than the 50 s that five need.
     assert 1 <= len(refusals) <= 5, [r.getMessage() for r in refusals]
+
+
+# --------------------------------------------------------------------------------------------------
+# One generator id, one live process
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_second_generator_with_a_live_id_exits_2_naming_the_holder_and_credits_stay_exact(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: two generators started with the same --index both got in; the second one's hello
+    reset the id's filtered total, so credits were redeemed twice on one side and never returned on the
+    other (24 of 24 out, nothing in flight, the learner stopped). The real GeneratorService is refused
+    by the real buffer while the holder is live, waits out one lease (a restarted process would get in
+    then), and exits 2 naming the id and the holder; the holder's credits come back in full."""
+    from stream_dapo import service_runner
+    from stream_dapo.generator import service as generator_service
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # the model directory is checked before the hello
+    lease = ["buffer.generator_lease_s=1.5", "generator.heartbeat_s=0.5"]
+    cfg = load_config(overrides=[*overrides(tmp_path), *lease], environ={})
+    holder = "host-a pid 4242 (0badcafe)"
+    monkeypatch.setattr(service_runner, "on_stop_signal", lambda *args: None)  # no handlers in pytest
+    with service_in_thread(cfg) as svc, Peers(svc.bound_ports) as peers:
+        assert peers.ask(peers.gen, m.Hello("generator-0", 0, holder)).type == m.CREDIT
+        capacity = peers.ask(peers.gen, m.CreditRequest("generator-0", 100)).body.granted
+        assert capacity == 6
+        sent = [make_group(f"g{i}") for i in range(2)]
+        assert peers.ask(peers.gen, m.Groups("generator-0", sent)).body.accepted == ["g0", "g1"]
+        stop = threading.Event()
+
+        def keep_heartbeating() -> None:  # the live holder; its own thread, its own socket
+            with open_endpoint(
+                peers.ctx, zmq.DEALER, connect=svc.samples.address, max_bytes=MAX_BYTES, peer="buffer"
+            ) as beat:
+                while not stop.wait(0.2):
+                    request(beat, m.Heartbeat("generator-0", 0), timeout_ms=WAIT_MS, retries=0)
+
+        beating = threading.Thread(target=keep_heartbeating, daemon=True)
+        beating.start()
+        gen_cfg = load_config(
+            overrides=[
+                *overrides(tmp_path),
+                *lease,
+                f"model.path={model}",
+                f"transport.samples_port={svc.bound_ports['transport.samples_port']}",
+                "transport.weights_port=1",  # never reached: the hello is refused first
+                "metrics.generator_port=0",
+            ],
+            environ={},
+        )
+        try:
+            with caplog.at_level("WARNING", logger="stream_dapo"):
+                code = generator_service.run(argparse.Namespace(cfg=gen_cfg, index=0))
+        finally:
+            stop.set()
+            beating.join(10)
+        assert code == 2
+        refused = [r.getMessage() for r in caplog.records if "generator_id 'generator-0' is held by" in r.getMessage()]
+        assert refused and holder in refused[-1] and "--index" in refused[-1], caplog.text
+        assert "Traceback" not in caplog.text
+        # The holder's accounting is untouched: its 4 unused credits come back with its filtered total.
+        assert peers.ask(peers.gen, m.Heartbeat("generator-0", 4)).body.credits == 0
+        _, text = scrape(svc.metrics_port)
+        assert metric(text, "stream_dapo_buffer_credits_outstanding") == 0
+        assert 'stream_dapo_buffer_messages_rejected_total{reason="generator_id_taken"}' in text
+        assert svc.buffer.stats()["uncredited"] == 0
+        batch = peers.ask(peers.learner, m.BatchRequest(0, 2, 0)).body.groups
+        assert [g.group_id for g in batch] == ["g0", "g1"]
+        peers.ask(peers.learner, m.Commit(1, ["g0", "g1"]))
+        assert peers.ask(peers.gen, m.CreditRequest("generator-0", 100)).body.granted == capacity

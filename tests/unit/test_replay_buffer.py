@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from stream_dapo.buffer.replay import (
     AdmissionPolicy,
     BufferInputError,
+    GeneratorIdTaken,
     GroupState,
     MemoryLog,
     ReplayBuffer,
@@ -252,6 +253,49 @@ def test_generator_hello_releases_its_credits() -> None:
     assert buf.credits_of("gen-0") == 0 and buf.credits_of("gen-1") == 2
     assert buf.stats()["credits_released"] == 4
     assert buf.grant_credits("gen-0", 10) == 4
+
+
+def test_a_second_process_with_a_live_generator_id_is_refused_and_changes_nothing() -> None:
+    """Regression: a second generator with the same --index said hello, which reset the id's filtered
+    total; the first one's next report was redeemed twice and the second's credits never came back, so
+    24 of 24 credits stayed out with nothing in flight and the learner stopped. The id belongs to the
+    live process that said hello first; the other is refused, naming both, and nothing changes."""
+    clock = FakeClock()
+    log = MemoryLog()
+    buf = ReplayBuffer(policy(admission_capacity=6, generator_lease_s=30.0), log, clock)
+    first, second = "host-a pid 10 (aa)", "host-b pid 20 (bb)"
+    buf.generator_hello("gen-0", first)
+    assert buf.grant_credits("gen-0", 6) == 6
+    buf.add_groups("gen-0", [], filtered_total=2)
+    clock.now += 5
+    with pytest.raises(GeneratorIdTaken, match=r"'gen-0' is held by host-a pid 10 \(aa\).*host-b pid 20") as err:
+        buf.generator_hello("gen-0", second)
+    assert err.value.reason == "generator_id_taken" and "--index" in str(err.value)
+    with pytest.raises(GeneratorIdTaken):
+        buf.generator_hello("gen-0")  # a hello that names no process is no owner either
+    assert buf.credits_of("gen-0") == 4 and buf.holder_of("gen-0") == first
+    buf.add_groups("gen-0", [], filtered_total=6)  # the first one's count was not reset: exact
+    assert buf.credits_of("gen-0") == 0 and buf.stats()["uncredited"] == 0 and buf.grantable == 6
+    buf.generator_hello("gen-0", first)  # its own hello again is fine
+    # Restored after a buffer restart, the holder still owns the id for a lease.
+    restored = ReplayBuffer.restore(buf.policy, log.records, clock=clock)
+    with pytest.raises(GeneratorIdTaken):
+        restored.generator_hello("gen-0", second)
+    snapshot = ReplayBuffer.restore(buf.policy, list(buf.snapshot_records()), clock=clock)
+    assert snapshot.holder_of("gen-0") == first
+
+
+def test_a_restarted_generator_takes_its_id_back_once_the_dead_ones_lease_runs_out() -> None:
+    clock = FakeClock()
+    buf = ReplayBuffer(policy(admission_capacity=6, generator_lease_s=30.0), MemoryLog(), clock)
+    buf.generator_hello("gen-0", "pid 10")
+    buf.grant_credits("gen-0", 4)
+    clock.now += 29  # killed 29 s ago: its lease still runs
+    with pytest.raises(GeneratorIdTaken, match=r"heard from 29\.0 s ago"):
+        buf.generator_hello("gen-0", "pid 11")
+    clock.now += 2
+    assert buf.generator_hello("gen-0", "pid 11") == 0
+    assert buf.holder_of("gen-0") == "pid 11" and buf.credits_of("gen-0") == 0 and buf.grantable == 6
 
 
 def test_duplicates_do_not_redeem_credits_again() -> None:
