@@ -193,6 +193,10 @@ class CommitResult:
 class _Entry:
     group: Group
     accepted_at: float
+    """Wall-clock time of acceptance (Unix seconds, persisted): a timestamp for people, never a duration."""
+    since: float
+    """The buffer's monotonic clock at acceptance, or at restore for a restored group (ages count
+    from there: a wall-clock step must not age a group)."""
     uses: int = 0
     """Times the group was committed (trained into a checkpoint)."""
 
@@ -252,11 +256,16 @@ class ReplayBuffer:
         self,
         policy: AdmissionPolicy,
         persistence: Persistence | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """`clock` times every duration (leases, holds, ages): monotonic, so that a step of the
+        real-time clock (NTP, a resumed VM) expires nothing and ages nothing. `wall_clock` only
+        stamps acceptance times for people (`accepted_at` in the state files)."""
         self.policy = policy
         self._sink: Persistence = persistence if persistence is not None else MemoryLog()
         self._clock = clock
+        self._wall_clock = wall_clock
         self._waiting: OrderedDict[str, _Entry] = OrderedDict()
         self._leased: OrderedDict[str, _Entry] = OrderedDict()
         self._seen: set[str] = set()
@@ -312,10 +321,11 @@ class ReplayBuffer:
         policy: AdmissionPolicy,
         records: Iterable[Record],
         persistence: Persistence | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> ReplayBuffer:
         """Rebuild a buffer from a snapshot's records followed by the journal's, in order."""
-        buf = cls(policy, None, clock)
+        buf = cls(policy, None, clock, wall_clock)
         for i, record in enumerate(records):
             try:
                 buf._replay(record)
@@ -536,7 +546,7 @@ class ReplayBuffer:
                 reasons[reason] = reasons.get(reason, 0) + 1
                 continue
             seen_now.add(gid)
-            at = self._clock()
+            at = self._wall_clock()
             self._log({"kind": "accept", "group": to_map(group), "accepted_at": at})
             self._apply_accept(group, at)
             result.accepted.append(gid)
@@ -763,7 +773,7 @@ class ReplayBuffer:
     # ---------------------------------------------------------------------------------- apply
 
     def _apply_accept(self, group: Group, at: float) -> None:
-        self._waiting[group.group_id] = _Entry(group, at)
+        self._waiting[group.group_id] = _Entry(group, at, self._clock())
         self._seen.add(group.group_id)
         self._counters["accepted"] += 1
 
@@ -913,7 +923,7 @@ class ReplayBuffer:
 
     def _apply_snapshot_group(self, r: Record) -> None:
         group = from_map(Group, r["group"])
-        entry = _Entry(group, float(r["accepted_at"]), int(r["uses"]))
+        entry = _Entry(group, float(r["accepted_at"]), self._clock(), int(r["uses"]))
         table = self._waiting if GroupState(r["state"]) is GroupState.WAITING else self._leased
         table[group.group_id] = entry
         self._seen.add(group.group_id)
@@ -1007,7 +1017,7 @@ class ReplayBuffer:
         if not self._waiting:
             return 0.0
         front = next(iter(self._waiting.values()))
-        return max(0.0, self._clock() - front.accepted_at)
+        return max(0.0, self._clock() - front.since)
 
     def stats(self) -> dict[str, Any]:
         """Counters and depths for the run summary and the metrics exporter (plain JSON types)."""

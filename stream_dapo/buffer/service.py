@@ -102,7 +102,8 @@ class BufferService:
     thread) or drive it with `step(timeout_ms)`; `close()` persists and releases everything.
     """
 
-    def __init__(self, cfg: Config, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, cfg: Config, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: what times leases, holds and ages (monotonic; a test injects its own)."""
         self.cfg = cfg
         policy = AdmissionPolicy.from_config(cfg)
         self.journal = Journal(persist_path(cfg))

@@ -111,7 +111,7 @@ class LearnerService:
         self._uncommitted: list[str] = []
         self._last_checkpoint = -1
         self._last_published = -1
-        self._started = time.time()
+        self._started = time.monotonic()
         self._last_wait_s = 0.0
         self._last_prepare_s = 0.0
         self._last_proximal_s = 0.0
@@ -521,7 +521,7 @@ class LearnerService:
         row = {
             **s.to_json(),
             "wall_time": round(time.time(), 3),
-            "elapsed_s": round(time.time() - self._started, 3),
+            "elapsed_s": round(time.monotonic() - self._started, 3),
             "batch_wait_seconds": round(self._last_wait_s, 4),
             # Per rollout batch (repeated on each of its steps): packing and the proximal pass.
             "prepare_seconds": round(self._last_prepare_s, 4),

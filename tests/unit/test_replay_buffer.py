@@ -613,6 +613,34 @@ def test_oldest_waiting_age_uses_the_injected_clock() -> None:
     assert buf.oldest_waiting_age_s() == 12.5
 
 
+def test_a_step_of_the_wall_clock_neither_expires_leases_nor_ages_groups() -> None:
+    """Durations run on `clock` (monotonic in the service); the wall clock only stamps acceptance."""
+    clock, wall = FakeClock(), FakeClock()
+    log = MemoryLog()
+    buf = ReplayBuffer(policy(admission_capacity=6, generator_lease_s=30.0), log, clock, wall)
+    assert buf.grant_credits("gen-0", 4) == 4
+    buf.add_groups("gen-0", [make_group("a")])
+    wall.now += 3 * 3600  # an NTP step, a resumed VM
+    clock.now += 5
+    assert buf.expire_generators() == [] and buf.credits_of("gen-0") == 3
+    assert buf.oldest_waiting_age_s() == 5.0
+    assert buf.generator_leases()["gen-0"] == {"credits": 3, "silent_s": 5.0}
+    wall.now -= 3 * 3600 + 180
+    clock.now += 26
+    assert buf.expire_generators() == [("gen-0", 3)], "a lease is 30 s of the monotonic clock, whatever the wall"
+    (accepted,) = [r for r in log.records if r["kind"] == "accept"]
+    assert accepted["accepted_at"] == 1000.0, "acceptance is stamped with wall time, for people"
+
+
+def test_the_buffer_times_on_the_monotonic_clock_by_default() -> None:
+    import inspect
+    import time
+
+    for signature in (inspect.signature(ReplayBuffer), inspect.signature(ReplayBuffer.restore)):
+        assert signature.parameters["clock"].default is time.monotonic
+        assert signature.parameters["wall_clock"].default is time.time
+
+
 @pytest.mark.parametrize(
     ("call", "fix"),
     [
