@@ -86,7 +86,7 @@ from stream_dapo.transport.sockets import (
     open_endpoint,
     request,
 )
-from stream_dapo.weights.base import WeightSource, WeightUpdate
+from stream_dapo.weights.base import WeightsError, WeightSource, WeightUpdate
 from stream_dapo.weights.factory import make_source, shared_dir_path
 
 if TYPE_CHECKING:
@@ -390,6 +390,25 @@ class GeneratorService:
             )
         self.watcher.start()
 
+    def _look_for_weights(self) -> WeightUpdate | None:
+        """The newest published version (shared directory), None when nothing is published yet. A
+        newest file that cannot be used (a checksum mismatch, a LATEST something else wrote) is not
+        loaded: as a running generator does, wait for the learner to publish a good one, live but
+        not ready, instead of exiting."""
+        assert self.watcher is not None
+        warned = False
+        while not self._stop.is_set():
+            try:
+                self.watcher.poll_once()
+                return self.watcher.take()
+            except WeightsError as exc:
+                if not warned:
+                    log.warning("%s; waiting for the learner to publish a good version (not ready meanwhile)", exc)
+                    warned = True
+                self.health.beat()  # waiting on purpose: /livez passes, /readyz fails until then
+                self._stop.wait(self.cfg.generator.weight_poll_s)
+        return None
+
     def _first_weights(self) -> WeightUpdate | None:
         """The learner's current version, if it differs from ours.
 
@@ -399,8 +418,7 @@ class GeneratorService:
         """
         assert self.watcher is not None and self.weights is not None
         if self.weights.startup == "look":
-            self.watcher.poll_once()
-            return self.watcher.take()
+            return self._look_for_weights()
         wait_s = 4 * self.cfg.transport.timeout_s
         deadline = time.monotonic() + wait_s
         while not self._stop.is_set() and time.monotonic() < deadline:
