@@ -43,7 +43,7 @@ from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayB
 from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.config import Config
 from stream_dapo.exit_codes import ExitCode
-from stream_dapo.metrics import BufferMetrics, start_metrics
+from stream_dapo.metrics import BufferMetrics, final_metrics_path, start_metrics, write_final_metrics
 from stream_dapo.ports import endpoint_port, write_bound_ports, zmq_listen
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import messages as m
@@ -138,6 +138,8 @@ class BufferService:
             self._poller.register(endpoint.socket, zmq.POLLIN)
         self._endpoint_rejected: dict[tuple[int, str], int] = {}
         self._refusals = RateLimitedWarnings(log, interval_s=10.0)
+        self._hellos = RateLimitedWarnings(log, interval_s=10.0, level=logging.INFO)
+        """A client repeating hello (a loop, a bug) must not flood the log: one line per id per 10 s."""
         self._exported: dict[str, Any] = {}
         self._last_compaction = time.monotonic()
         self._last_status = time.monotonic()
@@ -344,7 +346,8 @@ class BufferService:
     def _on_hello(self, body: m.Hello, rid: int | None) -> m.Credit:
         version = self.buffer.generator_hello(body.generator_id, body.holder)
         self.rollouts.restart(body.generator_id)
-        log.info(
+        self._hellos.warn(
+            body.generator_id,
             "generator %s connected (%s, policy version %d)",
             body.generator_id,
             body.holder or "no holder named",
@@ -524,6 +527,7 @@ class BufferService:
                 self.persist()
                 persisted = True
                 self._write_stats()
+                self._write_final_metrics()
         finally:
             release(
                 *(endpoint.close for endpoint in self._endpoints),
@@ -533,6 +537,17 @@ class BufferService:
                 self.journal.close,
             )
             log.info("buffer closed%s", " (state persisted)" if persisted else "")
+
+    def _write_final_metrics(self) -> None:
+        """The last /metrics values, for the run summary (a scrape can miss the last changes)."""
+        if self.metrics_server is None:
+            return
+        self._export_metrics()
+        path = final_metrics_path(self.cfg.run.out_dir, "buffer")
+        try:
+            write_final_metrics(self.registry, path)
+        except OSError as exc:
+            log.warning("cannot write %s: %s (the run summary falls back to the last scrape)", path, exc)
 
     def _write_stats(self) -> None:
         """stats.json next to the state, for the run summary; best effort (the state is safe)."""

@@ -46,7 +46,15 @@ from stream_dapo.config import Config, ConfigError
 from stream_dapo.disk import write_text_atomic
 from stream_dapo.learner import distributed
 from stream_dapo.learner.checkpoints import Checkpoints
-from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, observe_many, start_metrics
+from stream_dapo.metrics import (
+    Health,
+    LearnerMetrics,
+    MetricsServer,
+    final_metrics_path,
+    observe_many,
+    start_metrics,
+    write_final_metrics,
+)
 from stream_dapo.ports import require_bound, write_bound_ports
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import codec
@@ -545,6 +553,12 @@ class LearnerService:
     # ------------------------------------------------------------------ shutdown
 
     def close(self) -> None:
+        if self.rank == 0 and self._metrics_server is not None:
+            path = final_metrics_path(self.cfg.run.out_dir, "learner")
+            try:
+                write_final_metrics(self._metrics_server.registry, path)
+            except OSError as exc:
+                log.warning("cannot write %s: %s (the run summary falls back to the last scrape)", path, exc)
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None

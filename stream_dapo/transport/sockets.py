@@ -207,9 +207,10 @@ class RateLimitedWarnings:
     """At most one warning per key per interval, reporting how many were suppressed: a peer that
     sends a flood of bad or misrouted messages must not flood the log too."""
 
-    def __init__(self, log: logging.Logger = logger, interval_s: float = 10.0) -> None:
+    def __init__(self, log: logging.Logger = logger, interval_s: float = 10.0, level: int = logging.WARNING) -> None:
         self.log = log
         self.interval_s = interval_s
+        self.level = level
         self._last: dict[str, float] = {}
         self._suppressed: Counter[str] = Counter()
 
@@ -224,7 +225,7 @@ class RateLimitedWarnings:
         if n:
             msg += " (%d more like it in the last %.0f s)"
             args = (*args, n, self.interval_s)
-        self.log.warning(msg, *args)
+        self.log.log(self.level, msg, *args)
 
 
 class Endpoint:

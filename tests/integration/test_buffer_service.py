@@ -682,3 +682,28 @@ def test_a_second_generator_with_a_live_id_exits_2_naming_the_holder_and_credits
         assert [g.group_id for g in batch] == ["g0", "g1"]
         peers.ask(peers.learner, m.Commit(1, ["g0", "g1"]))
         assert peers.ask(peers.gen, m.CreditRequest("generator-0", 100)).body.granted == capacity
+
+
+def test_a_client_repeating_hello_is_answered_every_time_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: an allowed client repeating `hello` wrote 6,807 log lines in 69 s."""
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    with caplog.at_level("INFO", logger="stream_dapo.buffer"), service_in_thread(cfg) as svc:
+        with Peers(svc.bound_ports) as peers:
+            for _ in range(200):
+                assert peers.ask(peers.gen, m.Hello("gen-0", 0, "one process")).type == m.CREDIT
+    lines = [r for r in caplog.records if "generator gen-0 connected" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
+def test_the_buffer_writes_its_final_figures_when_it_drains(tmp_path: Path) -> None:
+    """Regression: after a SIGTERM the run's summary read the buffer's last scrape (groups_accepted
+    104 below groups_trained 128): the buffer wrote no final-metrics file."""
+    from stream_dapo.metrics import final_metrics_path
+
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    with service_in_thread(cfg) as svc, Peers(svc.bound_ports) as peers:
+        assert peers.ask(peers.gen, m.Groups("gen-0", [make_group("g0"), make_group("g1")])).type == m.ACK
+    final = json.loads(final_metrics_path(cfg.run.out_dir, "buffer").read_text())
+    assert final["stream_dapo_buffer_groups_accepted_total"] == 2

@@ -206,6 +206,9 @@ def test_sigterm_to_run_stops_every_service_in_drain_order_and_writes_the_summar
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_by"] == "SIGTERM"
     assert 1 <= summary["learner_steps"] < 10000 and summary["groups_trained_twice"] == 0
+    # Every service wrote its final figures: the summary does not read a stale scrape of the buffer.
+    assert summary["groups_accepted"] >= summary["groups_trained"]
+    assert {p.stem for p in (out / "final-metrics").glob("*.json")} >= {"buffer", "learner", "generator-0"}
     assert "Traceback" not in output
     assert alive(seen) == [], "services outlived the launcher: nothing holds their ports now"
     assert set(summary["ports"]) == {"buffer", "learner", "generator-0"}
