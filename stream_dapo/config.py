@@ -661,6 +661,11 @@ class Config(_Section):
         }
         if self.weights.method == "nccl":
             ports["transport.nccl_port"] = self.transport.nccl_port
+        if self.weights.method == "nccl" and not self.transport.weights_port:
+            raise ValueError(
+                'weights.method = "nccl" needs a fixed transport.weights_port: the learner joins the NCCL group '
+                "with the generators before it can report a port it chose; set transport.weights_port = 5557"
+            )
         fixed = [port for port in ports.values() if port]  # 0 binds any free port: never a clash
         if len(set(fixed)) != len(fixed):
             raise ValueError(f"transport ports must differ (or be 0, any free port): {ports}")

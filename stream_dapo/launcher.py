@@ -536,20 +536,30 @@ def learner_log_stats(run_dir: Path) -> dict[str, Any]:
 
 
 def start_services(sup: Supervisor, cfg: Config, config_path: Path) -> dict[str, dict[str, int]]:
-    """Start the buffer, the learner and the generators, each once its peers have reported the ports
-    they bound (`stream_dapo/ports.py`): those are passed on with --set, so a port set to 0 in the
-    config works like a fixed one. Returns the ports reported by service name (the buffer's and the
-    learner's; generators report theirs while the run goes, see `Endpoints`)."""
+    """Start the buffer, the learner and the generators. A service whose peers connect to a port it
+    binds as 0 (any free port) is waited for until it reports what it bound (`stream_dapo/ports.py`),
+    and the ports are passed on with --set, so a port set to 0 works like a fixed one. Returns the
+    ports waited for, by service name; the rest are read while the run goes (`reported_ports`)."""
     bound: dict[str, dict[str, int]] = {}
     for name in ("buffer", "learner"):
         peers = [f"{key}={port}" for reported in bound.values() for key, port in reported.items()]
         child = sup.start(name, service_argv(name, config_path, *_sets(peers)), child_env(cfg, name))
-        bound[name] = _wait_ports(cfg, child)
+        if peers_need_reported_ports(cfg, name):
+            bound[name] = _wait_ports(cfg, child)
     peers = [f"{key}={port}" for reported in bound.values() for key, port in reported.items()]
     for i in range(cfg.generator.num_generators):
         argv = service_argv("generator", config_path, "--index", str(i), *_sets(peers))
         sup.start(f"generator-{i}", argv, child_env(cfg, "generator", i))
     return bound
+
+
+def peers_need_reported_ports(cfg: Config, service: str) -> bool:
+    """Whether a later service connects to a port `service` binds as 0: the buffer's two sockets,
+    the learner's weight server (not with weights.method = "shared_dir")."""
+    t = cfg.transport
+    if service == "buffer":
+        return not (t.samples_port and t.batches_port)
+    return service == "learner" and cfg.weights.method != "shared_dir" and not t.weights_port
 
 
 def _sets(overrides: Sequence[str]) -> list[str]:

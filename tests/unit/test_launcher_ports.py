@@ -7,13 +7,14 @@ import socket
 import pytest
 
 from stream_dapo.config import ConfigError, load_config
-from stream_dapo.launcher import PortInUse, check_ports_free, fixed_ports
+from stream_dapo.launcher import PortInUse, check_ports_free, fixed_ports, peers_need_reported_ports
 from tests.helpers import port_overrides
 
 
 def _config(method: str, nccl_port: int):  # -> Config
+    fixed = ["transport.weights_port=5557"] if method == "nccl" else []
     return load_config(
-        overrides=[f"weights.method={method}", f"transport.nccl_port={nccl_port}", *port_overrides()],
+        overrides=[f"weights.method={method}", f"transport.nccl_port={nccl_port}", *port_overrides(), *fixed],
         environ={},
     )
 
@@ -48,3 +49,21 @@ def test_ports_set_to_0_never_clash_and_need_no_check() -> None:
     assert cfg.transport.samples_port == cfg.transport.batches_port == cfg.transport.weights_port == 0
     assert fixed_ports(cfg) == {}
     check_ports_free(cfg)
+
+
+def test_the_launcher_waits_only_for_ports_that_later_services_connect_to() -> None:
+    zero = load_config(overrides=port_overrides(), environ={})
+    assert peers_need_reported_ports(zero, "buffer") and peers_need_reported_ports(zero, "learner")
+    fixed = load_config(
+        overrides=[*port_overrides(), "transport.samples_port=5555", "transport.batches_port=5556",
+                   "transport.weights_port=5557"],
+        environ={},
+    )
+    assert not peers_need_reported_ports(fixed, "buffer") and not peers_need_reported_ports(fixed, "learner")
+    shared = load_config(overrides=[*port_overrides(), "weights.method=shared_dir"], environ={})
+    assert not peers_need_reported_ports(shared, "learner"), "generators read weights from files"
+
+
+def test_nccl_needs_a_fixed_weights_port_naming_the_fix() -> None:
+    with pytest.raises(ConfigError, match="set transport.weights_port = 5557"):
+        load_config(overrides=["weights.method=nccl", "transport.weights_port=0"], environ={})
