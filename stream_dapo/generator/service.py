@@ -114,6 +114,10 @@ def process_name() -> str:
     return f"{socket.gethostname()} pid {os.getpid()} ({secrets.token_hex(4)})"
 
 
+class StoppedBeforeStart(Exception):
+    """A stop request came while start-up waited: exit 0 without having sent anything as this id."""
+
+
 class StartupError(RuntimeError):
     """The service cannot start; the message names what is missing and the fix."""
 
@@ -306,7 +310,8 @@ class GeneratorService:
                     log.warning("%s; waiting up to %.0f s for that lease to run out", exc.detail, patience_s)
                 if now - refused_since > patience_s:
                     raise StartupError(f"the buffer refused this generator: {exc.detail}") from None
-                time.sleep(self.cfg.generator.heartbeat_s)
+                if self._stop.wait(self.cfg.generator.heartbeat_s):
+                    raise StoppedBeforeStart(f"stopped while waiting for {self.generator_id} to be free") from None
         log.info(
             "buffer at %s answered (learner version %d)", self.buffer_address, reply.body.learner_version
         )
@@ -820,7 +825,11 @@ def run(args: argparse.Namespace) -> int:
     cfg: Config = args.cfg
 
     def start_and_serve(service: GeneratorService) -> None:
-        service.start()
+        try:
+            service.start()
+        except StoppedBeforeStart as stopped:
+            log.info("%s", stopped)
+            return
         service.serve()
 
     return run_service(
