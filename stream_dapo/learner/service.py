@@ -45,7 +45,7 @@ from prometheus_client import CollectorRegistry
 from stream_dapo.config import Config, ConfigError
 from stream_dapo.disk import write_text_atomic
 from stream_dapo.learner import distributed
-from stream_dapo.learner.checkpoints import Checkpoints
+from stream_dapo.learner.checkpoints import LEARNER_STATE_FILE, Checkpoints
 from stream_dapo.metrics import (
     Health,
     LearnerMetrics,
@@ -56,6 +56,7 @@ from stream_dapo.metrics import (
     write_final_metrics,
 )
 from stream_dapo.ports import require_bound, write_bound_ports
+from stream_dapo.resume import Change, config_changes, refusal, split_changes
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
@@ -230,8 +231,14 @@ class LearnerService:
         if self.rank == 0:
             self._start_publishers()
             self._report_ports()
+        changed = self._check_resume_config()  # before the model: a refused change must not load it
         self.learner = Learner(self.cfg, self._model)
         state = self._resume()
+        if self.checkpoints.latest() is not None:
+            lc = self.cfg.learner
+            self.learner.apply_optimizer_settings(lc.lr, lc.betas, lc.weight_decay)
+            if changed:
+                log.info("resumed with changed settings, applied: %s", "; ".join(str(c) for c in changed))
         if self.rank == 0:  # one writer per run
             from stream_dapo.tracking import Tracker
 
@@ -285,6 +292,26 @@ class LearnerService:
         if self.health is not None:
             self.health.detail["ports"] = ports
         write_bound_ports(self.cfg.run.out_dir, "learner", ports)
+
+    def _check_resume_config(self) -> list[Change]:
+        """Compare the configuration the latest checkpoint was written with to this one (`resume.py`):
+        raise ConfigError for a change the checkpoint cannot take (model, group size, staleness,
+        sampling, shapes); return the others, which apply. Ports and addresses are not compared."""
+        path = self.checkpoints.latest()
+        if path is None:
+            return []
+        try:
+            stored = json.loads((path / LEARNER_STATE_FILE).read_text()).get("config")
+        except (OSError, ValueError):
+            return []  # loading the checkpoint reports what is wrong with it
+        if not isinstance(stored, dict):
+            log.info("%s stores no configuration (written by an older version): not compared", path)
+            return []
+        changes = config_changes(stored, self.cfg.model_dump(mode="json"))
+        applied, refused = split_changes([c for c in changes if not c.key.startswith(("transport.", "metrics."))])
+        if refused:
+            raise ConfigError(refusal(refused, str(path), self.cfg.run.out_dir))
+        return applied
 
     def _resume(self) -> dict[str, Any]:
         """Load ``checkpoints/latest`` if present; cut the logs back to its version."""
@@ -479,7 +506,11 @@ class LearnerService:
         t0 = time.perf_counter()
         v = self.learner.version
         ids = list(self._uncommitted)
-        extra = {"commit_group_ids": ids, "trained_groups_lines": _count_lines(self.trained_log)}
+        extra = {
+            "commit_group_ids": ids,
+            "trained_groups_lines": _count_lines(self.trained_log),
+            "config": self.cfg.model_dump(mode="json"),  # what a resume is compared with
+        }
         final = self.checkpoints.write(self.learner, v, state_dict, extra)
         if self.rank == 0:
             self._commit(v, ids)

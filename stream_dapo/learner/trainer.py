@@ -854,6 +854,24 @@ class Learner:
             (Path(directory) / LEARNER_STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
         self.barrier()
 
+    def apply_optimizer_settings(self, lr: float, betas: tuple[float, float], weight_decay: float) -> None:
+        """Make the configured lr, betas and weight decay those of the restored optimizer: a checkpoint
+        restores its own, which would otherwise silently win over the config. The warm-up schedule
+        continues where it was, from the new base lr."""
+        sched = getattr(self.engine, "lr_scheduler", None)
+        factor = 1.0
+        if sched is not None and hasattr(sched, "base_lrs"):
+            sched.base_lrs = [lr for _ in sched.base_lrs]
+            factor = sched.lr_lambdas[0](sched.last_epoch)
+        groups = list(self.engine.optimizer.param_groups)
+        if sched is not None and getattr(sched, "optimizer", None) is not None:
+            groups += [g for g in sched.optimizer.param_groups if all(g is not h for h in groups)]
+        for group in groups:
+            group["initial_lr"] = lr
+            group["lr"] = lr * factor
+            group["betas"] = tuple(betas)
+            group["weight_decay"] = weight_decay
+
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore what `save_checkpoint` wrote; returns the learner state (collective)."""
         path = Path(directory)
