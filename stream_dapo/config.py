@@ -636,7 +636,9 @@ class Config(_Section):
                 f"learner.mini_batch_samples ({mb}) must divide the rollout batch "
                 f"(learner.rollout_batch_prompts * algo.group_size = {rollout})"
             )
-        self.admission.check_fills_rollout()  # AdmissionError is a ValueError: it names the fix
+        # Every deadlock check the buffer makes at start-up, so that `config show` and `run` refuse
+        # what the buffer would (AdmissionError is a ValueError: it names the fix).
+        self.admission.check(self.buffer.capacity_groups, self.learner.checkpoint_every)
         if self.learner.micro_batch_tokens < self.model.max_prompt_len + self.algo.max_response_len:
             raise ValueError(
                 f"learner.micro_batch_tokens ({self.learner.micro_batch_tokens}) cannot hold one "

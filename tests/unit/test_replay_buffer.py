@@ -98,10 +98,14 @@ def test_slower_weight_sync_needs_more_staleness() -> None:
 def test_too_small_capacity_groups_fails_naming_the_minimum() -> None:
     # Rollouts every S = 2 versions, commits every 20: up to (20 - 2) * 8 = 144 groups are still
     # leased when the learner asks for its next 16.
-    cfg = cfg_with("buffer.capacity_groups=100")
+    cfg = cfg_with("buffer.capacity_groups=160")
     assert cfg.admission.min_capacity_groups(cfg.learner.checkpoint_every) == 160
+    # Refused where the configuration is resolved (`config show`, `run`, every service), and by the
+    # buffer for a config built without validation.
     with pytest.raises(ConfigError, match=r"Set buffer\.capacity_groups >= 160"):
-        AdmissionPolicy.from_config(cfg)
+        cfg_with("buffer.capacity_groups=100")
+    with pytest.raises(ConfigError, match=r"Set buffer\.capacity_groups >= 160"):
+        AdmissionPolicy.from_config(cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"capacity_groups": 100})}))
     assert AdmissionPolicy.from_config(cfg_with("buffer.capacity_groups=160")).admission_capacity == 24
 
 
