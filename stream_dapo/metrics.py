@@ -210,6 +210,13 @@ class BufferMetrics:
         self.messages_rejected = Counter(
             p + "messages_rejected", "Malformed messages received.", ["reason"], registry=registry
         )
+        self.connections_refused = Counter(
+            p + "connections_refused",
+            "Connections whose CurveZMQ handshake failed, by socket and reason: not_allowed (a client key "
+            "not in the allow-list), protocol (no keys, a wrong server key, another mechanism), handshake.",
+            ["socket", "reason"],
+            registry=registry,
+        )
         self.persist_seconds = Histogram(
             p + "persist_seconds", "Time to persist state.", buckets=SECONDS_BUCKETS, registry=registry
         )

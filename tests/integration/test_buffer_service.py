@@ -707,3 +707,39 @@ def test_the_buffer_writes_its_final_figures_when_it_drains(tmp_path: Path) -> N
         assert peers.ask(peers.gen, m.Groups("gen-0", [make_group("g0"), make_group("g1")])).type == m.ACK
     final = json.loads(final_metrics_path(cfg.run.out_dir, "buffer").read_text())
     assert final["stream_dapo_buffer_groups_accepted_total"] == 2
+
+
+def test_refused_curve_connections_are_counted_and_logged_by_socket_and_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: with CurveZMQ on, rogue connections (no keys, an unknown client key, a wrong server
+    key) got no replies, but no counter, log line or alert recorded a single rejection."""
+    keys = tmp_path / "keys"
+    (keys / "clients").mkdir(parents=True)
+    for name in ("server", "gen-0", "rogue", "other-server"):
+        zmq.auth.create_certificates(keys, name)
+    shutil.copy(keys / "gen-0.key", keys / "clients" / "gen-0.key")
+    server_public, _ = zmq.auth.load_certificate(keys / "server.key")
+    wrong_server, _ = zmq.auth.load_certificate(keys / "other-server.key")
+    rogue_public, rogue_secret = zmq.auth.load_certificate(keys / "rogue.key_secret")
+    gen_public, gen_secret = zmq.auth.load_certificate(keys / "gen-0.key_secret")
+    assert rogue_secret is not None and gen_secret is not None
+    attempts = {
+        "not_allowed": CurveKeys(rogue_public, rogue_secret, server_public),
+        "protocol": CurveKeys(gen_public, gen_secret, wrong_server),
+    }
+    cfg = load_config(overrides=[*overrides(tmp_path), f'transport.curve_dir="{keys}"'], environ={})
+    ctx: zmq.Context[Any] = zmq.Context()
+    with caplog.at_level("WARNING", logger="stream_dapo.buffer"), service_in_thread(cfg) as svc:
+        try:
+            for reason, curve in attempts.items():
+                with open_endpoint(ctx, zmq.DEALER, connect=svc.batches.address, max_bytes=MAX_BYTES, curve=curve) as ep:
+                    ep.send(m.LearnerHello(0, 0))
+                    sample = f'stream_dapo_buffer_connections_refused_total{{reason="{reason}",socket="batches"}}'
+                    deadline = time.monotonic() + 30  # only reached when nothing is counted
+                    while sample not in scrape(svc.metrics_port)[1]:
+                        assert time.monotonic() < deadline, f"{reason} refusal never counted"
+                        time.sleep(0.05)
+        finally:
+            ctx.destroy(linger=0)
+    assert "refused a connection to the batches socket: Curve handshake failed (not_allowed" in caplog.text
