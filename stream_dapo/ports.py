@@ -35,6 +35,7 @@ from stream_dapo.config import ConfigError
 from stream_dapo.disk import write_text_atomic
 
 __all__ = [
+    "LISTEN_FDS_ENV",
     "PORTS_DIR",
     "ServiceExited",
     "endpoint_port",
