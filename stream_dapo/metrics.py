@@ -213,7 +213,7 @@ class BufferMetrics:
         self.connections_refused = Counter(
             p + "connections_refused",
             "Connections whose CurveZMQ handshake failed, by socket and reason: not_allowed (a client key "
-            "not in the allow-list), protocol (no keys, a wrong server key, another mechanism), handshake.",
+            "not in the allow-list), protocol or handshake (a wrong server key, no keys, another mechanism).",
             ["socket", "reason"],
             registry=registry,
         )
@@ -291,6 +291,13 @@ class LearnerMetrics:
         )
         self.weight_sync_bytes = Counter(
             p + "weight_sync_bytes", "Weight bytes published.", registry=registry
+        )
+        self.connections_refused = Counter(
+            p + "connections_refused",
+            "Connections to the weight server whose CurveZMQ handshake failed, by socket and reason (as the "
+            "buffer's).",
+            ["socket", "reason"],
+            registry=registry,
         )
         self.messages_rejected = Counter(
             p + "messages_rejected",

@@ -48,7 +48,7 @@ from stream_dapo.ports import endpoint_port, write_bound_ports, zmq_listen
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
-from stream_dapo.transport.curve import curve_server, start_authenticator
+from stream_dapo.transport.curve import RefusedConnections, curve_server, start_authenticator
 from stream_dapo.transport.messages import Body, SchemaError
 from stream_dapo.transport.sockets import (
     CurveKeys,
@@ -93,17 +93,6 @@ def persist_path(cfg: Config) -> Path:
     return Path(cfg.run.out_dir) / "buffer" / "state.msgpack"
 
 
-HANDSHAKE_FAILURES = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-HANDSHAKE_REASONS = {
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "not_allowed",
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake",
-}
-"""ZeroMQ monitor events of a refused Curve handshake, and the reason label of each."""
-
-
 class BufferService:
     """The buffer's sockets, journal, metrics and poll loop around a `ReplayBuffer`.
 
@@ -120,8 +109,8 @@ class BufferService:
         self.journal = Journal(persist_path(cfg))
         self._ctx: zmq.Context[Any] | None = None
         self._endpoints: list[Endpoint] = []
-        self._handshake_monitors: dict[str, zmq.Socket[Any]] = {}
-        """socket name -> monitor of its failed Curve handshakes (only with transport.curve_dir)."""
+        self._refused: list[RefusedConnections] = []
+        """Failed Curve handshakes, per socket (only with transport.curve_dir)."""
         self._auth: Any = None
         self._stop = threading.Event()
         self.metrics_server: Any = None
@@ -221,7 +210,9 @@ class BufferService:
                 raise TransportError(f"{exc} (the buffer's {name} socket: transport.{name}_port)") from exc
             self._endpoints.append(endpoint)
             if curve is not None:
-                self._handshake_monitors[name] = endpoint.socket.get_monitor_socket(HANDSHAKE_FAILURES)
+                self._refused.append(
+                    RefusedConnections(endpoint.socket, name, self._count_refused(name), log)
+                )
         self.samples, self.batches = self._endpoints
 
     def _curve_keys(self) -> CurveKeys | None:
@@ -285,7 +276,8 @@ class BufferService:
             if ready.get(endpoint.socket):
                 handled += self._drain(endpoint)
         self._count_endpoint_rejections()
-        self._count_refused_connections()
+        for refused in self._refused:
+            refused.poll()
         self._expire_generators()
         self._maybe_compact()
         self._export_metrics()
@@ -439,24 +431,8 @@ class BufferService:
 
     # ---------------------------------------------------------------------------------- chores
 
-    def _count_refused_connections(self) -> None:
-        """Curve handshakes that failed (ZeroMQ drops those peers before any message): counted by
-        socket and reason, and logged, rate-limited, so that refusals are visible."""
-        from zmq.utils.monitor import recv_monitor_message
-
-        for name, monitor in self._handshake_monitors.items():
-            while monitor.poll(0):
-                event = recv_monitor_message(monitor)
-                reason = HANDSHAKE_REASONS.get(event["event"], "handshake")
-                self.metrics.connections_refused.labels(socket=name, reason=reason).inc()
-                self._refusals.warn(
-                    f"refused-{name}-{reason}",
-                    "refused a connection to the %s socket: Curve handshake failed (%s, from %s); check the "
-                    "client's keys against transport.curve_dir",
-                    name,
-                    reason,
-                    bytes(event.get("endpoint") or b"?").decode(errors="replace"),
-                )
+    def _count_refused(self, socket_name: str) -> Callable[[str], None]:
+        return lambda reason: self.metrics.connections_refused.labels(socket=socket_name, reason=reason).inc()
 
     def _count_endpoint_rejections(self) -> None:
         """Forward the endpoints' decode failures into the buffer's persisted counters."""
@@ -565,8 +541,7 @@ class BufferService:
                 self._write_final_metrics()
         finally:
             release(
-                *(endpoint.socket.disable_monitor for endpoint in self._endpoints if self._handshake_monitors),
-                *(lambda mon=mon: mon.close(linger=0) for mon in self._handshake_monitors.values()),
+                *(refused.close for refused in self._refused),
                 *(endpoint.close for endpoint in self._endpoints),
                 self._auth and self._auth.stop,
                 self._ctx and self._ctx.term,

@@ -272,7 +272,11 @@ class LearnerService:
         t = self.cfg.transport
         require_bound("transport.batches_port", t.batches_port, "buffer")
         self._ctx = zmq.Context()
-        self._publisher = make_publisher(self.cfg, rejected_metric=self.metrics.messages_rejected)
+        self._publisher = make_publisher(
+            self.cfg,
+            rejected_metric=self.metrics.messages_rejected,
+            refused_metric=self.metrics.connections_refused,
+        )
         client = curve_client(t.curve_dir)
         self._buffer = open_endpoint(
             self._ctx,

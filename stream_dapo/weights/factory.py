@@ -33,10 +33,15 @@ def shared_dir_path(cfg: Config) -> Path:
     return Path(w.shared_dir) if w.shared_dir else Path(cfg.run.out_dir) / "weights"
 
 
-def make_publisher(cfg: Config, rejected_metric: prometheus_client.Counter | None = None) -> WeightPublisher:
+def make_publisher(
+    cfg: Config,
+    rejected_metric: prometheus_client.Counter | None = None,
+    refused_metric: prometheus_client.Counter | None = None,
+) -> WeightPublisher:
     """The learner's publisher for weights.method, started (a taken port fails here, naming it).
-    `rejected_metric` counts requests the ZeroMQ weight server refuses, by reason."""
-    return _PUBLISHERS[cfg.weights.method](cfg, rejected_metric)
+    `rejected_metric` counts requests the ZeroMQ weight server refuses, by reason; `refused_metric`
+    (labels socket, reason) the connections whose Curve handshake failed."""
+    return _PUBLISHERS[cfg.weights.method](cfg, rejected_metric, refused_metric)
 
 
 def make_source(cfg: Config, index: int) -> WeightSource:
@@ -49,7 +54,11 @@ def make_source(cfg: Config, index: int) -> WeightSource:
 # --------------------------------------------------------------------------------------------------
 
 
-def _weight_server(cfg: Config, rejected_metric: prometheus_client.Counter | None) -> WeightServer:
+def _weight_server(
+    cfg: Config,
+    rejected_metric: prometheus_client.Counter | None,
+    refused_metric: prometheus_client.Counter | None = None,
+) -> WeightServer:
     from stream_dapo.weights.zmq_chunks import WeightServer
 
     t = cfg.transport
@@ -63,6 +72,7 @@ def _weight_server(cfg: Config, rejected_metric: prometheus_client.Counter | Non
         allowed_clients_dir=allowed,
         hwm=t.hwm,
         rejected_metric=rejected_metric,
+        refused_metric=refused_metric,
     )
     try:
         return server.start()
@@ -70,10 +80,14 @@ def _weight_server(cfg: Config, rejected_metric: prometheus_client.Counter | Non
         raise TransportError(f"{exc} (the learner's weights socket: transport.weights_port)") from exc
 
 
-def _nccl_publisher(cfg: Config, rejected_metric: prometheus_client.Counter | None) -> WeightPublisher:
+def _nccl_publisher(
+    cfg: Config,
+    rejected_metric: prometheus_client.Counter | None,
+    refused_metric: prometheus_client.Counter | None = None,
+) -> WeightPublisher:
     from stream_dapo.weights.nccl import NcclPublisher, NcclWeightSender, nccl_group_spec
 
-    server = _weight_server(cfg, rejected_metric)  # announcements: late joiners, checksums
+    server = _weight_server(cfg, rejected_metric, refused_metric)  # announcements: late joiners, checksums
     try:
         timeout_s = max(NCCL_TIMEOUT_FLOOR_S, cfg.transport.timeout_s)
         sender = NcclWeightSender(nccl_group_spec(cfg), timeout_s=timeout_s).connect()
@@ -83,7 +97,9 @@ def _nccl_publisher(cfg: Config, rejected_metric: prometheus_client.Counter | No
     return NcclPublisher(server, sender)
 
 
-def _shared_dir_publisher(cfg: Config, _rejected: prometheus_client.Counter | None) -> WeightPublisher:
+def _shared_dir_publisher(
+    cfg: Config, _rejected: prometheus_client.Counter | None, _refused: prometheus_client.Counter | None = None
+) -> WeightPublisher:
     from stream_dapo.weights.shared_dir import SharedDirPublisher
 
     return SharedDirPublisher(shared_dir_path(cfg))
@@ -119,7 +135,9 @@ def _shared_dir_source(cfg: Config, _index: int) -> WeightSource:
     return SharedDirWeightSource(shared_dir_path(cfg))
 
 
-_PUBLISHERS: dict[str, Callable[[Config, prometheus_client.Counter | None], WeightPublisher]] = {
+_PUBLISHERS: dict[
+    str, Callable[[Config, prometheus_client.Counter | None, prometheus_client.Counter | None], WeightPublisher]
+] = {
     "zmq": _weight_server,
     "shared_dir": _shared_dir_publisher,
     "nccl": _nccl_publisher,

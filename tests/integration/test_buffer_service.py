@@ -724,22 +724,33 @@ def test_refused_curve_connections_are_counted_and_logged_by_socket_and_reason(
     rogue_public, rogue_secret = zmq.auth.load_certificate(keys / "rogue.key_secret")
     gen_public, gen_secret = zmq.auth.load_certificate(keys / "gen-0.key_secret")
     assert rogue_secret is not None and gen_secret is not None
-    attempts = {
-        "not_allowed": CurveKeys(rogue_public, rogue_secret, server_public),
-        "protocol": CurveKeys(gen_public, gen_secret, wrong_server),
-    }
+    attempts = [
+        CurveKeys(rogue_public, rogue_secret, server_public),  # not_allowed
+        CurveKeys(gen_public, gen_secret, wrong_server),  # protocol or handshake, as libzmq sees it
+    ]
     cfg = load_config(overrides=[*overrides(tmp_path), f'transport.curve_dir="{keys}"'], environ={})
     ctx: zmq.Context[Any] = zmq.Context()
+
+    def refused() -> dict[str, float]:
+        text = scrape(svc.metrics_port)[1]
+        prefix = "stream_dapo_buffer_connections_refused_total{"
+        return {
+            line.split('reason="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(prefix) and 'socket="batches"' in line
+        }
+
     with caplog.at_level("WARNING", logger="stream_dapo.buffer"), service_in_thread(cfg) as svc:
         try:
-            for reason, curve in attempts.items():
+            for curve in attempts:
                 with open_endpoint(ctx, zmq.DEALER, connect=svc.batches.address, max_bytes=MAX_BYTES, curve=curve) as ep:
                     ep.send(m.LearnerHello(0, 0))
-                    sample = f'stream_dapo_buffer_connections_refused_total{{reason="{reason}",socket="batches"}}'
-                    deadline = time.monotonic() + 30  # only reached when nothing is counted
-                    while sample not in scrape(svc.metrics_port)[1]:
-                        assert time.monotonic() < deadline, f"{reason} refusal never counted"
+                    deadline = time.monotonic() + 30  # only reached when a refusal is never counted
+                    while sum(refused().values()) < attempts.index(curve) + 1:
+                        assert time.monotonic() < deadline, refused()
                         time.sleep(0.05)
+            counts = refused()
         finally:
             ctx.destroy(linger=0)
+    assert counts.get("not_allowed") == 1 and sum(counts.values()) == 2, counts
     assert "refused a connection to the batches socket: Curve handshake failed (not_allowed" in caplog.text
