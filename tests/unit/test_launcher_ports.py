@@ -11,8 +11,8 @@ from stream_dapo.launcher import PortInUse, check_ports_free, fixed_ports, peers
 from tests.helpers import port_overrides
 
 
-def _config(method: str, nccl_port: int):  # -> Config
-    fixed = ["transport.weights_port=5557"] if method == "nccl" else []
+def _config(method: str, nccl_port: int, weights_port: int = 5557):  # -> Config
+    fixed = [f"transport.weights_port={weights_port}"] if method == "nccl" else []
     return load_config(
         overrides=[f"weights.method={method}", f"transport.nccl_port={nccl_port}", *port_overrides(), *fixed],
         environ={},
@@ -20,12 +20,17 @@ def _config(method: str, nccl_port: int):  # -> Config
 
 
 def test_a_taken_nccl_port_stops_an_nccl_run_naming_the_key() -> None:
-    with socket.socket() as taken:
+    # NCCL needs a fixed weights port: one this test holds, bound with SO_REUSEADDR and not listening,
+    # so the launcher's check can bind it too and no other process can take it meanwhile.
+    with socket.socket() as taken, socket.socket() as weights:
+        weights.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        weights.bind(("127.0.0.1", 0))
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        nccl = _config("nccl", port, weights.getsockname()[1])
         with pytest.raises(PortInUse, match=rf"127.0.0.1:{port} \(transport.nccl_port\) is in use") as err:
-            check_ports_free(_config("nccl", port))
+            check_ports_free(nccl)
         assert "--set transport.nccl_port=<port>" in str(err.value)
         check_ports_free(_config("zmq", port))  # nothing binds it unless weights.method = "nccl"
 
