@@ -40,7 +40,7 @@ from stream_dapo.transport.sockets import CurveKeys, RateLimitedWarnings, Transp
 
 log = logging.getLogger(__name__)
 
-HANDSHAKE_REASONS = {
+HANDSHAKE_REASONS: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "not_allowed",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake",
