@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.report import median, paired_ratio, save_json  # noqa: E402
-from tests.helpers import free_ports, tiny_overrides  # noqa: E402
+from tests.helpers import tiny_overrides  # noqa: E402
 
 
 def run_once(
@@ -43,7 +43,7 @@ def run_once(
     extra: Sequence[str] = (),
 ) -> dict:
     """One `stream-dapo run` without evaluation in ``out``; ``extra`` are more ``--set`` items."""
-    overrides = tiny_overrides(model, out, free_ports(8))
+    overrides = tiny_overrides(model, out)
     # Keep the tiny config's batch shape; only move ports and the run directory.
     overrides = [
         o for o in overrides if o.split("=")[0].startswith(("transport.", "metrics.", "run.", "model."))

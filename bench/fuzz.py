@@ -64,11 +64,11 @@ from bench.report import save_json  # noqa: E402
 from stream_dapo.config import config_to_toml, load_config  # noqa: E402
 from stream_dapo.launcher import metric_sum, scrape, tail  # noqa: E402
 from stream_dapo.metrics import BufferMetrics, GeneratorMetrics, LearnerMetrics, catalogue, sample_name  # noqa: E402
+from stream_dapo.ports import endpoint_port, read_bound_ports, zmq_bind_address  # noqa: E402
 from stream_dapo.transport import messages as m  # noqa: E402
 from stream_dapo.transport.codec import SCHEMA_VERSION, CodecError, Message, decode, encode, pack_value  # noqa: E402
 from stream_dapo.transport.messages import Group, Sample  # noqa: E402
 from stream_dapo.transport.sockets import open_endpoint, request  # noqa: E402
-from tests.helpers import free_ports  # noqa: E402
 
 SOCKETS = ("samples", "batches", "weights", "credits")
 GROUP_SIZE = 2
@@ -753,13 +753,12 @@ class BufferTarget(RouterTarget):
             if socket_name == "samples"
             else (m.LEARNER_HELLO, m.BATCH_REQUEST, m.COMMIT)
         )
-        samples_port, batches_port, metrics_port = free_ports(3)
         cfg = load_config(
             overrides=[
-                f"transport.samples_port={samples_port}",
-                f"transport.batches_port={batches_port}",
+                "transport.samples_port=0",  # every port 0: the buffer binds and reports them
+                "transport.batches_port=0",
                 f"transport.max_message_bytes={MAX_MESSAGE_BYTES}",
-                f"metrics.buffer_port={metrics_port}",
+                "metrics.buffer_port=0",
                 f'run.out_dir="{workdir / socket_name}"',
                 f"algo.group_size={GROUP_SIZE}",
                 "learner.mini_batch_samples=4",
@@ -772,8 +771,6 @@ class BufferTarget(RouterTarget):
         config.write_text(config_to_toml(cfg))
         self.cfg = cfg
         self.ctx = zmq.Context()
-        self.tcp_port = samples_port if socket_name == "samples" else batches_port
-        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         argv = [
             sys.executable,
             "-m",
@@ -785,6 +782,12 @@ class BufferTarget(RouterTarget):
             str(config),
         ]
         self.proc = Proc.start(f"buffer-{socket_name}", argv, workdir)
+        out = workdir / socket_name
+        wait_until("the buffer's ports", lambda: read_bound_ports(out, "buffer") is not None, self.proc)
+        ports = read_bound_ports(out, "buffer") or {}
+        samples_port, batches_port = ports["transport.samples_port"], ports["transport.batches_port"]
+        self.tcp_port = samples_port if socket_name == "samples" else batches_port
+        self.metrics_url = f"http://127.0.0.1:{ports['metrics.buffer_port']}/metrics"
         wait_until("the buffer's /metrics", lambda: bool(scrape(self.metrics_url)), self.proc)
         self.gen = open_endpoint(
             self.ctx, zmq.DEALER, connect=f"tcp://127.0.0.1:{samples_port}", max_bytes=1 << 30
@@ -884,15 +887,15 @@ class WeightsTarget(RouterTarget):
         self.service = "WeightServer (learner's weight socket)"
         self.max_bytes = REQUEST_MAX_BYTES
         self.workdir = workdir
-        self.tcp_port, metrics_port = free_ports(2)
-        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         info_path = workdir / "weights-info.json"
-        argv = [sys.executable, __file__, "--host", "weights", "--port", str(self.tcp_port)]
-        argv += ["--metrics-port", str(metrics_port), "--info", str(info_path)]
+        argv = [sys.executable, __file__, "--host", "weights", "--port", "0"]
+        argv += ["--metrics-port", "0", "--info", str(info_path)]
         self.ctx = zmq.Context()
         self.proc = Proc.start("weight-server", argv, workdir)
         wait_until("the weight server", info_path.is_file, self.proc)
         self.info = json.loads(info_path.read_text())
+        self.tcp_port = self.info["port"]  # what it bound
+        self.metrics_url = f"http://127.0.0.1:{self.info['metrics_port']}/metrics"
         self.connect()
 
     def judge_valid(self, msg: Message) -> Verdict:
@@ -951,14 +954,19 @@ class CreditsTarget(Target):
         self.socket_name = "credits"
         self.service = "GeneratorService buffer client (no vLLM engine)"
         self.max_bytes = MAX_MESSAGE_BYTES
-        self.tcp_port, metrics_port = free_ports(2)
-        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.linger = 0
+        self.router.router_mandatory = 1
+        self.router.sndtimeo = int(STALL_S * 1000)
+        self.router.bind("tcp://127.0.0.1:*")
+        self.tcp_port = endpoint_port(self.router.getsockopt_string(zmq.LAST_ENDPOINT))
         cfg = load_config(
             overrides=[
                 f"transport.samples_port={self.tcp_port}",
                 f"transport.max_message_bytes={MAX_MESSAGE_BYTES}",
                 "transport.timeout_s=2.0",
-                f"metrics.generator_port={metrics_port}",
+                "metrics.generator_port=0",
                 f'run.out_dir="{workdir / "generator"}"',
                 f"algo.group_size={GROUP_SIZE}",
                 "learner.mini_batch_samples=4",
@@ -969,12 +977,6 @@ class CreditsTarget(Target):
         )
         config = workdir / "generator.toml"
         config.write_text(config_to_toml(cfg))
-        self.ctx = zmq.Context()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.linger = 0
-        self.router.router_mandatory = 1
-        self.router.sndtimeo = int(STALL_S * 1000)
-        self.router.bind(f"tcp://127.0.0.1:{self.tcp_port}")
         info_path = workdir / "generator-info.json"
         argv = [
             sys.executable,
@@ -990,6 +992,7 @@ class CreditsTarget(Target):
         self.peer = self._await_hello()
         wait_until("the generator", info_path.is_file, self.proc)
         self.info = json.loads(info_path.read_text())
+        self.metrics_url = f"http://127.0.0.1:{self.info['metrics_port']}/metrics"
         self.requests: Counter[str] = Counter()
         self.credit_request_id: int | None = None
 
@@ -1227,12 +1230,23 @@ def host_weights(port: int, metrics_port: int, info: Path) -> int:
     }
     payload = serialize_weights(state, WEIGHTS_VERSION)
     server = WeightServer(
-        f"tcp://127.0.0.1:{port}", chunk_bytes=WEIGHTS_CHUNK_BYTES, rejected_metric=metrics.messages_rejected
+        zmq_bind_address("127.0.0.1", port),
+        chunk_bytes=WEIGHTS_CHUNK_BYTES,
+        rejected_metric=metrics.messages_rejected,
     ).start()
     server.publish(payload)
     health.ready = True
     num_chunks = -(-payload.total_bytes // WEIGHTS_CHUNK_BYTES)
-    _write_info(info, {"version": payload.version, "checksum": payload.checksum, "num_chunks": num_chunks})
+    _write_info(
+        info,
+        {
+            "version": payload.version,
+            "checksum": payload.checksum,
+            "num_chunks": num_chunks,
+            "port": endpoint_port(server.address),
+            "metrics_port": server_http.port,
+        },
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.wait(0.5):
@@ -1302,7 +1316,8 @@ def host_generator(config: Path, info: Path) -> int:
     pending = make_group()
     svc._send(m.Groups(svc.generator_id, [pending]))
     svc.unacked.sent(pending, time.monotonic())
-    _write_info(info, {"pending": pending.group_id})
+    assert svc.metrics_server is not None
+    _write_info(info, {"pending": pending.group_id, "metrics_port": svc.metrics_server.port})
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

@@ -507,12 +507,14 @@ class TransportConfig(_Section):
     """Address generators and the learner connect to for the buffer (default: host)."""
     learner_host: str | None = None
     """Address generators connect to for the learner's weights (default: host)."""
-    samples_port: int = Field(5555, ge=1, le=65535)
-    """Buffer's port for generators (groups, credits, acks)."""
-    batches_port: int = Field(5556, ge=1, le=65535)
-    """Buffer's port for the learner (batches, commits)."""
-    weights_port: int = Field(5557, ge=1, le=65535)
-    """Learner's port for weight transfer."""
+    samples_port: int = Field(5555, ge=0, le=65535)
+    """Buffer's port for generators (groups, credits, acks). 0: the buffer binds any free port and
+    reports it in run.out_dir/ports/buffer.json and /healthz (`stream_dapo/ports.py`); a generator must
+    then be given the bound port (`stream-dapo run` passes it on)."""
+    batches_port: int = Field(5556, ge=0, le=65535)
+    """Buffer's port for the learner (batches, commits); 0 as for samples_port."""
+    weights_port: int = Field(5557, ge=0, le=65535)
+    """Learner's port for weight transfer; 0: any free port, reported in run.out_dir/ports/learner.json."""
     nccl_port: int = Field(5558, ge=1, le=65535)
     """Learner's TCP store port where generators' vLLM workers join the NCCL weight group (on
     learner_host, else host); used only with weights.method = "nccl"."""
@@ -539,11 +541,12 @@ class MetricsConfig(_Section):
     host: str = "127.0.0.1"
     """Address of the /metrics and /healthz HTTP servers."""
     buffer_port: int = Field(9101, ge=0, le=65535)
-    """Buffer's metrics port (0: pick a free one)."""
+    """Buffer's metrics port (0: any free one, reported in run.out_dir/ports/buffer.json and /healthz)."""
     learner_port: int = Field(9102, ge=0, le=65535)
-    """Learner's metrics port."""
+    """Learner's metrics port (0: any free one, reported in run.out_dir/ports/learner.json)."""
     generator_port: int = Field(9110, ge=0, le=65535)
-    """First generator's metrics port; generator i uses generator_port + i."""
+    """First generator's metrics port; generator i uses generator_port + i (0: each binds any free
+    port, reported in run.out_dir/ports/generator-<i>.json)."""
     json_logs: bool = False
     """Structured JSON logs instead of plain text."""
 
@@ -741,7 +744,9 @@ class Config(_Section):
                 f"learner.mini_batch_samples ({mb}) must divide the rollout batch "
                 f"(learner.rollout_batch_prompts * algo.group_size = {rollout})"
             )
-        self.admission.check_fills_rollout()  # AdmissionError is a ValueError: it names the fix
+        # Every deadlock check the buffer makes at start-up, so that `config show` and `run` refuse
+        # what the buffer would (AdmissionError is a ValueError: it names the fix).
+        self.admission.check(self.buffer.capacity_groups, self.learner.checkpoint_every)
         if self.learner.micro_batch_tokens < self.model.max_prompt_len + self.algo.max_response_len:
             raise ValueError(
                 f"learner.micro_batch_tokens ({self.learner.micro_batch_tokens}) cannot hold one "
@@ -766,8 +771,14 @@ class Config(_Section):
         }
         if self.weights.method == "nccl":
             ports["transport.nccl_port"] = self.transport.nccl_port
-        if len(set(ports.values())) != len(ports):
-            raise ValueError(f"transport ports must differ: {ports}")
+        if self.weights.method == "nccl" and not self.transport.weights_port:
+            raise ValueError(
+                'weights.method = "nccl" needs a fixed transport.weights_port: the learner joins the NCCL group '
+                "with the generators before it can report a port it chose; set transport.weights_port = 5557"
+            )
+        fixed = [port for port in ports.values() if port]  # 0 binds any free port: never a clash
+        if len(set(fixed)) != len(fixed):
+            raise ValueError(f"transport ports must differ (or be 0, any free port): {ports}")
         return self
 
     @property

@@ -36,6 +36,7 @@ from stream_dapo.metrics import (
     sample_key,
     sample_name,
 )
+from stream_dapo.ports import PORTS_DIR, ServiceExited, read_bound_ports, wait_bound_ports
 
 log = logging.getLogger("stream_dapo.launcher")
 
@@ -69,12 +70,20 @@ class Supervisor:
     run_dir: Path
     children: list[Child] = field(default_factory=list)
 
-    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> Child:
+    def start(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int] = ()
+    ) -> Child:
+        """`pass_fds`: listening sockets the child inherits (`stream_dapo/ports.py`)."""
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(log_path, "ab")  # noqa: SIM115 (closed in stop_all)
         popen = subprocess.Popen(
-            list(argv), stdout=log_file, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True
+            list(argv),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,
+            pass_fds=tuple(pass_fds),
         )
         child = Child(name, popen, log_path, log_file)
         self.children.append(child)
@@ -179,20 +188,32 @@ class Endpoints:
     generators: list[str]
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Endpoints:
-        m = cfg.metrics
-        base = f"http://{m.host}:"
+    def from_ports(cls, cfg: Config, ports: Mapping[str, Mapping[str, int]]) -> Endpoints:
+        """The /metrics URLs of the ports the services reported (`stream_dapo/ports.py`), by service
+        name ("buffer", "learner", "generator-<i>"); a service not (yet) reported gets ""."""
+        base = f"http://{cfg.metrics.host}:"
+
+        def url(service: str, setting: str) -> str:
+            port = ports.get(service, {}).get(setting)
+            return f"{base}{port}/metrics" if port else ""
+
         return cls(
-            buffer=f"{base}{m.buffer_port}/metrics",
-            learner=f"{base}{m.learner_port}/metrics",
-            generators=[f"{base}{m.generator_port + i}/metrics" for i in range(cfg.generator.num_generators)],
+            buffer=url("buffer", "metrics.buffer_port"),
+            learner=url("learner", "metrics.learner_port"),
+            generators=[
+                url(f"generator-{i}", "metrics.generator_port") for i in range(cfg.generator.num_generators)
+            ],
         )
 
     def snapshot(self) -> dict[str, dict[str, float]]:
-        snap = {"buffer": scrape(self.buffer), "learner": scrape(self.learner)}
+        snap = {"buffer": _scrape(self.buffer), "learner": _scrape(self.learner)}
         for i, url in enumerate(self.generators):
-            snap[f"generator-{i}"] = scrape(url)
+            snap[f"generator-{i}"] = _scrape(url)
         return snap
+
+
+def _scrape(url: str) -> dict[str, float]:
+    return scrape(url) if url else {}
 
 
 def generator_totals(snap: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
@@ -465,8 +486,8 @@ class PortInUse(RuntimeError):
     """A port the services need is taken (a configuration problem: exit code 2)."""
 
 
-def check_ports_free(cfg: Config) -> None:
-    """Fail before starting anything if a port the services need is taken."""
+def fixed_ports(cfg: Config) -> dict[str, tuple[str, int]]:
+    """The ports the config fixes (setting -> (host, port)); a 0 binds any free port, never taken."""
     wanted = {
         "transport.samples_port": (cfg.transport.host, cfg.transport.samples_port),
         "transport.batches_port": (cfg.transport.host, cfg.transport.batches_port),
@@ -476,17 +497,24 @@ def check_ports_free(cfg: Config) -> None:
     }
     if cfg.weights.method == "nccl":  # the learner's rank 0 hosts the weight group's TCP store
         wanted["transport.nccl_port"] = (cfg.transport.host, cfg.transport.nccl_port)
-    for i in range(cfg.generator.num_generators):
-        wanted[f"metrics.generator_port (+{i})"] = (cfg.metrics.host, cfg.metrics.generator_port + i)
-    for key, (host, port) in wanted.items():
+    if cfg.metrics.generator_port:
+        for i in range(cfg.generator.num_generators):
+            wanted[f"metrics.generator_port (+{i})"] = (cfg.metrics.host, cfg.metrics.generator_port + i)
+    return {key: where for key, where in wanted.items() if where[1]}
+
+
+def check_ports_free(cfg: Config) -> None:
+    """Fail before starting anything if a port the config fixes is taken (a clear message now
+    rather than a service's exit later; ports set to 0 need no check)."""
+    for key, (host, port) in fixed_ports(cfg).items():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
             except OSError:
                 raise PortInUse(
-                    f"{host}:{port} ({key}) is in use — another run may be going; stop it "
-                    f"or choose another port with --set {key.split(' ')[0]}=<port>"
+                    f"{host}:{port} ({key}) is in use — another run may be going; stop it, "
+                    f"choose another port with --set {key.split(' ')[0]}=<port>, or set it to 0 (any free port)"
                 ) from None
 
 
@@ -557,12 +585,52 @@ def learner_log_stats(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def start_services(sup: Supervisor, cfg: Config, config_path: Path) -> None:
-    sup.start("buffer", service_argv("buffer", config_path), child_env(cfg, "buffer"))
-    sup.start("learner", service_argv("learner", config_path), child_env(cfg, "learner"))
+def start_services(sup: Supervisor, cfg: Config, config_path: Path) -> dict[str, dict[str, int]]:
+    """Start the buffer, the learner and the generators. A service whose peers connect to a port it
+    binds as 0 (any free port) is waited for until it reports what it bound (`stream_dapo/ports.py`),
+    and the ports are passed on with --set, so a port set to 0 works like a fixed one. Returns the
+    ports waited for, by service name; the rest are read while the run goes (`reported_ports`)."""
+    bound: dict[str, dict[str, int]] = {}
+    for name in ("buffer", "learner"):
+        peers = [f"{key}={port}" for reported in bound.values() for key, port in reported.items()]
+        child = sup.start(name, service_argv(name, config_path, *_sets(peers)), child_env(cfg, name))
+        if peers_need_reported_ports(cfg, name):
+            bound[name] = _wait_ports(cfg, child)
+    peers = [f"{key}={port}" for reported in bound.values() for key, port in reported.items()]
     for i in range(cfg.generator.num_generators):
-        argv = service_argv("generator", config_path, "--index", str(i))
+        argv = service_argv("generator", config_path, "--index", str(i), *_sets(peers))
         sup.start(f"generator-{i}", argv, child_env(cfg, "generator", i))
+    return bound
+
+
+def peers_need_reported_ports(cfg: Config, service: str) -> bool:
+    """Whether a later service connects to a port `service` binds as 0: the buffer's two sockets,
+    the learner's weight server (not with weights.method = "shared_dir")."""
+    t = cfg.transport
+    if service == "buffer":
+        return not (t.samples_port and t.batches_port)
+    return service == "learner" and cfg.weights.method != "shared_dir" and not t.weights_port
+
+
+def _sets(overrides: Sequence[str]) -> list[str]:
+    return [arg for item in overrides if not item.startswith("metrics.") for arg in ("--set", item)]
+
+
+def _wait_ports(cfg: Config, child: Child) -> dict[str, int]:
+    try:
+        return wait_bound_ports(cfg.run.out_dir, child.name, child.popen.poll, pid=child.popen.pid)
+    except (ServiceExited, TimeoutError) as exc:
+        raise ServiceFailed(f"{exc}; last lines of {child.log_path}:\n{tail(child.log_path)}") from None
+
+
+def reported_ports(cfg: Config, sup: Supervisor) -> dict[str, dict[str, int]]:
+    """The ports each running child has reported so far, by service name."""
+    out: dict[str, dict[str, int]] = {}
+    for child in sup.children:
+        ports = read_bound_ports(cfg.run.out_dir, child.name, pid=child.popen.pid)
+        if ports is not None:
+            out[child.name] = ports
+    return out
 
 
 class ServiceFailed(RuntimeError):
@@ -593,10 +661,11 @@ def _stop_on_signals() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def supervise(sup: Supervisor, view: LiveView, period_s: float = 5.0) -> None:
+def supervise(sup: Supervisor, view: LiveView, cfg: Config, period_s: float = 5.0) -> None:
     """Wait for the learner to finish; fail loudly if any other service dies first."""
     learner = next(c for c in sup.children if c.name == "learner")
     while True:
+        view.endpoints = Endpoints.from_ports(cfg, reported_ports(cfg, sup))
         view.update()
         for child in sup.dead():
             if child is learner and child.popen.returncode == 0:
@@ -624,13 +693,14 @@ def train(cfg: Config, config_path: Path, run_dir: Path, summary: dict[str, Any]
 
     `summary` gets the training figures even when a service failed or a stop signal came."""
     sup = Supervisor(run_dir)
-    view = LiveView(cfg, Endpoints.from_config(cfg), run_dir, quiet)
+    view = LiveView(cfg, Endpoints.from_ports(cfg, {}), run_dir, quiet)
     t0 = time.monotonic()
     try:
         start_services(sup, cfg, config_path)
-        supervise(sup, view)
+        supervise(sup, view, cfg)
     finally:
         train_seconds = time.monotonic() - t0
+        summary["ports"] = reported_ports(cfg, sup)
         view.finish()
         sup.stop_all()
         final = final_snapshot(view.last, run_dir)
@@ -665,6 +735,7 @@ def run(args: argparse.Namespace) -> int:
     prepare_model(cfg)
     run_dir = prepare_run_dir(cfg, args.resume)
     shutil.rmtree(run_dir / FINAL_METRICS_DIR, ignore_errors=True)  # an earlier run's, on --resume
+    shutil.rmtree(run_dir / PORTS_DIR, ignore_errors=True)
     config_path = run_dir / "config.toml"
     summary: dict[str, Any] = {"mode": cfg.run.mode, "config": str(config_path)}
     code = ExitCode.OK

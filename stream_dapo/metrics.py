@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -209,6 +211,13 @@ class BufferMetrics:
         self.messages_rejected = Counter(
             p + "messages_rejected", "Malformed messages received.", ["reason"], registry=registry
         )
+        self.connections_refused = Counter(
+            p + "connections_refused",
+            "Connections whose CurveZMQ handshake failed, by socket and reason: not_allowed (a client key "
+            "not in the allow-list), protocol or handshake (a wrong server key, no keys, another mechanism).",
+            ["socket", "reason"],
+            registry=registry,
+        )
         self.persist_seconds = Histogram(
             p + "persist_seconds", "Time to persist state.", buckets=SECONDS_BUCKETS, registry=registry
         )
@@ -296,6 +305,13 @@ class LearnerMetrics:
         )
         self.weight_sync_bytes = Counter(
             p + "weight_sync_bytes", "Weight bytes published.", registry=registry
+        )
+        self.connections_refused = Counter(
+            p + "connections_refused",
+            "Connections to the weight server whose CurveZMQ handshake failed, by socket and reason (as the "
+            "buffer's).",
+            ["socket", "reason"],
+            registry=registry,
         )
         self.messages_rejected = Counter(
             p + "messages_rejected",
@@ -387,11 +403,24 @@ class Health:
 class MetricsServer:
     """Serves `/metrics` from one registry and the probes of a `Health`, on a background thread."""
 
-    def __init__(self, registry: CollectorRegistry, health: Health, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        health: Health,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        fd: int | None = None,
+    ):
+        """Binds host:port (0: any free port, see `port`), or adopts `fd`, a listening socket a
+        supervisor handed over (`stream_dapo/ports.py`; the fd stays the caller's)."""
         self.registry = registry
         self.health = health
         handler = _make_handler(registry, health.status)
-        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server = ThreadingHTTPServer((host, port), handler, bind_and_activate=fd is None)
+        if fd is not None:
+            self._server.socket.close()
+            self._server.socket = socket.socket(fileno=os.dup(fd))
+            self._server.server_address = self._server.socket.getsockname()[:2]
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
 
@@ -539,10 +568,13 @@ def start_metrics(
 
     With `setting` (the config key of the port, e.g. "metrics.buffer_port"), a port that cannot be
     bound raises ConfigError naming that key, as every service reports it at start-up."""
+    from stream_dapo.ports import inherited_fd
+
     registry = CollectorRegistry() if registry is None else registry
     health = Health(stall_after_s=stall_after_s) if health is None else health
+    fd = inherited_fd(setting.split(" ")[0]) if setting else None
     try:
-        server = MetricsServer(registry, health, host, port).start()
+        server = MetricsServer(registry, health, host, port, fd).start()
     except OSError as exc:
         if setting is None:
             raise

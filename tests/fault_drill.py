@@ -36,9 +36,15 @@ from typing import Any
 
 from stream_dapo.config import Config, config_to_toml, load_config
 from stream_dapo.launcher import Child, Supervisor, child_env, metric_sum, scrape, service_argv, tail
-from tests.helpers import free_ports, tiny_overrides
+from stream_dapo.ports import read_bound_ports
+from tests.helpers import HeldPorts, tiny_overrides
 
 GENERATOR_PAUSE_S = 2.0
+SERVICE_PORTS = {
+    "buffer": ("transport.samples_port", "transport.batches_port", "metrics.buffer_port"),
+    "learner": ("transport.weights_port", "metrics.learner_port"),
+}
+"""The listening sockets the drill holds for each service, by setting."""
 WAIT_S = 240.0
 FINISH_WAIT_S = 400.0
 
@@ -81,12 +87,21 @@ class DrillReport:
         return out
 
 
+def scrape_url(url: str | None) -> dict[str, float]:
+    """`scrape`, or nothing for a service that has not reported its port yet."""
+    return scrape(url) if url else {}
+
+
 class FaultDrill:
     """One run directory, one config, the three services under a `Supervisor`."""
 
     def __init__(self, model: Path, out: Path, total_steps: int = 10) -> None:
         self.out = out
-        overrides = tiny_overrides(model, out, free_ports(8)) + [
+        # The buffer's and the learner's listening sockets are held here and handed to every
+        # incarnation (STREAM_DAPO_LISTEN_FDS), so that a restarted service is where its peers look
+        # and nothing else can take its port while it is down; generators bind any free port.
+        self.held = HeldPorts(*SERVICE_PORTS["buffer"], *SERVICE_PORTS["learner"])
+        overrides = tiny_overrides(model, out) + self.held.overrides() + [
             f"learner.total_steps={total_steps}",
             "learner.checkpoint_every=2",
             "algo.dynamic_sampling=false",  # progress must not hinge on the tiny model's accuracy here
@@ -98,7 +113,6 @@ class FaultDrill:
         m = self.cfg.metrics
         self.learner_url = f"http://{m.host}:{m.learner_port}/metrics"
         self.buffer_url = f"http://{m.host}:{m.buffer_port}/metrics"
-        self.generator_url = f"http://{m.host}:{m.generator_port}/metrics"
         self.sup = Supervisor(out)
         self.children: dict[str, Child] = {}
 
@@ -115,6 +129,7 @@ class FaultDrill:
             exit_code = learner.popen.returncode
         finally:
             self.sup.stop_all(timeout_s=20)
+            self.held.close()
         return self.account(recoveries, exit_code)
 
     def kill_generator(self) -> Recovery:
@@ -127,11 +142,11 @@ class FaultDrill:
         accepted = self.accepted()
         restarted = self.start("generator-0")
         version = self.learner_step()
-        ready = self.wait_for("the restarted generator's /metrics", lambda: bool(scrape(self.generator_url)))
+        ready = self.wait_for("the restarted generator's /metrics", lambda: bool(scrape_url(self.gen_url(0))))
 
         def recovered() -> bool:
             current = (
-                metric_sum(scrape(self.generator_url), "stream_dapo_generator_policy_version") >= version
+                metric_sum(scrape_url(self.gen_url(0)), "stream_dapo_generator_policy_version") >= version
             )
             return current and self.accepted() > accepted
 
@@ -227,8 +242,16 @@ class FaultDrill:
         extra = ("--index", index) if service == "generator" else ()
         argv = service_argv(service, self.config_path, *extra)
         env = child_env(self.cfg, service, int(index) if index else 0)
-        self.children[name] = self.sup.start(name, argv, env)
+        settings = SERVICE_PORTS.get(service, ())
+        env.update(self.held.env(*settings))
+        self.children[name] = self.sup.start(name, argv, env, pass_fds=self.held.fds(*settings))
         return time.monotonic()
+
+    def gen_url(self, index: int) -> str | None:
+        """Generator `index`'s /metrics, once its running process has reported its port."""
+        child = self.children.get(f"generator-{index}")
+        ports = read_bound_ports(self.out, f"generator-{index}", child.popen.pid) if child else None
+        return f"http://{self.cfg.metrics.host}:{ports['metrics.generator_port']}/metrics" if ports else None
 
     def kill9(self, name: str) -> float:
         child = self.children.pop(name)
@@ -286,27 +309,6 @@ class ElasticReport:
         return {"lease_s": self.lease_s, "events": self.events, **self.drill.to_json()}
 
 
-def free_port_block(n: int) -> int:
-    """A port p with p .. p + n - 1 all free (generator I serves metrics on generator_port + I)."""
-    import socket
-
-    for _ in range(200):
-        base = free_ports(1)[0]
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no block of {n} free ports found")
-
-
 class ElasticDrill(FaultDrill):
     """1 -> 3 -> 1 generators during one run, then the last one replaced by one with a new index.
 
@@ -319,15 +321,14 @@ class ElasticDrill(FaultDrill):
     """
 
     def __init__(self, model: Path, out: Path, total_steps: int = 100_000) -> None:
-        self._generator_port = free_port_block(4)
         super().__init__(model, out, total_steps)
         self.cfg = load_config(
             overrides=[
-                *tiny_overrides(model, out, free_ports(8)),
+                *tiny_overrides(model, out),
+                *self.held.overrides(),
                 f"learner.total_steps={total_steps}",
                 "learner.checkpoint_every=2",
                 "algo.dynamic_sampling=false",
-                f"metrics.generator_port={self._generator_port}",
                 f"generator.heartbeat_s={HEARTBEAT_S}",
                 f"buffer.generator_lease_s={LEASE_S}",
             ],
@@ -337,9 +338,6 @@ class ElasticDrill(FaultDrill):
         m = self.cfg.metrics
         self.learner_url = f"http://{m.host}:{m.learner_port}/metrics"
         self.buffer_url = f"http://{m.host}:{m.buffer_port}/metrics"
-
-    def gen_url(self, index: int) -> str:
-        return f"http://{self.cfg.metrics.host}:{self._generator_port + index}/metrics"
 
     def run(self) -> ElasticReport:  # type: ignore[override]
         events: list[dict[str, Any]] = []
@@ -360,6 +358,7 @@ class ElasticDrill(FaultDrill):
             # Drain order, like `stream-dapo run` at the end: generators, then the learner (it
             # finishes its step and checkpoints), then the buffer (it persists).
             self.sup.stop_all(timeout_s=60)
+            self.held.close()
         return ElasticReport(events, LEASE_S, self.account([], learner.popen.returncode))
 
     # ------------------------------------------------------------------------------ membership
@@ -449,7 +448,7 @@ class ElasticDrill(FaultDrill):
         return int(self.buffer_metric("stream_dapo_buffer_generators_expired_total"))
 
     def acked(self, index: int) -> int:
-        return int(metric_sum(scrape(self.gen_url(index)), "stream_dapo_generator_groups_acked_total"))
+        return int(metric_sum(scrape_url(self.gen_url(index)), "stream_dapo_generator_groups_acked_total"))
 
     def credits_held_by(self, index: int) -> int:
         """Credits the buffer counts as generator `index`'s (its /healthz lists every lease)."""

@@ -1,10 +1,13 @@
-"""Shared test helpers: free ports and the overrides of a small, fast pipeline run."""
+"""Shared test helpers: ports bound by the services or held by the test, and the overrides of a small,
+fast pipeline run."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,20 +26,6 @@ def load_bench_script(name: str) -> ModuleType:
     return module
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on loopback (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 PORT_KEYS = (
     "transport.samples_port",
     "transport.batches_port",
@@ -49,14 +38,71 @@ PORT_KEYS = (
 transport.nccl_port)."""
 
 
-def port_overrides(ports: list[int] | None = None) -> list[str]:
-    """Overrides moving every key of `PORT_KEYS` to `ports` (by default fresh free ports), so a
-    test's services never meet another run's."""
-    chosen = free_ports(len(PORT_KEYS)) if ports is None else ports[: len(PORT_KEYS)]
-    return [f"{key}={port}" for key, port in zip(PORT_KEYS, chosen, strict=True)]
+def port_overrides() -> list[str]:
+    """Every key of `PORT_KEYS` set to 0: each service binds a port of the kernel's choosing and
+    reports it (`stream_dapo/ports.py`), so a test's services never meet another run's and no port is
+    picked, released and bound later (another process can take it in between)."""
+    return [f"{key}=0" for key in PORT_KEYS]
 
 
-def tiny_overrides(model: Path, out: Path, ports: list[int]) -> list[str]:
+class HeldPorts:
+    """Listening sockets on loopback that the test holds for the settings given and hands to each
+    service it starts (`env`, `fds`: STREAM_DAPO_LISTEN_FDS), so that a service keeps its port across
+    kills and restarts and nothing else can take it meanwhile. `overrides` tells the peers."""
+
+    def __init__(self, *settings: str) -> None:
+        self.sockets: dict[str, socket.socket] = {}
+        for setting in settings:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen(128)
+            self.sockets[setting] = s
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {k: int(s.getsockname()[1]) for k, s in self.sockets.items()}
+
+    def overrides(self, *settings: str) -> list[str]:
+        return [f"{k}={p}" for k, p in self.ports.items() if not settings or k in settings]
+
+    def env(self, *settings: str) -> dict[str, str]:
+        from stream_dapo.ports import LISTEN_FDS_ENV
+
+        return {LISTEN_FDS_ENV: ",".join(f"{k}={self.sockets[k].fileno()}" for k in settings)}
+
+    def fds(self, *settings: str) -> tuple[int, ...]:
+        return tuple(self.sockets[k].fileno() for k in settings)
+
+    def close(self) -> None:
+        for s in self.sockets.values():
+            s.close()
+
+    def __enter__(self) -> HeldPorts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def unserved_ports(n: int) -> Iterator[list[int]]:
+    """n ports nobody serves: bound (never listening) and held until the block ends, so a client that
+    connects there is refused and no other process can start listening there meanwhile."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        yield [int(s.getsockname()[1]) for s in socks]
+
+
+def wait_ports(out: Path, service: str, proc: Any, timeout_s: float = 300.0) -> dict[str, int]:
+    """The ports `service` (the Popen `proc`) reported in out/ports/<service>.json."""
+    from stream_dapo.ports import wait_bound_ports
+
+    return wait_bound_ports(out, service, proc.poll, pid=proc.pid, timeout_s=timeout_s)
+
+
+def tiny_overrides(model: Path, out: Path) -> list[str]:
     """A pipeline small enough for a test: G=4, 4 prompts per rollout, 2 optimizer steps each."""
     return [
         f"model.path={model}",
@@ -70,7 +116,7 @@ def tiny_overrides(model: Path, out: Path, ports: list[int]) -> list[str]:
         "learner.checkpoint_every=2",
         "generator.max_groups_in_flight=8",
         "generator.kv_cache_gib=0.25",
-        *port_overrides(ports),
+        *port_overrides(),
     ]
 
 

@@ -45,6 +45,15 @@ Record = dict[str, Any]
 class BufferInputError(ValueError):
     """A caller passed something the buffer cannot act on; the message says what to pass."""
 
+    reason = "bad_request"
+    """The `error` reply's reason."""
+
+
+class GeneratorIdTaken(BufferInputError):
+    """A hello for a generator id that another live process holds (two generators with one --index)."""
+
+    reason = "generator_id_taken"
+
 
 class GroupState(enum.Enum):
     """Where a group is in its life. COMMITTED groups are forgotten except for their id."""
@@ -184,6 +193,10 @@ class CommitResult:
 class _Entry:
     group: Group
     accepted_at: float
+    """Wall-clock time of acceptance (Unix seconds, persisted): a timestamp for people, never a duration."""
+    since: float
+    """The buffer's monotonic clock at acceptance, or at restore for a restored group (ages count
+    from there: a wall-clock step must not age a group)."""
     uses: int = 0
     """Times the group was committed (trained into a checkpoint)."""
 
@@ -243,11 +256,16 @@ class ReplayBuffer:
         self,
         policy: AdmissionPolicy,
         persistence: Persistence | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """`clock` times every duration (leases, holds, ages): monotonic, so that a step of the
+        real-time clock (NTP, a resumed VM) expires nothing and ages nothing. `wall_clock` only
+        stamps acceptance times for people (`accepted_at` in the state files)."""
         self.policy = policy
         self._sink: Persistence = persistence if persistence is not None else MemoryLog()
         self._clock = clock
+        self._wall_clock = wall_clock
         self._waiting: OrderedDict[str, _Entry] = OrderedDict()
         self._leased: OrderedDict[str, _Entry] = OrderedDict()
         self._seen: set[str] = set()
@@ -274,6 +292,9 @@ class ReplayBuffer:
         # `_last_seen` (not persisted: liveness, not state): when each generator was last heard
         # from; after a restart every generator starts with a full lease (`_started_at`).
         self._filtered: dict[str, int] = {}
+        self._holders: dict[str, str] = {}
+        """Per generator id, the process that said hello with it last (persisted): while that one is
+        live, no other process may use the id (`generator_hello`)."""
         self._last_seen: dict[str, float] = {}
         self._expired: set[str] = set()
         self._started_at = clock()
@@ -300,10 +321,11 @@ class ReplayBuffer:
         policy: AdmissionPolicy,
         records: Iterable[Record],
         persistence: Persistence | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> ReplayBuffer:
         """Rebuild a buffer from a snapshot's records followed by the journal's, in order."""
-        buf = cls(policy, None, clock)
+        buf = cls(policy, None, clock, wall_clock)
         for i, record in enumerate(records):
             try:
                 buf._replay(record)
@@ -326,10 +348,29 @@ class ReplayBuffer:
 
     # ---------------------------------------------------------------------------------- generators
 
-    def generator_hello(self, generator_id: str) -> int:
+    def generator_hello(self, generator_id: str, holder: str = "") -> int:
         """A generator (re)started: it holds no credits any more, so its outstanding ones are
         released back to the line, and its filtered_total starts again from 0. Returns the learner
-        version to tell it."""
+        version to tell it.
+
+        A generator id belongs to one live process, named by `holder` (host, pid, a token): a hello
+        from another process while the holder is live (heard from within generator_lease_s) raises
+        GeneratorIdTaken naming both, and changes nothing, so the holder's credits and filtered_total
+        stay exact. A restarted process gets in once its predecessor's lease has run out. A hello
+        without a holder (an older client) claims nothing but is refused the same way."""
+        _check_id(generator_id, "generator_id")
+        current = self._holders.get(generator_id)
+        if current and holder != current and self._is_live(generator_id):
+            silent = self._clock() - self._last_seen.get(generator_id, self._started_at)
+            raise GeneratorIdTaken(
+                f"generator_id {generator_id!r} is held by {current} (heard from {silent:.1f} s ago), so "
+                f"{holder or 'this process'} may not use it: two generators run with one id (--index). Give "
+                f"each its own --index; a restarted generator gets in once its predecessor's lease of "
+                f"{self.policy.generator_lease_s:g} s (buffer.generator_lease_s) has run out"
+            )
+        if holder and holder != current:
+            self._log({"kind": "hello", "generator": generator_id, "holder": holder})
+            self._holders[generator_id] = holder
         self._heard_from(generator_id)
         self._expired.discard(generator_id)
         self._in_flight.pop(generator_id, None)  # a new process: its predecessor's groups are gone
@@ -414,6 +455,15 @@ class ReplayBuffer:
             k += 1
         return room
 
+    def _is_live(self, generator_id: str) -> bool:
+        """Heard from within generator_lease_s (after a restart, every generator gets a full lease)."""
+        since = self._clock() - self._last_seen.get(generator_id, self._started_at)
+        return since <= self.policy.generator_lease_s
+
+    def holder_of(self, generator_id: str) -> str | None:
+        """The process that holds `generator_id` (its last hello's), if any said hello with one."""
+        return self._holders.get(generator_id)
+
     def _heard_from(self, generator_id: str) -> None:
         _check_id(generator_id, "generator_id")
         self._last_seen[generator_id] = self._clock()
@@ -496,7 +546,7 @@ class ReplayBuffer:
                 reasons[reason] = reasons.get(reason, 0) + 1
                 continue
             seen_now.add(gid)
-            at = self._clock()
+            at = self._wall_clock()
             self._log({"kind": "accept", "group": to_map(group), "accepted_at": at})
             self._apply_accept(group, at)
             result.accepted.append(gid)
@@ -723,7 +773,7 @@ class ReplayBuffer:
     # ---------------------------------------------------------------------------------- apply
 
     def _apply_accept(self, group: Group, at: float) -> None:
-        self._waiting[group.group_id] = _Entry(group, at)
+        self._waiting[group.group_id] = _Entry(group, at, self._clock())
         self._seen.add(group.group_id)
         self._counters["accepted"] += 1
 
@@ -827,6 +877,7 @@ class ReplayBuffer:
             # A list of pairs, not a map: there may be more generators than a map may have keys.
             "credits": [[gen, n] for gen, n in self._credits.items()],
             "filtered": [[gen, n] for gen, n in self._filtered.items()],
+            "holders": [[gen, holder] for gen, holder in self._holders.items()],
             "learner_version": self.learner_version,
             "committed_through": self.committed_through,
             "position": [self._pos_version, self._pos],
@@ -858,6 +909,7 @@ class ReplayBuffer:
         self._rejected_groups = {str(k): int(v) for k, v in r["rejected_groups"].items()}
         self._credits = {str(gen): int(n) for gen, n in r["credits"] if int(n) > 0}
         self._filtered = {str(gen): int(n) for gen, n in r.get("filtered", []) if int(n) > 0}
+        self._holders = {str(gen): str(holder) for gen, holder in r.get("holders", [])}
         self.learner_version = int(r["learner_version"])
         self.committed_through = int(r["committed_through"])
         self._pos_version, self._pos = (int(x) for x in r["position"])
@@ -871,7 +923,7 @@ class ReplayBuffer:
 
     def _apply_snapshot_group(self, r: Record) -> None:
         group = from_map(Group, r["group"])
-        entry = _Entry(group, float(r["accepted_at"]), int(r["uses"]))
+        entry = _Entry(group, float(r["accepted_at"]), self._clock(), int(r["uses"]))
         table = self._waiting if GroupState(r["state"]) is GroupState.WAITING else self._leased
         table[group.group_id] = entry
         self._seen.add(group.group_id)
@@ -965,7 +1017,7 @@ class ReplayBuffer:
         if not self._waiting:
             return 0.0
         front = next(iter(self._waiting.values()))
-        return max(0.0, self._clock() - front.accepted_at)
+        return max(0.0, self._clock() - front.since)
 
     def stats(self) -> dict[str, Any]:
         """Counters and depths for the run summary and the metrics exporter (plain JSON types)."""
@@ -1010,6 +1062,7 @@ _REPLAY: dict[str, Callable[[ReplayBuffer, Record], None]] = {
         None if r.get("request_id") is None else int(r["request_id"]),
     ),
     "expire": lambda b, r: b._apply_expire(r["generator"]),
+    "hello": lambda b, r: b._holders.__setitem__(str(r["generator"]), str(r["holder"])),
     "lease": lambda b, r: b._apply_lease(
         int(r["learner_version"]),
         list(r["group_ids"]),

@@ -43,11 +43,12 @@ from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayB
 from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.config import Config
 from stream_dapo.exit_codes import ExitCode
-from stream_dapo.metrics import BufferMetrics, start_metrics
+from stream_dapo.metrics import BufferMetrics, final_metrics_path, start_metrics, write_final_metrics
+from stream_dapo.ports import endpoint_port, write_bound_ports, zmq_listen
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
-from stream_dapo.transport.curve import curve_server, start_authenticator
+from stream_dapo.transport.curve import RefusedConnections, curve_server, start_authenticator
 from stream_dapo.transport.messages import Body, SchemaError
 from stream_dapo.transport.sockets import (
     CurveKeys,
@@ -101,12 +102,15 @@ class BufferService:
     thread) or drive it with `step(timeout_ms)`; `close()` persists and releases everything.
     """
 
-    def __init__(self, cfg: Config, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, cfg: Config, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: what times leases, holds and ages (monotonic; a test injects its own)."""
         self.cfg = cfg
         policy = AdmissionPolicy.from_config(cfg)
         self.journal = Journal(persist_path(cfg))
         self._ctx: zmq.Context[Any] | None = None
         self._endpoints: list[Endpoint] = []
+        self._refused: list[RefusedConnections] = []
+        """Failed Curve handshakes, per socket (only with transport.curve_dir)."""
         self._auth: Any = None
         self._stop = threading.Event()
         self.metrics_server: Any = None
@@ -136,11 +140,16 @@ class BufferService:
             self._poller.register(endpoint.socket, zmq.POLLIN)
         self._endpoint_rejected: dict[tuple[int, str], int] = {}
         self._refusals = RateLimitedWarnings(log, interval_s=10.0)
+        self._hellos = RateLimitedWarnings(log, interval_s=10.0, level=logging.INFO)
+        """A client repeating hello (a loop, a bug) must not flood the log: one line per id per 10 s."""
         self._exported: dict[str, Any] = {}
         self._last_compaction = time.monotonic()
         self._last_status = time.monotonic()
         self._closed = False
-        self.health.detail.update({"samples": self.samples.address, "batches": self.batches.address})
+        self.health.detail.update(
+            {"samples": self.samples.address, "batches": self.batches.address, "ports": self.bound_ports}
+        )
+        write_bound_ports(cfg.run.out_dir, "buffer", self.bound_ports)
         self.health.ready = True
         log.info(
             "buffer ready: generators -> %s, learner -> %s, metrics on port %d, admission capacity %d groups",
@@ -183,11 +192,13 @@ class BufferService:
             ("samples", t.samples_port, "generator"),
             ("batches", t.batches_port, "learner"),
         ):
+            address, fd = zmq_listen(f"transport.{name}_port", t.host, port)
             try:
                 endpoint = open_endpoint(
                     self._ctx,
                     zmq.ROUTER,
-                    bind=f"tcp://{t.host}:{port}",
+                    bind=address,
+                    use_fd=fd,
                     max_bytes=t.max_message_bytes,
                     peer=peer,
                     hwm=t.hwm,
@@ -198,6 +209,10 @@ class BufferService:
             except TransportError as exc:
                 raise TransportError(f"{exc} (the buffer's {name} socket: transport.{name}_port)") from exc
             self._endpoints.append(endpoint)
+            if curve is not None:
+                self._refused.append(
+                    RefusedConnections(endpoint.socket, name, self._count_refused(name), log)
+                )
         self.samples, self.batches = self._endpoints
 
     def _curve_keys(self) -> CurveKeys | None:
@@ -222,6 +237,15 @@ class BufferService:
     @property
     def metrics_port(self) -> int:
         return int(self.metrics_server.port)
+
+    @property
+    def bound_ports(self) -> dict[str, int]:
+        """What this buffer bound, by the setting that chose it (0 in the config: a free port)."""
+        return {
+            "transport.samples_port": endpoint_port(self.samples.address),
+            "transport.batches_port": endpoint_port(self.batches.address),
+            "metrics.buffer_port": self.metrics_port,
+        }
 
     # ---------------------------------------------------------------------------------- loop
 
@@ -252,6 +276,8 @@ class BufferService:
             if ready.get(endpoint.socket):
                 handled += self._drain(endpoint)
         self._count_endpoint_rejections()
+        for refused in self._refused:
+            refused.poll()
         self._expire_generators()
         self._maybe_compact()
         self._export_metrics()
@@ -287,7 +313,10 @@ class BufferService:
             return
         try:
             reply = handler(msg.body, rid)
-        except (BufferInputError, SchemaError) as exc:
+        except BufferInputError as exc:
+            self._refuse(endpoint, peer, exc.reason, f"{msg.type}: {exc}", rid)
+            return
+        except SchemaError as exc:
             self._refuse(endpoint, peer, "bad_request", f"{msg.type}: {exc}", rid)
             return
         self._reply(endpoint, peer, reply, rid)
@@ -323,9 +352,15 @@ class BufferService:
     # ---------------------------------------------------------------------------------- handlers
 
     def _on_hello(self, body: m.Hello, rid: int | None) -> m.Credit:
-        version = self.buffer.generator_hello(body.generator_id)
+        version = self.buffer.generator_hello(body.generator_id, body.holder)
         self.rollouts.restart(body.generator_id)
-        log.info("generator %s connected (policy version %d)", body.generator_id, body.policy_version)
+        self._hellos.warn(
+            body.generator_id,
+            "generator %s connected (%s, policy version %d)",
+            body.generator_id,
+            body.holder or "no holder named",
+            body.policy_version,
+        )
         return m.Credit(0, version)
 
     def _on_credit_request(self, body: m.CreditRequest, rid: int | None) -> m.Credit:
@@ -395,6 +430,9 @@ class BufferService:
         return m.Empty("committed")
 
     # ---------------------------------------------------------------------------------- chores
+
+    def _count_refused(self, socket_name: str) -> Callable[[str], None]:
+        return lambda reason: self.metrics.connections_refused.labels(socket=socket_name, reason=reason).inc()
 
     def _count_endpoint_rejections(self) -> None:
         """Forward the endpoints' decode failures into the buffer's persisted counters."""
@@ -500,8 +538,10 @@ class BufferService:
                 self.persist()
                 persisted = True
                 self._write_stats()
+                self._write_final_metrics()
         finally:
             release(
+                *(refused.close for refused in self._refused),
                 *(endpoint.close for endpoint in self._endpoints),
                 self._auth and self._auth.stop,
                 self._ctx and self._ctx.term,
@@ -509,6 +549,17 @@ class BufferService:
                 self.journal.close,
             )
             log.info("buffer closed%s", " (state persisted)" if persisted else "")
+
+    def _write_final_metrics(self) -> None:
+        """The last /metrics values, for the run summary (a scrape can miss the last changes)."""
+        if self.metrics_server is None:
+            return
+        self._export_metrics()
+        path = final_metrics_path(self.cfg.run.out_dir, "buffer")
+        try:
+            write_final_metrics(self.registry, path)
+        except OSError as exc:
+            log.warning("cannot write %s: %s (the run summary falls back to the last scrape)", path, exc)
 
     def _write_stats(self) -> None:
         """stats.json next to the state, for the run summary; best effort (the state is safe)."""

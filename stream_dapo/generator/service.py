@@ -41,6 +41,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import secrets
+import socket
 import threading
 import time
 from collections import Counter, deque
@@ -67,6 +70,7 @@ from stream_dapo.metrics import (
     start_metrics,
     write_final_metrics,
 )
+from stream_dapo.ports import require_bound, write_bound_ports
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
@@ -77,11 +81,12 @@ from stream_dapo.transport.sockets import (
     Endpoint,
     PeerUnavailable,
     RateLimitedWarnings,
+    RemoteError,
     TransportTimeout,
     open_endpoint,
     request,
 )
-from stream_dapo.weights.base import WeightSource, WeightUpdate
+from stream_dapo.weights.base import WeightsError, WeightSource, WeightUpdate
 from stream_dapo.weights.factory import make_source, shared_dir_path
 
 if TYPE_CHECKING:
@@ -102,6 +107,15 @@ RATE_WINDOW_S = 5.0
 UNACKED_FACTOR = 4
 """Stop asking for credits while more than this many times max_groups_in_flight groups wait for an
 acknowledgement: the buffer is down or far behind, and new groups would only pile up here."""
+
+
+def process_name() -> str:
+    """This process, for people and for the buffer: host, pid and a random token (a pid is reused)."""
+    return f"{socket.gethostname()} pid {os.getpid()} ({secrets.token_hex(4)})"
+
+
+class StoppedBeforeStart(Exception):
+    """A stop request came while start-up waited: exit 0 without having sent anything as this id."""
 
 
 class StartupError(RuntimeError):
@@ -147,6 +161,8 @@ class GeneratorService:
         self.cfg = cfg
         self.index = index
         self.generator_id = f"generator-{index}"
+        self.holder = process_name()
+        """Who this process is, in its hello: a generator id belongs to one live process."""
         self.settings = RolloutSettings.from_config(cfg.algo)
         t = cfg.transport
         self.buffer_address = t.buffer_address("samples")
@@ -198,6 +214,7 @@ class GeneratorService:
         """Everything that can fail, in order of cost: files, ports, peers, prompts, engine, weights."""
         if self.engine is None or self.prompts is None:
             self._check_model_dir()  # the engine's weights, the prompts' tokenizer
+        self._check_peer_ports()
         self._start_metrics()
         self._connect_buffer()
         if self.prompts is None:
@@ -237,11 +254,25 @@ class GeneratorService:
         *_, self.metrics_server = start_metrics(
             mc.host,
             port,
-            setting="metrics.generator_port (generator I serves on generator_port + I)",
+            setting=(
+                f"metrics.generator_port (generator {self.index} serves on generator_port + {self.index}; "
+                f"is another generator with --index {self.index} running on this host?)"
+            ),
             registry=self.registry,
             health=self.health,
         )
         log.info("metrics on http://%s:%d/metrics and /healthz", mc.host, self.metrics_server.port)
+        ports = {"metrics.generator_port": self.metrics_server.port}
+        self.health.detail["ports"] = ports
+        write_bound_ports(self.cfg.run.out_dir, self.generator_id, ports)
+
+    def _check_peer_ports(self) -> None:
+        """The buffer's and the learner's ports must be known here: 0 ("any free port") is a
+        server's setting, refused with where to read the bound port (`stream_dapo/ports.py`)."""
+        t = self.cfg.transport
+        require_bound("transport.samples_port", t.samples_port, "buffer")
+        if self.weights is None and self.cfg.weights.method != "shared_dir":
+            require_bound("transport.weights_port", t.weights_port, "learner")
 
     def _curve(self) -> CurveKeys | None:
         return curve_client(self.cfg.transport.curve_dir)
@@ -260,12 +291,39 @@ class GeneratorService:
         )
 
     def _connect_buffer(self) -> None:
-        t = self.cfg.transport
+        """Say hello. While another live process holds this generator id, the buffer refuses: wait
+        for its lease to run out (a restart after a crash), or exit 2 naming both once the holder has
+        outlived a lease (two generators with one --index)."""
         self.buffer = self._buffer_endpoint(self._curve())
+        patience_s = self.cfg.buffer.generator_lease_s + 2 * self.cfg.generator.heartbeat_s
+        refused_since: float | None = None
+        while True:
+            try:
+                reply = self._hello()
+                break
+            except RemoteError as exc:
+                if exc.reason != "generator_id_taken":
+                    raise
+                now = time.monotonic()
+                if refused_since is None:
+                    refused_since = now
+                    log.warning("%s; waiting up to %.0f s for that lease to run out", exc.detail, patience_s)
+                if now - refused_since > patience_s:
+                    raise StartupError(f"the buffer refused this generator: {exc.detail}") from None
+                if self._stop.wait(self.cfg.generator.heartbeat_s):
+                    raise StoppedBeforeStart(f"stopped while waiting for {self.generator_id} to be free") from None
+        log.info(
+            "buffer at %s answered (learner version %d)", self.buffer_address, reply.body.learner_version
+        )
+        self._monitor = self.buffer.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+
+    def _hello(self) -> Message:
+        t = self.cfg.transport
+        assert self.buffer is not None
         try:
-            reply = request(
+            return request(
                 self.buffer,
-                m.Hello(self.generator_id, 0),
+                m.Hello(self.generator_id, 0, self.holder),
                 timeout_ms=int(t.timeout_s * 1000),
                 retries=0,
                 accept=lambda msg: msg.type == m.CREDIT,
@@ -277,10 +335,6 @@ class GeneratorService:
                 + (" / the Curve keys in transport.curve_dir" if t.curve_dir else "")
                 + ")"
             ) from None
-        log.info(
-            "buffer at %s answered (learner version %d)", self.buffer_address, reply.body.learner_version
-        )
-        self._monitor = self.buffer.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
 
     def _load_prompts(self) -> PromptStream:
         from transformers import AutoTokenizer
@@ -341,6 +395,25 @@ class GeneratorService:
             )
         self.watcher.start()
 
+    def _look_for_weights(self) -> WeightUpdate | None:
+        """The newest published version (shared directory), None when nothing is published yet. A
+        newest file that cannot be used (a checksum mismatch, a LATEST something else wrote) is not
+        loaded: as a running generator does, wait for the learner to publish a good one, live but
+        not ready, instead of exiting."""
+        assert self.watcher is not None
+        warned = False
+        while not self._stop.is_set():
+            try:
+                self.watcher.poll_once()
+                return self.watcher.take()
+            except WeightsError as exc:
+                if not warned:
+                    log.warning("%s; waiting for the learner to publish a good version (not ready meanwhile)", exc)
+                    warned = True
+                self.health.beat()  # waiting on purpose: /livez passes, /readyz fails until then
+                self._stop.wait(self.cfg.generator.weight_poll_s)
+        return None
+
     def _first_weights(self) -> WeightUpdate | None:
         """The learner's current version, if it differs from ours.
 
@@ -350,8 +423,7 @@ class GeneratorService:
         """
         assert self.watcher is not None and self.weights is not None
         if self.weights.startup == "look":
-            self.watcher.poll_once()
-            return self.watcher.take()
+            return self._look_for_weights()
         wait_s = 4 * self.cfg.transport.timeout_s
         deadline = time.monotonic() + wait_s
         while not self._stop.is_set() and time.monotonic() < deadline:
@@ -753,7 +825,11 @@ def run(args: argparse.Namespace) -> int:
     cfg: Config = args.cfg
 
     def start_and_serve(service: GeneratorService) -> None:
-        service.start()
+        try:
+            service.start()
+        except StoppedBeforeStart as stopped:
+            log.info("%s", stopped)
+            return
         service.serve()
 
     return run_service(

@@ -45,8 +45,18 @@ from prometheus_client import CollectorRegistry
 from stream_dapo.config import Config, ConfigError
 from stream_dapo.disk import write_text_atomic
 from stream_dapo.learner import distributed
-from stream_dapo.learner.checkpoints import Checkpoints
-from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer, observe_many, start_metrics
+from stream_dapo.learner.checkpoints import LEARNER_STATE_FILE, Checkpoints
+from stream_dapo.metrics import (
+    Health,
+    LearnerMetrics,
+    MetricsServer,
+    final_metrics_path,
+    observe_many,
+    start_metrics,
+    write_final_metrics,
+)
+from stream_dapo.ports import require_bound, write_bound_ports
+from stream_dapo.resume import Change, config_changes, refusal, split_changes
 from stream_dapo.service_runner import release, run_service
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
@@ -110,7 +120,7 @@ class LearnerService:
         self._uncommitted: list[str] = []
         self._last_checkpoint = -1
         self._last_published = -1
-        self._started = time.time()
+        self._started = time.monotonic()
         self._last_wait_s = 0.0
         self._last_prepare_s = 0.0
         self._last_proximal_s = 0.0
@@ -220,8 +230,15 @@ class LearnerService:
         self._start_metrics()
         if self.rank == 0:
             self._start_publishers()
+            self._report_ports()
+        changed = self._check_resume_config()  # before the model: a refused change must not load it
         self.learner = Learner(self.cfg, self._model)
         state = self._resume()
+        if self.checkpoints.latest() is not None:
+            lc = self.cfg.learner
+            self.learner.apply_optimizer_settings(lc.lr, lc.betas, lc.weight_decay)
+            if changed:
+                log.info("resumed with changed settings, applied: %s", "; ".join(str(c) for c in changed))
         if self.rank == 0:  # one writer per run
             from stream_dapo.tracking import Tracker
 
@@ -253,8 +270,13 @@ class LearnerService:
         from stream_dapo.weights.factory import make_publisher
 
         t = self.cfg.transport
+        require_bound("transport.batches_port", t.batches_port, "buffer")
         self._ctx = zmq.Context()
-        self._publisher = make_publisher(self.cfg, rejected_metric=self.metrics.messages_rejected)
+        self._publisher = make_publisher(
+            self.cfg,
+            rejected_metric=self.metrics.messages_rejected,
+            refused_metric=self.metrics.connections_refused,
+        )
         client = curve_client(t.curve_dir)
         self._buffer = open_endpoint(
             self._ctx,
@@ -265,6 +287,35 @@ class LearnerService:
             hwm=t.hwm,
             curve=client,
         )
+
+    def _report_ports(self) -> None:
+        """Tell supervisors and peers what rank 0 bound (`stream_dapo/ports.py`), before the slow
+        model set-up, so that generators can be started while the learner loads."""
+        assert self._publisher is not None and self._metrics_server is not None
+        ports = {**self._publisher.bound_ports(), "metrics.learner_port": self._metrics_server.port}
+        if self.health is not None:
+            self.health.detail["ports"] = ports
+        write_bound_ports(self.cfg.run.out_dir, "learner", ports)
+
+    def _check_resume_config(self) -> list[Change]:
+        """Compare the configuration the latest checkpoint was written with to this one (`resume.py`):
+        raise ConfigError for a change the checkpoint cannot take (model, group size, staleness,
+        sampling, shapes); return the others, which apply. Ports and addresses are not compared."""
+        path = self.checkpoints.latest()
+        if path is None:
+            return []
+        try:
+            stored = json.loads((path / LEARNER_STATE_FILE).read_text()).get("config")
+        except (OSError, ValueError):
+            return []  # loading the checkpoint reports what is wrong with it
+        if not isinstance(stored, dict):
+            log.info("%s stores no configuration (written by an older version): not compared", path)
+            return []
+        changes = config_changes(stored, self.cfg.model_dump(mode="json"))
+        applied, refused = split_changes([c for c in changes if not c.key.startswith(("transport.", "metrics."))])
+        if refused:
+            raise ConfigError(refusal(refused, str(path), self.cfg.run.out_dir))
+        return applied
 
     def _resume(self) -> dict[str, Any]:
         """Load ``checkpoints/latest`` if present; cut the logs back to its version."""
@@ -459,7 +510,11 @@ class LearnerService:
         t0 = time.perf_counter()
         v = self.learner.version
         ids = list(self._uncommitted)
-        extra = {"commit_group_ids": ids, "trained_groups_lines": _count_lines(self.trained_log)}
+        extra = {
+            "commit_group_ids": ids,
+            "trained_groups_lines": _count_lines(self.trained_log),
+            "config": self.cfg.model_dump(mode="json"),  # what a resume is compared with
+        }
         final = self.checkpoints.write(self.learner, v, state_dict, extra)
         if self.rank == 0:
             self._commit(v, ids)
@@ -510,7 +565,7 @@ class LearnerService:
         row = {
             **s.to_json(),
             "wall_time": round(time.time(), 3),
-            "elapsed_s": round(time.time() - self._started, 3),
+            "elapsed_s": round(time.monotonic() - self._started, 3),
             "batch_wait_seconds": round(self._last_wait_s, 4),
             # Per rollout batch (repeated on each of its steps): packing and the proximal pass.
             "prepare_seconds": round(self._last_prepare_s, 4),
@@ -534,6 +589,12 @@ class LearnerService:
     # ------------------------------------------------------------------ shutdown
 
     def close(self) -> None:
+        if self.rank == 0 and self._metrics_server is not None:
+            path = final_metrics_path(self.cfg.run.out_dir, "learner")
+            try:
+                write_final_metrics(self._metrics_server.registry, path)
+            except OSError as exc:
+                log.warning("cannot write %s: %s (the run summary falls back to the last scrape)", path, exc)
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None

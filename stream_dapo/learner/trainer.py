@@ -39,7 +39,6 @@ import logging
 import math
 import os
 import shutil
-import socket
 import time
 import warnings
 from collections import Counter
@@ -190,12 +189,6 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _import_deepspeed() -> Any:
     """Import DeepSpeed with the CPU accelerator where there is no GPU, and without its shm op.
 
@@ -231,8 +224,9 @@ def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, int]:
     """Join (or create) the default process group; returns (rank, world_size, local_rank).
 
     Under torchrun or the deepspeed launcher the environment already says who we are. A plain
-    process (a test, ``stream-dapo learner`` without a launcher) becomes rank 0 of 1 on a free local
-    port: without these variables DeepSpeed would try MPI discovery and fail. Backend: NCCL on GPUs,
+    process (a test, ``stream-dapo learner`` without a launcher) becomes rank 0 of 1, its rendezvous
+    store on port 0 (the kernel's choice at bind: no other rank needs to find it, and no port is picked
+    and released first); without these variables DeepSpeed would try MPI discovery and fail. Backend: NCCL on GPUs,
     gloo on the CPU. Idempotent.
     """
     if "WORLD_SIZE" in os.environ and "RANK" not in os.environ:
@@ -242,7 +236,7 @@ def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, int]:
         )
     if "RANK" not in os.environ:
         os.environ.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port())
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"
         )
     deepspeed = _import_deepspeed()
     on_gpu = torch.cuda.is_available()
@@ -875,6 +869,24 @@ class Learner:
         if self.rank == 0:
             (Path(directory) / LEARNER_STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
         self.barrier()
+
+    def apply_optimizer_settings(self, lr: float, betas: tuple[float, float], weight_decay: float) -> None:
+        """Make the configured lr, betas and weight decay those of the restored optimizer: a checkpoint
+        restores its own, which would otherwise silently win over the config. The warm-up schedule
+        continues where it was, from the new base lr."""
+        sched = getattr(self.engine, "lr_scheduler", None)
+        factor = 1.0
+        if sched is not None and hasattr(sched, "base_lrs"):
+            sched.base_lrs = [lr for _ in sched.base_lrs]
+            factor = sched.lr_lambdas[0](sched.last_epoch)
+        groups = list(self.engine.optimizer.param_groups)
+        if sched is not None and getattr(sched, "optimizer", None) is not None:
+            groups += [g for g in sched.optimizer.param_groups if all(g is not h for h in groups)]
+        for group in groups:
+            group["initial_lr"] = lr
+            group["lr"] = lr * factor
+            group["betas"] = tuple(betas)
+            group["weight_decay"] = weight_decay
 
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Restore what `save_checkpoint` wrote; returns the learner state (collective)."""

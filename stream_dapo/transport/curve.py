@@ -27,7 +27,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,55 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from stream_dapo.transport.sockets import CurveKeys, TransportError
+from stream_dapo.transport.sockets import CurveKeys, RateLimitedWarnings, TransportError
 
 log = logging.getLogger(__name__)
+
+HANDSHAKE_REASONS: dict[int, str] = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "not_allowed",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake",
+}
+"""ZeroMQ monitor events of a refused Curve handshake, and the reason each is counted under:
+not_allowed (a client key not in the allow-list: the ZAP handler said no); protocol or handshake (a
+wrong server key, no keys, another mechanism: libzmq reports these as either)."""
+
+
+class RefusedConnections:
+    """The failed Curve handshakes of one server socket, from ZeroMQ's monitor events: each is
+    passed to `count(reason)` and logged (rate-limited). ZeroMQ drops such a peer before any message,
+    so without this nothing records a refusal. Poll it from the thread that owns the socket."""
+
+    def __init__(self, sock: zmq.Socket[Any], name: str, count: Callable[[str], None], logger: logging.Logger) -> None:
+        self.name = name
+        self._sock = sock
+        self._count = count
+        self._monitor = sock.get_monitor_socket(sum(HANDSHAKE_REASONS))
+        self._warnings = RateLimitedWarnings(logger, interval_s=10.0)
+
+    def poll(self) -> int:
+        """Count what failed since the last call; returns how many."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        n = 0
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            reason = HANDSHAKE_REASONS.get(event["event"], "handshake")
+            self._count(reason)
+            n += 1
+            self._warnings.warn(
+                f"refused-{self.name}-{reason}",
+                "refused a connection to the %s socket: Curve handshake failed (%s, at %s); check the "
+                "client's keys against transport.curve_dir",
+                self.name,
+                reason,
+                bytes(event.get("endpoint") or b"?").decode(errors="replace"),
+            )
+        return n
+
+    def close(self) -> None:
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
 
 SERVER = "server"
 DEFAULT_CLIENT = "client"

@@ -470,10 +470,14 @@ ROLLOUT_FIELDS: tuple[str, ...] = Rollouts.__struct_fields__
 # generator -> buffer
 
 
-class Hello(Body):
+class Hello(Body, omit_defaults=True):
+    """`holder` (left out when empty): the process that says hello (host, pid, a random token). A
+    generator id belongs to one live process; the buffer refuses a hello from another one."""
+
     TYPE = "hello"
     generator_id: Id
     policy_version: Version
+    holder: Detail = ""
 
 
 class CreditRequest(Body):

@@ -117,6 +117,7 @@ def make_socket(
     curve_server: bool = False,
     identity: bytes | None = None,
     max_message_bytes: int = 0,
+    use_fd: int | None = None,
 ) -> zmq.Socket[Any]:
     """Create a socket that binds or connects (exactly one), with linger 0 and bounded queues.
 
@@ -127,7 +128,8 @@ def make_socket(
     ROUTER_MANDATORY, so a send to a peer that is gone raises (see `Endpoint.send`) instead of
     being dropped silently. With `curve`, a server (`curve_server=True`) needs the secret key;
     a client needs its own keys plus `curve.server_public`. All security options are set
-    before bind/connect, which is when libzmq reads them.
+    before bind/connect, which is when libzmq reads them. `use_fd`: a listening socket's fd that the
+    bind adopts (ZMQ_USE_FD; `bind` must be its address), handed over by a supervisor or systemd.
     """
     if (bind is None) == (connect is None):
         raise ValueError("make_socket needs exactly one of bind= or connect=")
@@ -163,6 +165,8 @@ def make_socket(
                 sock.curve_serverkey = curve.server_public
                 sock.curve_publickey = curve.public
                 sock.curve_secretkey = curve.secret
+        if use_fd is not None:
+            sock.setsockopt(zmq.USE_FD, use_fd)
         if bind is not None:
             _bind(sock, bind)
         else:
@@ -203,9 +207,10 @@ class RateLimitedWarnings:
     """At most one warning per key per interval, reporting how many were suppressed: a peer that
     sends a flood of bad or misrouted messages must not flood the log too."""
 
-    def __init__(self, log: logging.Logger = logger, interval_s: float = 10.0) -> None:
+    def __init__(self, log: logging.Logger = logger, interval_s: float = 10.0, level: int = logging.WARNING) -> None:
         self.log = log
         self.interval_s = interval_s
+        self.level = level
         self._last: dict[str, float] = {}
         self._suppressed: Counter[str] = Counter()
 
@@ -220,7 +225,7 @@ class RateLimitedWarnings:
         if n:
             msg += " (%d more like it in the last %.0f s)"
             args = (*args, n, self.interval_s)
-        self.log.warning(msg, *args)
+        self.log.log(self.level, msg, *args)
 
 
 class Endpoint:
@@ -474,6 +479,7 @@ def open_endpoint(
     identity: bytes | None = None,
     reply_errors: bool = True,
     send_timeout_ms: int = 5000,
+    use_fd: int | None = None,
 ) -> Endpoint:
     """`make_socket` + `Endpoint` in one call."""
     sock = make_socket(
@@ -485,6 +491,7 @@ def open_endpoint(
         curve=curve,
         curve_server=curve_server,
         identity=identity,
+        use_fd=use_fd,
         # Up to twice the limit a frame is read and answered `oversized` (the sender learns why);
         # beyond that it is never buffered: the connection drops.
         max_message_bytes=2 * max_bytes + OVERSIZE_SLACK_BYTES,

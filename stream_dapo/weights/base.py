@@ -149,6 +149,10 @@ class WeightPublisher(Protocol):
         (what it returns, e.g. the file written, is for tests)."""
         ...
 
+    def bound_ports(self) -> dict[str, int]:
+        """The ports it listens on, by config setting (`stream_dapo/ports.py`); {} for none."""
+        ...
+
     def close(self) -> None: ...
 
 

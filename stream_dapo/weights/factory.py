@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stream_dapo.config import Config
+from stream_dapo.ports import require_bound, zmq_listen
 from stream_dapo.transport.curve import curve_client, curve_server
 from stream_dapo.transport.sockets import TransportError
 from stream_dapo.weights.base import WeightPublisher, WeightSource
@@ -32,10 +33,15 @@ def shared_dir_path(cfg: Config) -> Path:
     return Path(w.shared_dir) if w.shared_dir else Path(cfg.run.out_dir) / "weights"
 
 
-def make_publisher(cfg: Config, rejected_metric: prometheus_client.Counter | None = None) -> WeightPublisher:
+def make_publisher(
+    cfg: Config,
+    rejected_metric: prometheus_client.Counter | None = None,
+    refused_metric: prometheus_client.Counter | None = None,
+) -> WeightPublisher:
     """The learner's publisher for weights.method, started (a taken port fails here, naming it).
-    `rejected_metric` counts requests the ZeroMQ weight server refuses, by reason."""
-    return _PUBLISHERS[cfg.weights.method](cfg, rejected_metric)
+    `rejected_metric` counts requests the ZeroMQ weight server refuses, by reason; `refused_metric`
+    (labels socket, reason) the connections whose Curve handshake failed."""
+    return _PUBLISHERS[cfg.weights.method](cfg, rejected_metric, refused_metric)
 
 
 def make_source(cfg: Config, index: int) -> WeightSource:
@@ -48,18 +54,25 @@ def make_source(cfg: Config, index: int) -> WeightSource:
 # --------------------------------------------------------------------------------------------------
 
 
-def _weight_server(cfg: Config, rejected_metric: prometheus_client.Counter | None) -> WeightServer:
+def _weight_server(
+    cfg: Config,
+    rejected_metric: prometheus_client.Counter | None,
+    refused_metric: prometheus_client.Counter | None = None,
+) -> WeightServer:
     from stream_dapo.weights.zmq_chunks import WeightServer
 
     t = cfg.transport
     curve, allowed = curve_server(t.curve_dir) or (None, None)
+    address, fd = zmq_listen("transport.weights_port", t.host, t.weights_port)
     server = WeightServer(
-        f"tcp://{t.host}:{t.weights_port}",
+        address,
+        use_fd=fd,
         chunk_bytes=cfg.weights.chunk_bytes,
         curve=curve,
         allowed_clients_dir=allowed,
         hwm=t.hwm,
         rejected_metric=rejected_metric,
+        refused_metric=refused_metric,
     )
     try:
         return server.start()
@@ -67,10 +80,14 @@ def _weight_server(cfg: Config, rejected_metric: prometheus_client.Counter | Non
         raise TransportError(f"{exc} (the learner's weights socket: transport.weights_port)") from exc
 
 
-def _nccl_publisher(cfg: Config, rejected_metric: prometheus_client.Counter | None) -> WeightPublisher:
+def _nccl_publisher(
+    cfg: Config,
+    rejected_metric: prometheus_client.Counter | None,
+    refused_metric: prometheus_client.Counter | None = None,
+) -> WeightPublisher:
     from stream_dapo.weights.nccl import NcclPublisher, NcclWeightSender, nccl_group_spec
 
-    server = _weight_server(cfg, rejected_metric)  # announcements: late joiners, checksums
+    server = _weight_server(cfg, rejected_metric, refused_metric)  # announcements: late joiners, checksums
     try:
         timeout_s = max(NCCL_TIMEOUT_FLOOR_S, cfg.transport.timeout_s)
         sender = NcclWeightSender(nccl_group_spec(cfg), timeout_s=timeout_s).connect()
@@ -80,7 +97,9 @@ def _nccl_publisher(cfg: Config, rejected_metric: prometheus_client.Counter | No
     return NcclPublisher(server, sender)
 
 
-def _shared_dir_publisher(cfg: Config, _rejected: prometheus_client.Counter | None) -> WeightPublisher:
+def _shared_dir_publisher(
+    cfg: Config, _rejected: prometheus_client.Counter | None, _refused: prometheus_client.Counter | None = None
+) -> WeightPublisher:
     from stream_dapo.weights.shared_dir import SharedDirPublisher
 
     return SharedDirPublisher(shared_dir_path(cfg))
@@ -91,6 +110,7 @@ def _zmq_source(cfg: Config, index: int) -> WeightSource:
 
     t = cfg.transport
     cache = Path(cfg.run.out_dir) / "weights-cache" / f"generator-{index}"
+    require_bound("transport.weights_port", t.weights_port, "learner")
     return ZmqWeightSource(t.weights_address(), t.timeout_s, cache, curve_client(t.curve_dir))
 
 
@@ -98,6 +118,7 @@ def _nccl_source(cfg: Config, index: int) -> WeightSource:
     from stream_dapo.weights.nccl import NcclAnnouncementSource, nccl_group_spec
 
     t = cfg.transport
+    require_bound("transport.weights_port", t.weights_port, "learner")
     return NcclAnnouncementSource(
         t.weights_address(),
         t.timeout_s,
@@ -114,7 +135,9 @@ def _shared_dir_source(cfg: Config, _index: int) -> WeightSource:
     return SharedDirWeightSource(shared_dir_path(cfg))
 
 
-_PUBLISHERS: dict[str, Callable[[Config, prometheus_client.Counter | None], WeightPublisher]] = {
+_PUBLISHERS: dict[
+    str, Callable[[Config, prometheus_client.Counter | None, prometheus_client.Counter | None], WeightPublisher]
+] = {
     "zmq": _weight_server,
     "shared_dir": _shared_dir_publisher,
     "nccl": _nccl_publisher,

@@ -251,6 +251,9 @@ class NcclPublisher:
         self.server = server
         self.sender = sender
 
+    def bound_ports(self) -> dict[str, int]:
+        return {**self.server.bound_ports(), "transport.nccl_port": self.sender.spec.port}
+
     def publish(self, payload: WeightsPayload, state_dict: Mapping[str, Tensor]) -> None:
         self.server.publish(payload)
         self.sender.send(payload.version, state_dict)

@@ -47,6 +47,9 @@ class SharedDirPublisher:
         for stale in self.directory.glob(".*.tmp-*"):  # left by a crash mid-write
             stale.unlink(missing_ok=True)
 
+    def bound_ports(self) -> dict[str, int]:
+        return {}  # files, no socket
+
     def publish(self, payload: WeightsPayload, state_dict: Mapping[str, Tensor] | None = None) -> Path:
         """Write the file, then LATEST (each via temp + rename), then prune. Returns the file's path."""
         final = self.directory / weights_file_name(payload.version)

@@ -37,6 +37,7 @@ from stream_dapo.disk import atomic_file
 from stream_dapo.service_runner import release
 from stream_dapo.transport import messages
 from stream_dapo.transport.codec import Message
+from stream_dapo.transport.curve import RefusedConnections
 from stream_dapo.transport.sockets import (
     WEIGHTS_MAX_BYTES,
     CurveKeys,
@@ -99,6 +100,8 @@ class WeightServer:
         hwm: int = 1000,
         poll_ms: int = 50,
         rejected_metric: prometheus_client.Counter | None = None,
+        use_fd: int | None = None,
+        refused_metric: prometheus_client.Counter | None = None,
     ) -> None:
         if not 4096 <= chunk_bytes <= WEIGHTS_MAX_BYTES - _CHUNK_OVERHEAD:
             raise ValueError(
@@ -108,6 +111,7 @@ class WeightServer:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.bind = bind
+        self.use_fd = use_fd  # a listening socket handed over for `bind` (`stream_dapo/ports.py`)
         self.chunk_bytes = chunk_bytes
         self.keep = keep
         self.curve = curve
@@ -133,6 +137,9 @@ class WeightServer:
         """Requests refused, by reason: undecodable ones (the codec's reasons, answered with `error` by
         the endpoint), `unexpected_type` and `bad_chunk_index`."""
         self._rejected_metric = rejected_metric
+        self._refused_metric = refused_metric
+        """Labels socket, reason: connections whose Curve handshake failed (`RefusedConnections`)."""
+        self._refused: RefusedConnections | None = None
         self._endpoint_rejected: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ lifecycle
@@ -147,6 +154,7 @@ class WeightServer:
             self._ctx,
             zmq.ROUTER,
             bind=self.bind,
+            use_fd=self.use_fd,
             max_bytes=REQUEST_MAX_BYTES,
             peer="generator",
             hwm=self.hwm,
@@ -155,6 +163,14 @@ class WeightServer:
             send_timeout_ms=0,  # a generator that stops reading loses its reply, not everyone their chunks
         )
         self.address = self._endpoint.address  # resolves tcp://host:* to the port actually bound
+        if self.curve is not None:
+            metric = self._refused_metric
+            self._refused = RefusedConnections(
+                self._endpoint.socket,
+                "weights",
+                lambda reason: metric.labels(socket="weights", reason=reason).inc() if metric is not None else None,
+                log,
+            )
         self._thread = threading.Thread(target=self._serve, name="weight-server", daemon=True)
         self._thread.start()
         log.info("weight server listening on %s (chunks of %d bytes)", self.address, self.chunk_bytes)
@@ -165,11 +181,12 @@ class WeightServer:
         if self._thread is not None:
             self._thread.join(timeout_s)
         release(
+            self._refused and self._refused.close,
             self._endpoint and self._endpoint.close,
             self._auth and self._auth.stop,
             self._ctx and self._ctx.term,
         )
-        self._thread = self._endpoint = self._ctx = self._auth = None
+        self._thread = self._endpoint = self._ctx = self._auth = self._refused = None
 
     def close(self) -> None:
         self.stop()
@@ -181,6 +198,12 @@ class WeightServer:
         self.stop()
 
     # ------------------------------------------------------------------ publishing
+
+    def bound_ports(self) -> dict[str, int]:
+        """{"transport.weights_port": the port bound} once started."""
+        from stream_dapo.ports import endpoint_port
+
+        return {"transport.weights_port": endpoint_port(self.address)}
 
     def publish(self, payload: WeightsPayload, state_dict: Mapping[str, Tensor] | None = None) -> None:
         """Make ``payload`` the current version; older ones beyond ``keep`` stop being served."""
@@ -219,6 +242,8 @@ class WeightServer:
             try:
                 got = ep.recv(self.poll_ms)
                 self._count_endpoint_rejections(ep)
+                if self._refused is not None:
+                    self._refused.poll()
                 if got is None:
                     continue
                 peer, msg = got

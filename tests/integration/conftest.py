@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import free_ports
 from tests.integration.pipeline_runs import ASYNC_STEPS, run_pipeline
 from tests.integration.prometheus_live import live_prometheus
 
@@ -33,7 +32,6 @@ def tracking_libraries_installed() -> bool:
 def async_run(tmp_path_factory: pytest.TempPathFactory, warm_model: Path) -> Iterator[tuple[Any, ...]]:
     """(rc, summary, child pids seen, out dir, Prometheus URL) of one async run of ASYNC_STEPS steps."""
     tmp = tmp_path_factory.mktemp("async")
-    ports = free_ports(9)
     extra: list[str] = []
     if tracking_libraries_installed():
         extra = [
@@ -43,6 +41,6 @@ def async_run(tmp_path_factory: pytest.TempPathFactory, warm_model: Path) -> Ite
         ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_MODE="offline", WANDB_SILENT="true")
-    with live_prometheus(tmp, ports[8], buffer=ports[3], learner=ports[4], generator=ports[5]) as prom:
-        result = run_pipeline(tmp, warm_model, "async", ASYNC_STEPS, ports, extra=extra, env=env)
-        yield (*result, prom)
+    with live_prometheus(tmp) as prom:
+        result = run_pipeline(tmp, warm_model, "async", ASYNC_STEPS, extra=extra, env=env, on_ports=prom.scrape)
+        yield (*result, prom.url)

@@ -6,13 +6,13 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.helpers import free_ports, tiny_overrides
+from tests.helpers import tiny_overrides
 
 ASYNC_STEPS = 6  # the session's async run (conftest.async_run)
 
@@ -22,13 +22,15 @@ def run_pipeline(
     warm: Path,
     mode: str,
     steps: int,
-    ports: list[int] | None = None,
     extra: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    on_ports: Callable[[str, int], None] | None = None,
 ) -> tuple[int, dict, set[int], Path]:
-    """`stream-dapo run --no-eval` on the tiny pipeline; returns (rc, summary, every child pid seen, out)."""
+    """`stream-dapo run --no-eval` on the tiny pipeline, every port 0 (each service binds one of the
+    kernel's choosing and reports it); returns (rc, summary, every child pid seen, out). `on_ports`
+    is called with (service, metrics port) as the services report them (a Prometheus to point)."""
     out = tmp / f"run-{mode}"
-    overrides = tiny_overrides(warm, out, ports or free_ports(8)) + [f"learner.total_steps={steps}", *extra]
+    overrides = tiny_overrides(warm, out) + [f"learner.total_steps={steps}", *extra]
     argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--no-eval", "--quiet", "--mode", mode]
     for item in overrides:
         argv += ["--set", item]
@@ -42,6 +44,8 @@ def run_pipeline(
             seen.update(p.pid for p in parent.children(recursive=True))
         except psutil.NoSuchProcess:
             pass
+        if on_ports is not None:
+            report_metrics_ports(out, on_ports)
         time.sleep(0.5)
     output = proc.stdout.read() if proc.stdout else ""
     summary_path = out / "summary.json"
@@ -51,6 +55,17 @@ def run_pipeline(
         )
         pytest.fail(f"run failed (rc {proc.returncode}):\n{output[-3000:]}\n{logs}")
     return proc.returncode, json.loads(summary_path.read_text()), seen, out
+
+
+def report_metrics_ports(out: Path, on_ports: Callable[[str, int], None]) -> None:
+    """(service, metrics port) of every service that has reported its ports in out/ports/."""
+    from stream_dapo.ports import PORTS_DIR, read_bound_ports
+
+    for path in sorted((out / PORTS_DIR).glob("*.json")):
+        ports = read_bound_ports(out, path.stem) or {}
+        for key, port in ports.items():
+            if key.startswith("metrics."):
+                on_ports(path.stem, port)
 
 
 def alive(pids: set[int]) -> list[int]:

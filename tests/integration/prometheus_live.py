@@ -21,17 +21,49 @@ from tests.integration.ops_helpers import require_tool
 ALERTS = Path(__file__).resolve().parents[2] / "ops" / "prometheus" / "alerts.yml"
 
 
+JOBS = {"buffer": "stream-dapo-buffer", "learner": "stream-dapo-learner", "generator": "stream-dapo-generator"}
+"""Service name prefix -> job name of ops/prometheus/prometheus.yml."""
+
+
+class LivePrometheus:
+    """A running Prometheus: `url`, and `scrape(service, port)`, which adds a target (file-based
+    service discovery: the services' ports are known only once they have bound them)."""
+
+    def __init__(self, url: str, targets_dir: Path) -> None:
+        self.url = url
+        self.targets_dir = targets_dir
+        self._targets: dict[str, str] = {}
+
+    def scrape(self, service: str, port: int) -> None:
+        target = f"127.0.0.1:{port}"
+        if self._targets.get(service) == target:
+            return
+        self._targets[service] = target
+        job = JOBS[service.split("-")[0]]
+        groups = [{"targets": [t]} for s, t in sorted(self._targets.items()) if JOBS[s.split("-")[0]] == job]
+        path = self.targets_dir / f"{job}.yml"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(groups))
+        tmp.replace(path)  # Prometheus never reads half a file
+
+
 @contextlib.contextmanager
-def live_prometheus(tmp: Path, port: int, *, buffer: int, learner: int, generator: int) -> Iterator[str]:
-    """Start Prometheus scraping every second with the job names of ops/prometheus/prometheus.yml and
-    the rules of alerts.yml; yield its base URL; stop it (its log is shown if it dies early)."""
+def live_prometheus(tmp: Path) -> Iterator[LivePrometheus]:
+    """Start Prometheus on a port of the kernel's choosing, scraping every second with the job names of
+    ops/prometheus/prometheus.yml and the rules of alerts.yml; yield it; stop it (its log is shown if
+    it dies early)."""
     exe = require_tool("prometheus", "apt-get install -y prometheus")
-    jobs = {"stream-dapo-buffer": buffer, "stream-dapo-learner": learner, "stream-dapo-generator": generator}
+    targets = tmp / "targets"
+    targets.mkdir()
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(tmp / "alerts.yml")],
         "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{p}"]}]} for job, p in jobs.items()
+            {
+                "job_name": job,
+                "file_sd_configs": [{"files": [str(targets / f"{job}.yml")], "refresh_interval": "1s"}],
+            }
+            for job in JOBS.values()
         ],
     }
     shutil.copy(ALERTS, tmp / "alerts.yml")
@@ -42,15 +74,14 @@ def live_prometheus(tmp: Path, port: int, *, buffer: int, learner: int, generato
             exe,
             f"--config.file={tmp / 'prometheus.yml'}",
             f"--storage.tsdb.path={tmp / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.listen-address=127.0.0.1:0",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc, tmp / "prometheus.log")
-        yield url
+        url = _wait_ready(proc, tmp / "prometheus.log")
+        yield LivePrometheus(url, targets)
     finally:
         proc.terminate()
         try:
@@ -60,17 +91,32 @@ def live_prometheus(tmp: Path, port: int, *, buffer: int, learner: int, generato
         log.close()
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0) -> None:
+def _listening_port(pid: int) -> int | None:
+    """The TCP port process `pid` listens on (Prometheus reports no bound port of its own)."""
+    import psutil
+
+    try:
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.NoSuchProcess:
+        return None
+    ports = [c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN]
+    return ports[0] if ports else None
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"prometheus exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError):
-            pass
+        port = _listening_port(proc.pid)
+        if port is not None:
+            url = f"http://127.0.0.1:{port}"
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as resp:
+                    if resp.status == 200:
+                        return url
+            except (urllib.error.URLError, ConnectionError):
+                pass
         time.sleep(0.3)
     raise AssertionError(f"prometheus not ready after {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_ports, tiny_overrides
+from tests.helpers import tiny_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,10 +29,8 @@ PRESETS = ["dapo"]
 LADDER = ["naive-grpo", "dapo"]  # what --report-only is asked for: naive-grpo is never trained
 
 
-def ablate(
-    out: Path, warm: Path, ports: list[int], presets: list[str], *extra: str
-) -> subprocess.CompletedProcess[str]:
-    overrides = tiny_overrides(warm, out / "unused", ports) + ["eval.max_prompts=16", "eval.k=2"]
+def ablate(out: Path, warm: Path, presets: list[str], *extra: str) -> subprocess.CompletedProcess[str]:
+    overrides = tiny_overrides(warm, out / "unused") + ["eval.max_prompts=16", "eval.k=2"]
     argv = [sys.executable, "-m", "stream_dapo.cli", "ablate", "--seeds", "1", "--budget", "2", *extra]
     argv += ["--presets", ",".join(presets), "--out", str(out)]
     # A private copy of the recipe: an edit of configs/ between the two calls would (rightly) rerun cells.
@@ -52,8 +50,7 @@ def failure(proc: subprocess.CompletedProcess[str], out: Path) -> str:
 
 def test_one_cell_gives_a_table_and_a_resumable_run(tmp_path: Path, warm_model: Path) -> None:
     out = tmp_path / "ablation"
-    ports = free_ports(6)
-    proc = ablate(out, warm_model, ports, PRESETS)
+    proc = ablate(out, warm_model, PRESETS)
     assert proc.returncode == 0, failure(proc, out)
 
     report = json.loads((out / "ablation.json").read_text())
@@ -105,7 +102,7 @@ def test_one_cell_gives_a_table_and_a_resumable_run(tmp_path: Path, warm_model: 
     # (no cell's log, result or evaluation is written anew).
     written = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.suffix in (".log", ".json", ".jsonl")}
     written = {p: t for p, t in written.items() if p.name not in ("ablation.json",)}
-    again = ablate(out, warm_model, free_ports(6), PRESETS)
+    again = ablate(out, warm_model, PRESETS)
     assert again.returncode == 0, failure(again, out)
     assert again.stdout.count("(reused)") == 1, again.stdout
     assert "reusing" in again.stdout + again.stderr
@@ -113,7 +110,7 @@ def test_one_cell_gives_a_table_and_a_resumable_run(tmp_path: Path, warm_model: 
 
     # --report-only with a second preset and a second seed asked for: the table of what is done, the
     # missing cells named, nothing trained (no new cell directory appears).
-    partial = ablate(out, warm_model, free_ports(6), LADDER, "--report-only", "--seeds", "2")
+    partial = ablate(out, warm_model, LADDER, "--report-only", "--seeds", "2")
     assert partial.returncode == 0, failure(partial, out)
     missing = "missing: naive-grpo seed 0, naive-grpo seed 1, dapo seed 1"
     assert f"1 of 4 cells done; {missing}" in partial.stdout, partial.stdout

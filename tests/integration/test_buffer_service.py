@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from stream_dapo.buffer import service as buffer_service
 from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.service import BufferService, persist_path
 from stream_dapo.config import Config, load_config
+from stream_dapo.ports import ServiceExited
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import SCHEMA_VERSION, encode, pack_value
 from stream_dapo.transport.curve import CurveKeyError
@@ -41,7 +42,7 @@ from stream_dapo.transport.sockets import (
     open_endpoint,
     request,
 )
-from tests.helpers import free_ports
+from tests.helpers import HeldPorts, wait_ports
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_MS = 5000  # only reached when something is broken
@@ -51,13 +52,13 @@ MAX_BYTES = 256 * 1024
 def overrides(out_dir: Path) -> list[str]:
     # G = 2, B_v = 4 / 2 = 2 groups per step, S = 4 / 2 = 2 steps per rollout, max_staleness 4:
     # admission capacity (4 - 2 - 0 + 1) * 2 = 6 groups.
-    samples, batches, weights, metrics = free_ports(4)  # held open together, so they differ
+    # Every port 0: the buffer binds ports of the kernel's choosing; tests read them back.
     return [
-        f"transport.samples_port={samples}",
-        f"transport.batches_port={batches}",
-        f"transport.weights_port={weights}",
+        "transport.samples_port=0",
+        "transport.batches_port=0",
+        "transport.weights_port=0",
         f"transport.max_message_bytes={MAX_BYTES}",
-        f"metrics.buffer_port={metrics}",
+        "metrics.buffer_port=0",
         f'run.out_dir="{out_dir}"',
         "algo.group_size=2",
         "learner.mini_batch_samples=4",
@@ -80,15 +81,16 @@ def make_group(gid: str, version: int = 0, samples: int = 2) -> Group:
 
 
 class Peers:
-    """A fake generator and a fake learner: DEALER endpoints on the buffer's two ports."""
+    """A fake generator and a fake learner: DEALER endpoints on the buffer's two ports (`ports`: what
+    the buffer bound, by setting, e.g. `BufferService.bound_ports`)."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, ports: Mapping[str, int]) -> None:
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.gen, self.learner = (
             open_endpoint(
                 self.ctx, zmq.DEALER, connect=f"tcp://127.0.0.1:{port}", max_bytes=MAX_BYTES, peer="buffer"
             )
-            for port in (cfg.transport.samples_port, cfg.transport.batches_port)
+            for port in (ports["transport.samples_port"], ports["transport.batches_port"])
         )
 
     def ask(
@@ -150,7 +152,7 @@ def test_groups_in_acked_batch_out_committed(tmp_path: Path) -> None:
         assert status == 200 and json.loads(health)["ready"] is True
         # The staleness alert reads the bound from here (algo.max_staleness=4 above).
         assert metric(scrape(svc.metrics_port)[1], "stream_dapo_buffer_max_staleness_versions") == 4.0
-        peers = Peers(cfg)
+        peers = Peers(svc.bound_ports)
         try:
             hello = peers.ask(peers.gen, m.Hello("gen-0", 0))
             assert (hello.type, hello.body) == (m.CREDIT, m.Credit(0, 0))
@@ -205,7 +207,7 @@ def test_groups_in_acked_batch_out_committed(tmp_path: Path) -> None:
 def test_stale_group_is_dropped_at_dequeue_and_counted(tmp_path: Path) -> None:
     cfg = load_config(overrides=overrides(tmp_path), environ={})
     with service_in_thread(cfg) as svc:
-        peers = Peers(cfg)
+        peers = Peers(svc.bound_ports)
         try:
             peers.ask(peers.gen, m.Groups("gen-0", [make_group("old", 1), make_group("fresh", 6)]))
             reply = peers.ask(peers.learner, m.BatchRequest(8, 4, 0))  # "old" is 7 versions behind
@@ -225,7 +227,7 @@ def test_the_learner_is_held_for_a_reported_in_flight_group_then_trains_it(tmp_p
     at a position p with 7 + p // 2 <= 9 at learner version 7 (p <= 5): five groups may go first."""
     cfg = load_config(overrides=overrides(tmp_path), environ={})
     with service_in_thread(cfg) as svc:
-        peers = Peers(cfg)
+        peers = Peers(svc.bound_ports)
         try:
             assert isinstance(peers.ask(peers.gen, m.Heartbeat("gen-0", 0, None, [5])).body, m.Lease)
             fresh = [make_group(f"s{i}", 7) for i in range(6)]
@@ -249,7 +251,7 @@ def test_the_learner_is_held_for_a_reported_in_flight_group_then_trains_it(tmp_p
 def test_hostile_messages_are_rejected_counted_and_the_service_keeps_serving(tmp_path: Path) -> None:
     cfg = load_config(overrides=overrides(tmp_path), environ={})
     with service_in_thread(cfg) as svc:
-        peers = Peers(cfg)
+        peers = Peers(svc.bound_ports)
         try:
             raw = peers.gen.socket
             raw.send(b"\xc1 certainly not msgpack")
@@ -289,7 +291,7 @@ def test_an_absurd_filtered_count_is_refused_and_the_buffer_keeps_running(tmp_pa
     buffer's journal could not encode the overflowing credit counter, so the service stopped."""
     cfg = load_config(overrides=overrides(tmp_path), environ={})
     with service_in_thread(cfg) as svc:
-        peers = Peers(cfg)
+        peers = Peers(svc.bound_ports)
         try:
             odd = m.to_map(make_group("odd", samples=3))  # a refused group: redeemed is then 2**64
             for groups in ([odd], [], []):
@@ -314,11 +316,11 @@ def test_a_peer_that_never_reads_its_replies_does_not_stall_the_others(tmp_path:
     """Regression: a reply waited up to 5 s for room in its peer's full queue, so one peer asking
     without reading (here for batches of ~200 KB) made the buffer answer no one else."""
     cfg = load_config(overrides=overrides(tmp_path) + ["transport.hwm=10"], environ={})
-    with service_in_thread(cfg):
-        peers = Peers(cfg)
+    with service_in_thread(cfg) as svc:
+        peers = Peers(svc.bound_ports)
         flooder = peers.ctx.socket(zmq.DEALER)
         flooder.linger, flooder.rcvhwm, flooder.rcvbuf = 0, 1, 4096  # reads (almost) nothing
-        flooder.connect(f"tcp://127.0.0.1:{cfg.transport.batches_port}")
+        flooder.connect(svc.batches.address)
         try:
             big = [_long_group(f"big{i}") for i in range(2)]
             for group in big:
@@ -350,17 +352,19 @@ def _long_group(gid: str, tokens: int = 8000) -> Group:
 
 
 def test_a_taken_port_fails_at_start_naming_the_setting(tmp_path: Path) -> None:
-    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    """A fixed port (systemd, Kubernetes) that another process holds is refused, naming the key."""
     ctx: zmq.Context[Any] = zmq.Context()
     squatter = ctx.socket(zmq.ROUTER)
-    squatter.bind(f"tcp://127.0.0.1:{cfg.transport.batches_port}")
+    squatter.bind("tcp://127.0.0.1:*")
+    taken = int(squatter.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+    cfg = load_config(overrides=[*overrides(tmp_path), f"transport.batches_port={taken}"], environ={})
     try:
         with pytest.raises(TransportError, match=r"transport\.batches_port"):
             BufferService(cfg)
     finally:
         squatter.close(linger=0)
         ctx.term()
-    BufferService(cfg).close()  # everything the failed start opened was released
+    BufferService(load_config(overrides=overrides(tmp_path), environ={})).close()  # nothing left open
 
 
 def test_the_command_exits_2_when_it_cannot_start(tmp_path: Path) -> None:
@@ -390,42 +394,49 @@ def test_unreadable_state_fails_at_start_naming_the_files(tmp_path: Path) -> Non
 # --------------------------------------------------------------------------------------------------
 
 
-def start_buffer(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+BUFFER_PORTS = ("transport.samples_port", "transport.batches_port", "metrics.buffer_port")
+
+
+def start_buffer(args: list[str], log_path: Path, held: HeldPorts | None = None) -> subprocess.Popen[bytes]:
+    """`stream-dapo buffer`; with `held`, on those listening sockets (the test's, kept across restarts),
+    else on the ports of its config (0: any free port, see `wait_ready`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAM_DAPO__")}
     env["PYTHONPATH"] = str(REPO)
+    if held is not None:
+        env.update(held.env(*BUFFER_PORTS))
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "stream_dapo.cli", "buffer", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
+            pass_fds=held.fds(*BUFFER_PORTS) if held is not None else (),
         )
 
 
-def wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"buffer exited with {proc.returncode}:\n{log_path.read_text()}")
-        try:
-            if scrape(port, "/healthz")[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"buffer not ready after {timeout_s} s:\n{log_path.read_text()}")
+def wait_ready(
+    proc: subprocess.Popen[bytes], out: Path, log_path: Path, timeout_s: float = 30.0
+) -> dict[str, int]:
+    """Until the buffer has reported its ports (every socket bound) and answers /healthz; returns
+    the ports, by setting."""
+    try:
+        ports = wait_ports(out, "buffer", proc, timeout_s)
+    except (ServiceExited, TimeoutError) as exc:
+        raise AssertionError(f"{exc}:\n{log_path.read_text()}") from None
+    assert scrape(ports["metrics.buffer_port"], "/healthz")[0] == 200, log_path.read_text()
+    return ports
 
 
 def kill_and_restart(
-    proc: subprocess.Popen[bytes], args: list[str], port: int, log_path: Path
+    proc: subprocess.Popen[bytes], args: list[str], out: Path, log_path: Path, held: HeldPorts
 ) -> subprocess.Popen[bytes]:
     """SIGKILL the buffer (nothing flushed, nothing drained), start it again on the same state and
-    wait until it serves."""
+    the same listening sockets (peers find it where it was), and wait until it serves."""
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=10) == -signal.SIGKILL
-    proc = start_buffer(args, log_path)
+    proc = start_buffer(args, log_path, held)
     try:
-        wait_ready(proc, port, log_path)
+        wait_ready(proc, out, log_path)
     except BaseException:
         proc.kill()
         proc.wait()
@@ -434,26 +445,30 @@ def kill_and_restart(
 
 
 class BufferProcess:
-    """`stream-dapo buffer` in a subprocess on `overrides(tmp_path)`, logging to buffer.log: ready
-    on entering, killed on leaving if still running."""
+    """`stream-dapo buffer` in a subprocess on `overrides(tmp_path)`, logging to buffer.log, on
+    listening sockets the test holds (`ports`, kept across kills): ready on entering, killed on
+    leaving if still running."""
 
     def __init__(self, tmp_path: Path) -> None:
         items = overrides(tmp_path)
         self.cfg = load_config(overrides=items, environ={})
+        self.out = Path(self.cfg.run.out_dir)
+        self.held = HeldPorts(*BUFFER_PORTS)
+        self.ports = self.held.ports
         self.args = [arg for item in items for arg in ("--set", item)]
         self.log_path = tmp_path / "buffer.log"
-        self.proc = start_buffer(self.args, self.log_path)
+        self.proc = start_buffer(self.args, self.log_path, self.held)
 
     def __enter__(self) -> BufferProcess:
         try:
-            wait_ready(self.proc, self.cfg.metrics.buffer_port, self.log_path)
+            wait_ready(self.proc, self.out, self.log_path)
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def kill_and_restart(self) -> None:
-        self.proc = kill_and_restart(self.proc, self.args, self.cfg.metrics.buffer_port, self.log_path)
+        self.proc = kill_and_restart(self.proc, self.args, self.out, self.log_path, self.held)
 
     def drain(self) -> None:
         """SIGTERM: the buffer drains, persists its state and exits 0."""
@@ -464,12 +479,13 @@ class BufferProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self.held.close()
 
 
 def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
     with BufferProcess(tmp_path) as buffer:
         sent = [make_group(f"g{i}", 0) for i in range(6)]
-        with Peers(buffer.cfg) as peers:
+        with Peers(buffer.ports) as peers:
             assert peers.ask(peers.gen, m.CreditRequest("gen-0", 6)).body.granted == 6
             for i in range(0, 6, 2):
                 assert peers.ask(peers.gen, m.Groups("gen-0", sent[i : i + 2])).body.accepted == [
@@ -479,7 +495,7 @@ def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
             leased = peers.ask(peers.learner, m.BatchRequest(0, 2, 0))
             assert [g.group_id for g in leased.body.groups] == ["g0", "g1"]
         buffer.kill_and_restart()
-        with Peers(buffer.cfg) as peers:
+        with Peers(buffer.ports) as peers:
             # The generator cannot tell what survived, so it resends everything: all duplicates.
             resend = peers.ask(peers.gen, m.Groups("gen-0", sent))
             assert resend.body.duplicates == [g.group_id for g in sent] and resend.body.accepted == []
@@ -507,14 +523,14 @@ def test_a_credit_grant_journaled_before_a_crash_is_granted_again_to_its_repeate
     before its reply arrived. The generator repeats the request with its id after the reconnect and
     must get those 6 back; a fresh grant of 0 would leave the 6 counted against the line forever."""
     with BufferProcess(tmp_path) as buffer:
-        with Peers(buffer.cfg) as peers:
+        with Peers(buffer.ports) as peers:
             assert peers.ask(peers.gen, m.CreditRequest("gen-0", 6), request_id=900).body.granted == 6
         buffer.kill_and_restart()
-        with Peers(buffer.cfg) as peers:
+        with Peers(buffer.ports) as peers:
             repeat = peers.ask(peers.gen, m.CreditRequest("gen-0", 6), request_id=900)
             assert repeat.request_id == 900 and repeat.body.granted == 6
             assert peers.ask(peers.gen, m.CreditRequest("gen-0", 6), request_id=901).body.granted == 0
-            status, text = scrape(buffer.cfg.metrics.buffer_port)
+            status, text = scrape(buffer.ports["metrics.buffer_port"])
             assert status == 200
             assert metric(text, "stream_dapo_buffer_credits_outstanding") == 6, "granted once, not twice"
             assert metric(text, "stream_dapo_buffer_retried_requests_total") == 1
@@ -530,8 +546,8 @@ def test_curve_admits_only_clients_whose_keys_are_listed(tmp_path: Path) -> None
     shutil.copy(keys / "gen-0.key", keys / "clients" / "gen-0.key")
     server_public, _ = zmq.auth.load_certificate(keys / "server.key")
     cfg = load_config(overrides=[*overrides(tmp_path), f'transport.curve_dir="{keys}"'], environ={})
-    address = f"tcp://127.0.0.1:{cfg.transport.samples_port}"
-    with service_in_thread(cfg):
+    with service_in_thread(cfg) as svc:
+        address = svc.samples.address
         ctx: zmq.Context[Any] = zmq.Context()
         try:
             for name, admitted in (("gen-0", True), ("rogue", False)):
@@ -579,7 +595,7 @@ def test_a_flood_of_misrouted_messages_is_answered_and_counted_but_logged_once(
     the log. Each still gets its `error` reply and is counted."""
     cfg = load_config(overrides=overrides(tmp_path), environ={})
     with caplog.at_level("WARNING", logger="stream_dapo.buffer"), service_in_thread(cfg) as svc:
-        peers = Peers(cfg)
+        peers = Peers(svc.bound_ports)
         try:
             for _ in range(50):
                 peers.gen.send(m.BatchRequest(0, 1, 0))  # the learner's request, on the wrong socket
@@ -593,3 +609,148 @@ def test_a_flood_of_misrouted_messages_is_answered_and_counted_but_logged_once(
     refusals = [r for r in caplog.records if "refused a message" in r.getMessage()]
     # One warning per 10 s: 50 round trips on loopback take far less than the 50 s that five need.
     assert 1 <= len(refusals) <= 5, [r.getMessage() for r in refusals]
+
+
+# --------------------------------------------------------------------------------------------------
+# One generator id, one live process
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_second_generator_with_a_live_id_exits_2_naming_the_holder_and_credits_stay_exact(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: two generators started with the same --index both got in; the second one's hello
+    reset the id's filtered total, so credits were redeemed twice on one side and never returned on the
+    other (24 of 24 out, nothing in flight, the learner stopped). The real GeneratorService is refused
+    by the real buffer while the holder is live, waits out one lease (a restarted process would get in
+    then), and exits 2 naming the id and the holder; the holder's credits come back in full."""
+    from stream_dapo import service_runner
+    from stream_dapo.generator import service as generator_service
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")  # the model directory is checked before the hello
+    lease = ["buffer.generator_lease_s=1.5", "generator.heartbeat_s=0.5"]
+    cfg = load_config(overrides=[*overrides(tmp_path), *lease], environ={})
+    holder = "host-a pid 4242 (0badcafe)"
+    monkeypatch.setattr(service_runner, "on_stop_signal", lambda *args: None)  # no handlers in pytest
+    with service_in_thread(cfg) as svc, Peers(svc.bound_ports) as peers:
+        assert peers.ask(peers.gen, m.Hello("generator-0", 0, holder)).type == m.CREDIT
+        capacity = peers.ask(peers.gen, m.CreditRequest("generator-0", 100)).body.granted
+        assert capacity == 6
+        sent = [make_group(f"g{i}") for i in range(2)]
+        assert peers.ask(peers.gen, m.Groups("generator-0", sent)).body.accepted == ["g0", "g1"]
+        stop = threading.Event()
+
+        def keep_heartbeating() -> None:  # the live holder; its own thread, its own socket
+            with open_endpoint(
+                peers.ctx, zmq.DEALER, connect=svc.samples.address, max_bytes=MAX_BYTES, peer="buffer"
+            ) as beat:
+                while not stop.wait(0.2):
+                    request(beat, m.Heartbeat("generator-0", 0), timeout_ms=WAIT_MS, retries=0)
+
+        beating = threading.Thread(target=keep_heartbeating, daemon=True)
+        beating.start()
+        gen_cfg = load_config(
+            overrides=[
+                *overrides(tmp_path),
+                *lease,
+                f"model.path={model}",
+                f"transport.samples_port={svc.bound_ports['transport.samples_port']}",
+                "transport.weights_port=1",  # never reached: the hello is refused first
+                "metrics.generator_port=0",
+            ],
+            environ={},
+        )
+        try:
+            with caplog.at_level("WARNING", logger="stream_dapo"):
+                code = generator_service.run(argparse.Namespace(cfg=gen_cfg, index=0))
+        finally:
+            stop.set()
+            beating.join(10)
+        assert code == 2
+        refused = [r.getMessage() for r in caplog.records if "generator_id 'generator-0' is held by" in r.getMessage()]
+        assert refused and holder in refused[-1] and "--index" in refused[-1], caplog.text
+        assert "Traceback" not in caplog.text
+        # The holder's accounting is untouched: its 4 unused credits come back with its filtered total.
+        assert peers.ask(peers.gen, m.Heartbeat("generator-0", 4)).body.credits == 0
+        _, text = scrape(svc.metrics_port)
+        assert metric(text, "stream_dapo_buffer_credits_outstanding") == 0
+        assert 'stream_dapo_buffer_messages_rejected_total{reason="generator_id_taken"}' in text
+        assert svc.buffer.stats()["uncredited"] == 0
+        batch = peers.ask(peers.learner, m.BatchRequest(0, 2, 0)).body.groups
+        assert [g.group_id for g in batch] == ["g0", "g1"]
+        peers.ask(peers.learner, m.Commit(1, ["g0", "g1"]))
+        assert peers.ask(peers.gen, m.CreditRequest("generator-0", 100)).body.granted == capacity
+
+
+def test_a_client_repeating_hello_is_answered_every_time_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: an allowed client repeating `hello` wrote 6,807 log lines in 69 s."""
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    with caplog.at_level("INFO", logger="stream_dapo.buffer"), service_in_thread(cfg) as svc:
+        with Peers(svc.bound_ports) as peers:
+            for _ in range(200):
+                assert peers.ask(peers.gen, m.Hello("gen-0", 0, "one process")).type == m.CREDIT
+    lines = [r for r in caplog.records if "generator gen-0 connected" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
+def test_the_buffer_writes_its_final_figures_when_it_drains(tmp_path: Path) -> None:
+    """Regression: after a SIGTERM the run's summary read the buffer's last scrape (groups_accepted
+    104 below groups_trained 128): the buffer wrote no final-metrics file."""
+    from stream_dapo.metrics import final_metrics_path
+
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    with service_in_thread(cfg) as svc, Peers(svc.bound_ports) as peers:
+        assert peers.ask(peers.gen, m.Groups("gen-0", [make_group("g0"), make_group("g1")])).type == m.ACK
+    final = json.loads(final_metrics_path(cfg.run.out_dir, "buffer").read_text())
+    assert final["stream_dapo_buffer_groups_accepted_total"] == 2
+
+
+def test_refused_curve_connections_are_counted_and_logged_by_socket_and_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: with CurveZMQ on, rogue connections (no keys, an unknown client key, a wrong server
+    key) got no replies, but no counter, log line or alert recorded a single rejection."""
+    keys = tmp_path / "keys"
+    (keys / "clients").mkdir(parents=True)
+    for name in ("server", "gen-0", "rogue", "other-server"):
+        zmq.auth.create_certificates(keys, name)
+    shutil.copy(keys / "gen-0.key", keys / "clients" / "gen-0.key")
+    server_public, _ = zmq.auth.load_certificate(keys / "server.key")
+    wrong_server, _ = zmq.auth.load_certificate(keys / "other-server.key")
+    rogue_public, rogue_secret = zmq.auth.load_certificate(keys / "rogue.key_secret")
+    gen_public, gen_secret = zmq.auth.load_certificate(keys / "gen-0.key_secret")
+    assert rogue_secret is not None and gen_secret is not None
+    attempts = [
+        CurveKeys(rogue_public, rogue_secret, server_public),  # not_allowed
+        CurveKeys(gen_public, gen_secret, wrong_server),  # protocol or handshake, as libzmq sees it
+    ]
+    cfg = load_config(overrides=[*overrides(tmp_path), f'transport.curve_dir="{keys}"'], environ={})
+    ctx: zmq.Context[Any] = zmq.Context()
+
+    def refused() -> dict[str, float]:
+        text = scrape(svc.metrics_port)[1]
+        prefix = "stream_dapo_buffer_connections_refused_total{"
+        return {
+            line.split('reason="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(prefix) and 'socket="batches"' in line
+        }
+
+    with caplog.at_level("WARNING", logger="stream_dapo.buffer"), service_in_thread(cfg) as svc:
+        try:
+            for curve in attempts:
+                with open_endpoint(ctx, zmq.DEALER, connect=svc.batches.address, max_bytes=MAX_BYTES, curve=curve) as ep:
+                    ep.send(m.LearnerHello(0, 0))
+                    deadline = time.monotonic() + 30  # only reached when a refusal is never counted
+                    while sum(refused().values()) < attempts.index(curve) + 1:
+                        assert time.monotonic() < deadline, refused()
+                        time.sleep(0.05)
+            counts = refused()
+        finally:
+            ctx.destroy(linger=0)
+    assert counts.get("not_allowed") == 1 and sum(counts.values()) == 2, counts
+    assert "refused a connection to the batches socket: Curve handshake failed (not_allowed" in caplog.text

@@ -190,3 +190,43 @@ def test_keys_command_writes_several_clients(tmp_path: Path, capsys: pytest.Capt
     assert "transport.curve_dir" in capsys.readouterr().out
     assert keys_cli.run(args) == 2  # a second run refuses to replace them
     assert "--force" in capsys.readouterr().err
+
+
+def test_the_weight_server_counts_and_logs_refused_connections(
+    ctx: zmq.Context[Any], keys: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: rogue connections to the learner's weights port were refused with no counter or log
+    line. A plain client (protocol or handshake, as libzmq sees it) and an unknown Curve key
+    (not_allowed) are each counted."""
+    import time
+
+    from prometheus_client import CollectorRegistry, Counter
+
+    from stream_dapo.weights.zmq_chunks import WeightServer
+
+    registry = CollectorRegistry()
+    refused = Counter("refused", "", ["socket", "reason"], registry=registry)
+    server = WeightServer(
+        "tcp://127.0.0.1:*",
+        curve=load_server_keys(keys),
+        allowed_clients_dir=keys / "clients",
+        refused_metric=refused,
+    )
+    stranger_dir = keys.parent / "stranger"
+    generate_keys(stranger_dir)
+    stranger = dataclasses.replace(load_client_keys(stranger_dir), server_public=load_server_keys(keys).public)
+    with caplog.at_level("WARNING"), server.start():
+        for curve in (None, stranger):
+            sock = make_socket(ctx, zmq.DEALER, connect=server.address, curve=curve)
+            sock.send(b"x")
+        deadline = time.monotonic() + 30  # only reached when a refusal is never counted
+        counts = {}
+        while not (counts.get("not_allowed") == 1 and sum(counts.values()) == 2):
+            assert time.monotonic() < deadline, counts
+            counts = {
+                s.labels["reason"]: s.value
+                for s in next(iter(registry.collect())).samples
+                if s.name == "refused_total" and s.labels["socket"] == "weights"
+            }
+            time.sleep(0.05)
+    assert "refused a connection to the weights socket: Curve handshake failed" in caplog.text

@@ -33,10 +33,11 @@ from stream_dapo.config import load_config
 from stream_dapo.learner.service import LearnerService
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import TransportTimeout, open_endpoint, request
-from tests.helpers import free_ports, tiny_qwen2
+from tests.helpers import tiny_qwen2
 from tests.integration.test_buffer_service import start_buffer, wait_ready
 from tests.integration.test_learner import make_groups
 from tests.integration.test_learner_buffer_stall import overrides as stall_overrides
+from tests.integration.test_learner_buffer_stall import peer_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -136,16 +137,17 @@ def wait_for(cond: Any, what: str, errors: list[BaseException], timeout_s: float
 def test_generators_join_and_leave_and_a_dead_ones_credits_come_back(tmp_path: Path) -> None:
     tiny_qwen2(0).save_pretrained(tmp_path / "model")
     items = [
-        *stall_overrides(tmp_path, free_ports(4)),
+        *stall_overrides(tmp_path),
         "learner.total_steps=100000",
         f"buffer.generator_lease_s={LEASE_S}",
         f"generator.heartbeat_s={HEARTBEAT_S}",
     ]
-    cfg = load_config(overrides=items, environ={})
-    address = f"tcp://127.0.0.1:{cfg.transport.samples_port}"
-    port = cfg.metrics.buffer_port
     log_path = tmp_path / "buffer.log"
     buffer = start_buffer([arg for item in items for arg in ("--set", item)], log_path)
+    ports = wait_ready(buffer, tmp_path / "run", log_path)
+    cfg = load_config(overrides=[*items, *peer_overrides(ports)], environ={})
+    address = f"tcp://127.0.0.1:{cfg.transport.samples_port}"
+    port = ports["metrics.buffer_port"]
     svc = LearnerService(cfg)
     errors: list[BaseException] = []
     codes: list[int] = []
@@ -160,7 +162,6 @@ def test_generators_join_and_leave_and_a_dead_ones_credits_come_back(tmp_path: P
     fleet: dict[str, StandIn] = {}
     version = lambda: svc.learner.version if svc.learner is not None else 0  # noqa: E731
     try:
-        wait_ready(buffer, port, log_path)
         fleet["generator-0"] = StandIn("generator-0", address)
         learner.start()
         wait_for(lambda: version() >= 2, "step 2", errors)

@@ -73,6 +73,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
             "algo": {"group_size": G, "max_response_len": MAX_NEW, "overlong_cache_len": 8},
             "generator": {"kv_cache_gib": 0.25, "max_num_seqs": 32},
             "learner": {"micro_batch_tokens": 512},
+            "buffer": {"capacity_groups": 512},  # a whole config validates; only the engine runs here
         }
     )
     engine = RolloutEngine.start(cfg)

@@ -11,6 +11,7 @@ running (later tokens carry the new version),
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -30,8 +31,9 @@ from stream_dapo.config import Config  # noqa: E402
 from stream_dapo.generator.service import GeneratorService  # noqa: E402
 from stream_dapo.model.tiny import init_model  # noqa: E402
 from stream_dapo.transport import messages as m  # noqa: E402
-from stream_dapo.transport.sockets import BindError, open_endpoint  # noqa: E402
+from stream_dapo.transport.sockets import open_endpoint  # noqa: E402
 from stream_dapo.weights import WeightServer, serialize_weights  # noqa: E402
+from tests.helpers import HeldPorts  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -39,18 +41,15 @@ G = 4
 CREDIT_BUDGET = 6
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ScriptedBuffer:
     """Answers like `stream-dapo buffer`: grants at most CREDIT_BUDGET credits in all, swallows the
     first ack (so the generator must resend), records everything."""
 
-    def __init__(self, address: str) -> None:
-        self.address = address
+    def __init__(self, listening: socket.socket) -> None:
+        """Serves on `listening`, a socket the test holds: a restart adopts it again (ZMQ_USE_FD), so
+        the port is the buffer's throughout, as a supervisor's socket is across a service's restarts."""
+        self.listening = listening
+        self.address = f"tcp://127.0.0.1:{listening.getsockname()[1]}"
         self.ctx = zmq.Context()
         self.granted = 0
         self.received: list[Any] = []
@@ -61,17 +60,14 @@ class ScriptedBuffer:
         self._start()
 
     def _start(self) -> None:
-        # ZeroMQ releases a closed socket's port asynchronously: retry the bind for a moment.
-        for attempt in range(100):
-            try:
-                self.ep = open_endpoint(
-                    self.ctx, zmq.ROUTER, bind=self.address, max_bytes=64 << 20, peer="generator"
-                )
-                break
-            except BindError:
-                if attempt == 99:
-                    raise
-                time.sleep(0.1)
+        self.ep = open_endpoint(
+            self.ctx,
+            zmq.ROUTER,
+            bind=self.address,
+            use_fd=os.dup(self.listening.fileno()),  # libzmq closes its copy with the socket
+            max_bytes=64 << 20,
+            peer="generator",
+        )
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -148,7 +144,8 @@ def test_generator_service_end_to_end(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     m0 = init_model(tmp_path / "m0", seed=0)
     m1 = init_model(tmp_path / "m1", seed=1)
-    samples_port, weights_port = free_port(), free_port()
+    held = HeldPorts("transport.samples_port", "transport.weights_port")
+    samples_port, weights_port = held.ports["transport.samples_port"], held.ports["transport.weights_port"]
     cfg = Config.model_validate(
         {
             "model": {"path": str(m0)},
@@ -172,8 +169,9 @@ def test_generator_service_end_to_end(tmp_path: Path) -> None:
             "run": {"out_dir": str(tmp_path / "run")},
         }
     )
-    buffer = ScriptedBuffer(f"tcp://127.0.0.1:{samples_port}")
-    weights = WeightServer(f"tcp://127.0.0.1:{weights_port}", chunk_bytes=1 << 20).start()
+    buffer = ScriptedBuffer(held.sockets["transport.samples_port"])
+    weights_fd = os.dup(held.sockets["transport.weights_port"].fileno())
+    weights = WeightServer(f"tcp://127.0.0.1:{weights_port}", chunk_bytes=1 << 20, use_fd=weights_fd).start()
     weights.publish(serialize_weights(state_dict(m1), 3))  # the learner is already at version 3
     service = GeneratorService(cfg, index=0)
     errors: list[BaseException] = []
@@ -220,6 +218,7 @@ def test_generator_service_end_to_end(tmp_path: Path) -> None:
         service.close()
         weights.stop()
         buffer.close()
+        held.close()
     assert not errors, errors
     assert not thread.is_alive()
 

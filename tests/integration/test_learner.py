@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import threading
 import uuid
 from pathlib import Path
@@ -23,6 +22,7 @@ from transformers import AutoModelForCausalLM
 from stream_dapo.config import Config
 from stream_dapo.learner.service import LearnerService
 from stream_dapo.learner.trainer import Learner
+from stream_dapo.ports import endpoint_port, read_bound_ports
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import open_endpoint
 from stream_dapo.weights import fetch_weights_zmq
@@ -88,12 +88,6 @@ def make_groups(seed: int, n: int = 2, version: int = 0, group_size: int = 2) ->
 
 def params_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters()}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------------------------- learner
@@ -238,10 +232,12 @@ def test_zero3_gather_gives_the_same_tensors_as_stage0(tmp_path: Path) -> None:
 
 class FakeBuffer:
     """The buffer's learner-facing protocol, from a thread: hello, batches (one `empty` first, to
-    exercise the back-off), commits. Fetches the weights once, while the learner waits for data."""
+    exercise the back-off), commits. Fetches the weights once, while the learner waits for data.
+
+    It binds a port of the kernel's choosing; `cfg` is the given config pointed at it, for the learner
+    (whose weights port, 0, it reads from the learner's report, `stream_dapo/ports.py`)."""
 
     def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
         self.hellos: list[dict] = []
         self.commits: list[dict] = []
         self.served: list[str] = []
@@ -254,10 +250,12 @@ class FakeBuffer:
         self.endpoint = open_endpoint(
             self._ctx,
             zmq.ROUTER,
-            bind=f"tcp://127.0.0.1:{t.batches_port}",
+            bind="tcp://127.0.0.1:*",
             max_bytes=t.max_message_bytes,
             peer="learner",
         )
+        transport = t.model_copy(update={"batches_port": endpoint_port(self.endpoint.address), "weights_port": 0})
+        self.cfg = cfg.model_copy(update={"transport": transport})
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -277,7 +275,9 @@ class FakeBuffer:
             else:
                 self.batch_requests += 1
                 if self.fetched is None:
-                    weights = f"tcp://127.0.0.1:{self.cfg.transport.weights_port}"
+                    learner = read_bound_ports(self.cfg.run.out_dir, "learner")
+                    assert learner is not None, "the learner reports its ports before it asks for data"
+                    weights = f"tcp://127.0.0.1:{learner['transport.weights_port']}"
                     self.fetched = fetch_weights_zmq(
                         weights, -1, timeout=10, dest_dir=Path(self.cfg.run.out_dir) / "gen"
                     )
@@ -309,11 +309,10 @@ def read_jsonl(path: Path) -> list[dict]:
 def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path) -> None:
     initial = tiny_model(0)
     initial.save_pretrained(tmp_path / "model")
-    ports = {"samples_port": free_port(), "batches_port": free_port(), "weights_port": free_port()}
     cfg = make_cfg(
         tmp_path,
         learner={"total_steps": 4, "sync_every": 1, "checkpoint_every": 2, "mini_batch_samples": 2},
-        transport={**ports, "timeout_s": 10.0},
+        transport={"timeout_s": 10.0},
         metrics={"learner_port": 0},
         weights={"chunk_bytes": 4096},
     )
@@ -321,7 +320,7 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
 
     buffer = FakeBuffer(cfg)
     try:
-        assert LearnerService(cfg).run() == 0
+        assert LearnerService(buffer.cfg).run() == 0
     finally:
         buffer.close()
     # Initial weights were published before step 0 and served over ZeroMQ.
@@ -371,7 +370,7 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
 
     buffer = FakeBuffer(cfg)
     try:
-        assert StopDuringStep5(cfg, max_steps=10).run() == 0
+        assert StopDuringStep5(buffer.cfg, max_steps=10).run() == 0
     finally:
         buffer.close()
     assert buffer.hellos == [m.LearnerHello(4, 4)]
@@ -399,6 +398,8 @@ def _service_rank(rank: int, port: int, cfg_json: str) -> None:
         LOCAL_RANK=str(rank),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",  # the store at MASTER_PORT is the parent's: only connect
+        TORCHELASTIC_RESTART_COUNT="0",
         DS_ACCELERATOR="cpu",
     )
     assert LearnerService(Config.model_validate_json(cfg_json), model=tiny_model()).run() == 0
@@ -409,7 +410,6 @@ def test_two_process_zero3_service_matches_one_process(tmp_path: Path) -> None:
     """The service on two data-parallel ranks (ZeRO-3; uneven shards padded with placeholder
     micro-batches; rank 0 shares each batch with rank 1) takes the steps one process takes: the token
     count is global and DeepSpeed's averaging over ranks is undone."""
-    ports = {"samples_port": free_port(), "batches_port": free_port(), "weights_port": free_port()}
     cfg = make_cfg(
         tmp_path,
         algo={"group_size": 4},
@@ -420,17 +420,21 @@ def test_two_process_zero3_service_matches_one_process(tmp_path: Path) -> None:
             "total_steps": 2,
             "checkpoint_every": 2,
         },
-        transport={**ports, "timeout_s": 20.0},
+        transport={"timeout_s": 20.0},
         metrics={"learner_port": 0},
         weights={"chunk_bytes": 4096},
     )
     buffer = FakeBuffer(cfg)
+    # The ranks meet at a store this process hosts on a port of the kernel's choosing, held for the
+    # whole test (torchrun's agent store): no port is picked, released and bound later.
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 3, True, wait_for_workers=False)
     try:
         mp.start_processes(
-            _service_rank, args=(free_port(), cfg.model_dump_json()), nprocs=2, start_method="spawn"
+            _service_rank, args=(store.port, buffer.cfg.model_dump_json()), nprocs=2, start_method="spawn"
         )
     finally:
         buffer.close()
+        del store
     assert buffer.fetched is not None and buffer.fetched[0] == 0
     assert [c.learner_version for c in buffer.commits] == [2] and len(buffer.groups) == 4
 

@@ -26,7 +26,7 @@ from stream_dapo.config import load_config
 from stream_dapo.learner.service import LearnerService
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import TransportTimeout, open_endpoint, request
-from tests.helpers import free_ports, tiny_qwen2
+from tests.helpers import tiny_qwen2
 from tests.integration.test_buffer_service import start_buffer, wait_ready
 from tests.integration.test_learner import make_groups
 
@@ -36,7 +36,7 @@ STEPS = 8
 TIMEOUT_S = 2.0  # transport.timeout_s: how long one attempt waits before it is resent
 
 
-def overrides(tmp: Path, ports: list[int]) -> list[str]:
+def overrides(tmp: Path) -> list[str]:
     # G = 2, B_v = 4 / 2 = 2 groups per step, S = 4 / 2 = 2 steps per rollout, max_staleness 4:
     # admission capacity (4 - 2 - 0 + 1) * 2 = 6 groups.
     return [
@@ -54,12 +54,18 @@ def overrides(tmp: Path, ports: list[int]) -> list[str]:
         "learner.checkpoint_every=2",
         "learner.sync_every=1",
         f"transport.timeout_s={TIMEOUT_S}",
-        f"transport.samples_port={ports[0]}",
-        f"transport.batches_port={ports[1]}",
-        f"transport.weights_port={ports[2]}",
-        f"metrics.buffer_port={ports[3]}",
+        # Any free ports: the buffer reports what it bound (`buffer_ports`), the learner is told.
+        "transport.samples_port=0",
+        "transport.batches_port=0",
+        "transport.weights_port=0",
+        "metrics.buffer_port=0",
         "metrics.learner_port=0",
     ]
+
+
+def peer_overrides(ports: dict[str, int]) -> list[str]:
+    """What a peer of the buffer needs of the ports it reported: where to connect."""
+    return [f"{key}={port}" for key, port in ports.items() if key.startswith("transport.")]
 
 
 class Feeder:
@@ -117,10 +123,11 @@ def wait_for(cond: Any, what: str, timeout_s: float = 300.0) -> None:
 
 def test_a_hung_buffer_neither_mixes_up_replies_nor_leases_twice(tmp_path: Path) -> None:
     tiny_qwen2(0).save_pretrained(tmp_path / "model")
-    items = overrides(tmp_path, free_ports(4))
-    cfg = load_config(overrides=items, environ={})
+    items = overrides(tmp_path)
     log_path = tmp_path / "buffer.log"
     buffer = start_buffer([arg for item in items for arg in ("--set", item)], log_path)
+    ports = wait_ready(buffer, tmp_path / "run", log_path)
+    cfg = load_config(overrides=[*items, *peer_overrides(ports)], environ={})
     feeder = Feeder(f"tcp://127.0.0.1:{cfg.transport.samples_port}")
     svc = LearnerService(cfg)
     codes: list[int] = []
@@ -135,7 +142,6 @@ def test_a_hung_buffer_neither_mixes_up_replies_nor_leases_twice(tmp_path: Path)
     learner = threading.Thread(target=train)
     readiness_while_hung: dict[str, Any] = {}
     try:
-        wait_ready(buffer, cfg.metrics.buffer_port, log_path)
         feeder.thread.start()
         learner.start()
         wait_for(lambda: errors or (svc.learner is not None and svc.learner.version >= 2), "step 2")

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from stream_dapo.config import load_config
-from tests.helpers import free_ports, tiny_overrides
+from tests.helpers import tiny_overrides
 from tests.integration.pipeline_runs import ASYNC_STEPS, alive, run_pipeline
 from tests.integration.prometheus_live import query
 
@@ -75,6 +75,19 @@ def test_async_run_trains_and_cleans_up(async_run, warm_model: Path) -> None:
     assert_every_parameter_changed(warm_model, out / "final")
     assert seen, "the launcher started no children"
     assert alive(seen) == [], "processes outlived the run"
+    assert_services_reported_the_ports_they_bound(summary, cfg)
+
+
+def assert_services_reported_the_ports_they_bound(summary: dict, cfg) -> None:  # cfg: Config
+    """Every port was 0 in the config: each service bound one of the kernel's choosing and reported
+    it, and the launcher passed the buffer's and the learner's on to their peers."""
+    assert cfg.transport.samples_port == cfg.transport.weights_port == cfg.metrics.buffer_port == 0
+    ports = summary["ports"]
+    assert set(ports["buffer"]) == {"transport.samples_port", "transport.batches_port", "metrics.buffer_port"}
+    assert set(ports["learner"]) == {"transport.weights_port", "metrics.learner_port"}
+    assert set(ports["generator-0"]) == {"metrics.generator_port"}
+    every = [port for reported in ports.values() for port in reported.values()]
+    assert all(every) and len(set(every)) == len(every), ports
 
 
 def test_sync_run_is_on_policy_at_rollout_start(tmp_path: Path, warm_model: Path) -> None:
@@ -169,10 +182,8 @@ def test_sigterm_to_run_stops_every_service_in_drain_order_and_writes_the_summar
     the ports, so `--resume` failed with "port in use"; no summary was written."""
     import signal
 
-    from stream_dapo.launcher import check_ports_free
-
     out = tmp_path / "run"
-    overrides = tiny_overrides(warm_model, out, free_ports(8)) + ["learner.total_steps=10000"]
+    overrides = tiny_overrides(warm_model, out) + ["learner.total_steps=10000"]
     argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--no-eval", "--quiet"]
     for item in overrides:
         argv += ["--set", item]
@@ -195,8 +206,11 @@ def test_sigterm_to_run_stops_every_service_in_drain_order_and_writes_the_summar
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_by"] == "SIGTERM"
     assert 1 <= summary["learner_steps"] < 10000 and summary["groups_trained_twice"] == 0
+    # Every service wrote its final figures: the summary does not read a stale scrape of the buffer.
+    assert summary["groups_accepted"] >= summary["groups_trained"]
+    assert {p.stem for p in (out / "final-metrics").glob("*.json")} >= {"buffer", "learner", "generator-0"}
     assert "Traceback" not in output
-    assert alive(seen) == [], "services outlived the launcher"
-    check_ports_free(load_config([out / "config.toml"], environ={}))  # a --resume can bind them again
+    assert alive(seen) == [], "services outlived the launcher: nothing holds their ports now"
+    assert set(summary["ports"]) == {"buffer", "learner", "generator-0"}
     logs = {p.stem: p.read_text() for p in (out / "logs").glob("*.log")}
     assert "received SIGTERM" in logs["learner"] and "checkpoint" in logs["learner"]  # it drained

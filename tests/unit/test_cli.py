@@ -59,6 +59,14 @@ def test_config_error_exits_2_and_names_the_key(capsys: pytest.CaptureFixture[st
     assert "did you mean 'algo.eps_high'" in capsys.readouterr().err
 
 
+def test_config_show_refuses_what_the_buffer_would_refuse(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression: `--set learner.checkpoint_every=50` passed `config show` and `run`'s check, then the
+    buffer exited 2 and the learner and the generator 69 after 30 s."""
+    assert main(["config", "show", "--set", "learner.checkpoint_every=50"]) == 2
+    err = capsys.readouterr().err
+    assert "Set buffer.capacity_groups >= 400, or lower learner.checkpoint_every" in err and "Traceback" not in err
+
+
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "COMMAND" in capsys.readouterr().out

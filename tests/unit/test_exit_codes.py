@@ -14,7 +14,8 @@ import pytest
 from stream_dapo.cli import main
 from stream_dapo.config import load_config
 from stream_dapo.exit_codes import ExitCode
-from tests.helpers import free_ports, port_overrides
+from stream_dapo.ports import endpoint_port, read_bound_ports
+from tests.helpers import port_overrides, unserved_ports
 
 
 def test_codes_are_the_documented_numbers() -> None:
@@ -34,17 +35,20 @@ def test_a_generator_whose_buffer_never_answers_exits_69_and_names_the_fix(
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2"}))  # checked before the engine
-    cfg = load_config(
-        overrides=[
-            f"model.path={model}",
-            f'run.out_dir="{tmp_path / "run"}"',
-            *port_overrides(),
-            "transport.timeout_s=0.5",
-        ],
-        environ={},
-    )
-    with caplog.at_level(logging.ERROR, logger="stream_dapo"):
-        code = service.run(argparse.Namespace(cfg=cfg, index=0))
+    with unserved_ports(2) as (samples, weights):  # where the buffer and the learner would be
+        cfg = load_config(
+            overrides=[
+                f"model.path={model}",
+                f'run.out_dir="{tmp_path / "run"}"',
+                *port_overrides(),
+                f"transport.samples_port={samples}",
+                f"transport.weights_port={weights}",
+                "transport.timeout_s=0.5",
+            ],
+            environ={},
+        )
+        with caplog.at_level(logging.ERROR, logger="stream_dapo"):
+            code = service.run(argparse.Namespace(cfg=cfg, index=0))
     assert code == ExitCode.PEER_UNAVAILABLE
     assert "start `stream-dapo buffer` first" in caplog.text
 
@@ -78,7 +82,7 @@ def fake_model_dir(path: Path) -> Path:
 def run_argv(model: Path, out: Path, *extra: str) -> list[str]:
     from tests.helpers import tiny_overrides
 
-    sets = [*tiny_overrides(model, out, free_ports(6)), *extra]
+    sets = [*tiny_overrides(model, out), *extra]
     return ["run", "--no-eval", "--quiet", *(a for s in sets for a in ("--set", s))]
 
 
@@ -112,20 +116,21 @@ def test_a_generator_given_a_malformed_data_file_exits_2_with_the_message_alone(
     build_tokenizer().save_pretrained(model)
     data = tmp_path / "train.jsonl"
     data.write_text(BAD_DATA["malformed line"][0])
+    # The buffer only has to answer the hello: prompts are loaded right after it.
+    ctx = zmq.Context()
+    buffer = open_endpoint(ctx, zmq.ROUTER, bind="tcp://127.0.0.1:*", max_bytes=1 << 20, peer="generator")
     cfg = load_config(
         overrides=[
             f"model.path={model}",
             f'run.out_dir="{tmp_path / "run"}"',
             f'data.train_path="{data}"',
             *port_overrides(),
+            f"transport.samples_port={endpoint_port(buffer.address)}",
+            "transport.weights_port=1",  # never reached: the prompts fail first
             "transport.timeout_s=10",
         ],
         environ={},
     )
-    # The buffer only has to answer the hello: prompts are loaded right after it.
-    ctx = zmq.Context()
-    address = f"tcp://127.0.0.1:{cfg.transport.samples_port}"
-    buffer = open_endpoint(ctx, zmq.ROUTER, bind=address, max_bytes=1 << 20, peer="generator")
     stop = threading.Event()
 
     def answer_hellos() -> None:
@@ -225,8 +230,8 @@ def test_a_buffer_whose_disk_fills_exits_1_and_says_so_without_a_traceback(
 
     def learner_says_hello(request_stop) -> None:
         ctx = zmq.Context()
-        address = f"tcp://127.0.0.1:{cfg.transport.batches_port}"
-        learner = open_endpoint(ctx, zmq.DEALER, connect=address, max_bytes=1 << 20, peer="buffer")
+        port = read_bound_ports(tmp_path / "run", "buffer")["transport.batches_port"]  # type: ignore[index]
+        learner = open_endpoint(ctx, zmq.DEALER, connect=f"tcp://127.0.0.1:{port}", max_bytes=1 << 20, peer="buffer")
         try:
             learner.send(m.LearnerHello(0, 0))  # journalled before its reply: the write hits the full disk
             if not done.wait(30):
@@ -270,7 +275,7 @@ def test_run_with_a_port_in_use_exits_2_naming_the_setting(
         out = tmp_path / "run"
         argv = run_argv(fake_model_dir(tmp_path / "model"), out, f"transport.batches_port={port}")
         assert main(argv) == ExitCode.CONFIG
-    err = capsys.readouterr().err
-    assert f"127.0.0.1:{port} (transport.batches_port) is in use" in err
+        err = capsys.readouterr().err
+        assert f"127.0.0.1:{port} (transport.batches_port) is in use" in err
     assert "--set transport.batches_port=<port>" in err and "Traceback" not in err
     assert not out.exists()

@@ -12,6 +12,7 @@ import errno
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from stream_dapo.disk import is_disk_full
 from stream_dapo.exit_codes import ExitCode
 from stream_dapo.learner import service as learner_service
 from stream_dapo.learner.checkpoints import LATEST, discard_unfinished, prune_checkpoints, read_latest
-from tests.integration.test_learner import FakeBuffer, free_port, make_cfg, tiny_model
+from tests.integration.test_learner import FakeBuffer, make_cfg, tiny_model
 
 TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
 
@@ -90,21 +91,23 @@ def test_a_failed_write_leaves_only_the_checkpoint_latest_names(tmp_path: Path) 
     assert names(tmp_path) == [LATEST, "step_000001"]
 
 
-def run_learner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **learner: int) -> tuple[int, FakeBuffer]:
+def run_learner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algo: dict[str, Any] | None = None, **learner: float
+) -> tuple[int, FakeBuffer]:
     """`stream-dapo learner` in-process against a stand-in buffer; returns its exit code."""
     tiny_model(0).save_pretrained(tmp_path / "model")
-    ports = {"samples_port": free_port(), "batches_port": free_port(), "weights_port": free_port()}
     cfg = make_cfg(
         tmp_path,
+        algo=algo or {},
         learner={"sync_every": 1, "checkpoint_every": 1, "mini_batch_samples": 2, **learner},
-        transport={**ports, "timeout_s": 10.0},
+        transport={"timeout_s": 10.0},
         metrics={"learner_port": 0},
         weights={"chunk_bytes": 4096},
     )
     monkeypatch.setattr(service_runner, "on_stop_signal", lambda *args: None)  # no handlers in pytest
     buffer = FakeBuffer(cfg)
     try:
-        return learner_service.run(argparse.Namespace(cfg=cfg, max_steps=None)), buffer
+        return learner_service.run(argparse.Namespace(cfg=buffer.cfg, max_steps=None)), buffer
     finally:
         buffer.close()
 
@@ -116,6 +119,30 @@ def test_the_learner_keeps_its_newest_checkpoints(tmp_path: Path, monkeypatch: p
     assert names(ckpts) == [LATEST, "step_000003", "step_000004"]
     assert read_latest(ckpts) == "step_000004"
     assert [c.learner_version for c in buffer.commits] == [1, 2, 3, 4]
+
+
+def test_a_resume_applies_a_new_lr_and_refuses_a_new_group_size_naming_both_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: after a restart with learner.lr 2e-4 -> 1e-4 every step still trained at 2e-4 (the
+    restored optimizer's), unlogged; algo.group_size 8 -> 4 was accepted and trained mixed batches."""
+    import json
+
+    assert run_learner(tmp_path, monkeypatch, total_steps=2, warmup_steps=0, lr=2e-4)[0] == ExitCode.OK
+    with caplog.at_level("INFO", logger="stream_dapo"):
+        assert run_learner(tmp_path, monkeypatch, total_steps=4, warmup_steps=0, lr=1e-4)[0] == ExitCode.OK
+    rows = [json.loads(line) for line in (tmp_path / "run" / "learner" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["version"] for r in rows] == [1, 2, 3, 4]
+    assert [r["lr"] for r in rows] == pytest.approx([2e-4, 2e-4, 1e-4, 1e-4])
+    assert "resumed with changed settings, applied: learner.lr 0.0002 -> 0.0001" in caplog.text
+    caplog.clear()
+    with caplog.at_level("ERROR", logger="stream_dapo"):
+        code, _ = run_learner(
+            tmp_path, monkeypatch, algo={"group_size": 4}, total_steps=6, warmup_steps=0, lr=1e-4, mini_batch_samples=4
+        )
+    assert code == ExitCode.CONFIG
+    assert "algo.group_size 2 -> 4" in caplog.text and "another run.out_dir" in caplog.text
+    assert "Traceback" not in caplog.text
 
 
 # --------------------------------------------------------------------------------------------------

@@ -422,13 +422,12 @@ def test_missing_series_names_the_flag(
 
 
 def test_unreachable_prometheus_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    with socket.socket() as s:  # a port nobody listens on
+    with socket.socket() as s:  # bound, never listening, held: nobody listens on it meanwhile
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    assert main(["plan", "--config", str(PAPER), "--from-prometheus", url, "--timeout", "2"]) == 2
-    err = capsys.readouterr().err
-    assert f"cannot reach Prometheus at {url}" in err and "--gen-tps X --learn-tps Y" in err
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        assert main(["plan", "--config", str(PAPER), "--from-prometheus", url, "--timeout", "2"]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot reach Prometheus at {url}" in err and "--gen-tps X --learn-tps Y" in err
 
 
 def test_url_without_scheme_and_bad_window_are_named() -> None:

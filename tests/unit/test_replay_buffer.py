@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from stream_dapo.buffer.replay import (
     AdmissionPolicy,
     BufferInputError,
+    GeneratorIdTaken,
     GroupState,
     MemoryLog,
     ReplayBuffer,
@@ -97,10 +98,14 @@ def test_slower_weight_sync_needs_more_staleness() -> None:
 def test_too_small_capacity_groups_fails_naming_the_minimum() -> None:
     # Rollouts every S = 2 versions, commits every 20: up to (20 - 2) * 8 = 144 groups are still
     # leased when the learner asks for its next 16.
-    cfg = cfg_with("buffer.capacity_groups=100")
+    cfg = cfg_with("buffer.capacity_groups=160")
     assert cfg.admission.min_capacity_groups(cfg.learner.checkpoint_every) == 160
+    # Refused where the configuration is resolved (`config show`, `run`, every service), and by the
+    # buffer for a config built without validation.
     with pytest.raises(ConfigError, match=r"Set buffer\.capacity_groups >= 160"):
-        AdmissionPolicy.from_config(cfg)
+        cfg_with("buffer.capacity_groups=100")
+    with pytest.raises(ConfigError, match=r"Set buffer\.capacity_groups >= 160"):
+        AdmissionPolicy.from_config(cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"capacity_groups": 100})}))
     assert AdmissionPolicy.from_config(cfg_with("buffer.capacity_groups=160")).admission_capacity == 24
 
 
@@ -252,6 +257,49 @@ def test_generator_hello_releases_its_credits() -> None:
     assert buf.credits_of("gen-0") == 0 and buf.credits_of("gen-1") == 2
     assert buf.stats()["credits_released"] == 4
     assert buf.grant_credits("gen-0", 10) == 4
+
+
+def test_a_second_process_with_a_live_generator_id_is_refused_and_changes_nothing() -> None:
+    """Regression: a second generator with the same --index said hello, which reset the id's filtered
+    total; the first one's next report was redeemed twice and the second's credits never came back, so
+    24 of 24 credits stayed out with nothing in flight and the learner stopped. The id belongs to the
+    live process that said hello first; the other is refused, naming both, and nothing changes."""
+    clock = FakeClock()
+    log = MemoryLog()
+    buf = ReplayBuffer(policy(admission_capacity=6, generator_lease_s=30.0), log, clock)
+    first, second = "host-a pid 10 (aa)", "host-b pid 20 (bb)"
+    buf.generator_hello("gen-0", first)
+    assert buf.grant_credits("gen-0", 6) == 6
+    buf.add_groups("gen-0", [], filtered_total=2)
+    clock.now += 5
+    with pytest.raises(GeneratorIdTaken, match=r"'gen-0' is held by host-a pid 10 \(aa\).*host-b pid 20") as err:
+        buf.generator_hello("gen-0", second)
+    assert err.value.reason == "generator_id_taken" and "--index" in str(err.value)
+    with pytest.raises(GeneratorIdTaken):
+        buf.generator_hello("gen-0")  # a hello that names no process is no owner either
+    assert buf.credits_of("gen-0") == 4 and buf.holder_of("gen-0") == first
+    buf.add_groups("gen-0", [], filtered_total=6)  # the first one's count was not reset: exact
+    assert buf.credits_of("gen-0") == 0 and buf.stats()["uncredited"] == 0 and buf.grantable == 6
+    buf.generator_hello("gen-0", first)  # its own hello again is fine
+    # Restored after a buffer restart, the holder still owns the id for a lease.
+    restored = ReplayBuffer.restore(buf.policy, log.records, clock=clock)
+    with pytest.raises(GeneratorIdTaken):
+        restored.generator_hello("gen-0", second)
+    snapshot = ReplayBuffer.restore(buf.policy, list(buf.snapshot_records()), clock=clock)
+    assert snapshot.holder_of("gen-0") == first
+
+
+def test_a_restarted_generator_takes_its_id_back_once_the_dead_ones_lease_runs_out() -> None:
+    clock = FakeClock()
+    buf = ReplayBuffer(policy(admission_capacity=6, generator_lease_s=30.0), MemoryLog(), clock)
+    buf.generator_hello("gen-0", "pid 10")
+    buf.grant_credits("gen-0", 4)
+    clock.now += 29  # killed 29 s ago: its lease still runs
+    with pytest.raises(GeneratorIdTaken, match=r"heard from 29\.0 s ago"):
+        buf.generator_hello("gen-0", "pid 11")
+    clock.now += 2
+    assert buf.generator_hello("gen-0", "pid 11") == 0
+    assert buf.holder_of("gen-0") == "pid 11" and buf.credits_of("gen-0") == 0 and buf.grantable == 6
 
 
 def test_duplicates_do_not_redeem_credits_again() -> None:
@@ -567,6 +615,34 @@ def test_oldest_waiting_age_uses_the_injected_clock() -> None:
     clock.now += 12.5
     buf.add_groups("gen-0", [make_group("b")])
     assert buf.oldest_waiting_age_s() == 12.5
+
+
+def test_a_step_of_the_wall_clock_neither_expires_leases_nor_ages_groups() -> None:
+    """Durations run on `clock` (monotonic in the service); the wall clock only stamps acceptance."""
+    clock, wall = FakeClock(), FakeClock()
+    log = MemoryLog()
+    buf = ReplayBuffer(policy(admission_capacity=6, generator_lease_s=30.0), log, clock, wall)
+    assert buf.grant_credits("gen-0", 4) == 4
+    buf.add_groups("gen-0", [make_group("a")])
+    wall.now += 3 * 3600  # an NTP step, a resumed VM
+    clock.now += 5
+    assert buf.expire_generators() == [] and buf.credits_of("gen-0") == 3
+    assert buf.oldest_waiting_age_s() == 5.0
+    assert buf.generator_leases()["gen-0"] == {"credits": 3, "silent_s": 5.0}
+    wall.now -= 3 * 3600 + 180
+    clock.now += 26
+    assert buf.expire_generators() == [("gen-0", 3)], "a lease is 30 s of the monotonic clock, whatever the wall"
+    (accepted,) = [r for r in log.records if r["kind"] == "accept"]
+    assert accepted["accepted_at"] == 1000.0, "acceptance is stamped with wall time, for people"
+
+
+def test_the_buffer_times_on_the_monotonic_clock_by_default() -> None:
+    import inspect
+    import time
+
+    for signature in (inspect.signature(ReplayBuffer), inspect.signature(ReplayBuffer.restore)):
+        assert signature.parameters["clock"].default is time.monotonic
+        assert signature.parameters["wall_clock"].default is time.time
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -40,10 +41,13 @@ def ctx() -> Iterator[zmq.Context[Any]]:
     context.destroy(linger=0)
 
 
-def free_tcp_address() -> str:
+@contextlib.contextmanager
+def unserved_tcp_address() -> Iterator[str]:
+    """An address nobody serves: its port is bound (never listening) and held until the block ends,
+    so no other process can start listening there meanwhile."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        yield f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def server(ctx: zmq.Context[Any], **kwargs: Any) -> Endpoint:
@@ -151,8 +155,7 @@ def test_recv_returns_none_when_nothing_arrives(ctx: zmq.Context[Any]) -> None:
 
 
 def test_request_names_the_address_when_no_server_is_there(ctx: zmq.Context[Any]) -> None:
-    address = free_tcp_address()
-    with client(ctx, address) as cli:
+    with unserved_tcp_address() as address, client(ctx, address) as cli:
         with pytest.raises(TransportTimeout) as info:
             request(cli, m.Hello("gen-0", 0), timeout_ms=30, retries=2, backoff_ms=1)
     text = str(info.value)

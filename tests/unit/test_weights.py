@@ -258,6 +258,8 @@ def test_nccl_broadcast_delivers_every_tensor_bit_identically(tmp_path: Path) ->
 
     import torch.multiprocessing as mp
 
+    # port-pick: vLLM's stateless NCCL group binds its own TCP store on rank 0 and cannot adopt a
+    # listening socket, so this two-GPU test picks a port (the suite's only pick; never on the CPU).
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -293,23 +295,22 @@ def test_the_factory_builds_each_methods_two_ends_and_they_meet(tmp_path: Path) 
     from stream_dapo.weights.factory import make_publisher, make_source
     from stream_dapo.weights.shared_dir import SharedDirWeightSource
     from stream_dapo.weights.zmq_chunks import ZmqWeightSource
-    from tests.helpers import free_ports
-
     sd = gather_full_state_dict(tiny_model(0))
     assert sd is not None
     payload = serialize_weights(sd, 3)
-    (port,) = free_ports(1)
     for method, source_type in (("shared_dir", SharedDirWeightSource), ("zmq", ZmqWeightSource)):
         cfg = load_config(
             overrides=[
                 f"weights.method={method}",
                 f'run.out_dir="{tmp_path / method}"',
-                f"transport.weights_port={port}",
+                "transport.weights_port=0",  # the publisher binds any free port; the source is told it
                 f"weights.chunk_bytes={CHUNK}",
             ],
             environ={},
         )
-        publisher, source = make_publisher(cfg), make_source(cfg, index=0)
+        publisher = make_publisher(cfg)
+        bound = {"weights_port": publisher.bound_ports().get("transport.weights_port", 0)}
+        source = make_source(cfg.model_copy(update={"transport": cfg.transport.model_copy(update=bound)}), index=0)
         try:
             assert isinstance(source, source_type) and source.first_version == 0
             assert source(0) is None  # nothing published yet
