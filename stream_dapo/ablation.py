@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from stream_dapo.config import Config, config_to_toml, load_config
+from stream_dapo.config import Config, SftConfig, config_to_toml, load_config
 from stream_dapo.core.presets import PAPER_AIME, PRESETS, preset_overrides
 from stream_dapo.exit_codes import ExitCode
 
@@ -124,6 +124,10 @@ _NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {
     ("algo", "icepop_high"): 5.0,
     ("algo", "ratio_level"): "token",
     ("algo", "surrogate"): "clip",
+    # Issue 37's real-model path: off, the model and data are what they were.
+    ("model", "source"): None,
+    ("data", "gsm_symbolic"): None,
+    **{("sft", key): value for key, value in SftConfig().model_dump(mode="json").items()},
 }
 """Settings added after cells were first fingerprinted, with the value that behaves as the code did
 before they existed. At that value a setting is left out of the fingerprint, so cells recorded
@@ -217,6 +221,8 @@ def config_fingerprint(cfg: Config, model_key: str | None) -> str:
         values = data.get(section)
         if values is not None and values.get(key, neutral) == neutral:
             values.pop(key, None)
+            if not values:  # a section added later, at its neutral values throughout
+                data.pop(section)
     payload = json.dumps({"config": data, "model": model_key}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
