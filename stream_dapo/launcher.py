@@ -661,6 +661,18 @@ def _stop_on_signals() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def exit_hint(returncode: int | None) -> str:
+    """What a service's exit code says beyond its log: SIGKILL from nobody in the run is, on one
+    machine, almost always the kernel's out-of-memory killer, which leaves no line in the log."""
+    if returncode == -signal.SIGKILL:
+        return (
+            " (SIGKILL: most likely the kernel's out-of-memory killer, see `dmesg`; lower "
+            "learner.micro_batch_tokens or generator.kv_cache_gib, and compare `stream-dapo plan --memory` "
+            "with the machine's free memory)"
+        )
+    return ""
+
+
 def supervise(sup: Supervisor, view: LiveView, cfg: Config, period_s: float = 5.0) -> None:
     """Wait for the learner to finish; fail loudly if any other service dies first."""
     learner = next(c for c in sup.children if c.name == "learner")
@@ -671,8 +683,8 @@ def supervise(sup: Supervisor, view: LiveView, cfg: Config, period_s: float = 5.
             if child is learner and child.popen.returncode == 0:
                 return
             raise ServiceFailed(
-                f"{child.name} exited with code {child.popen.returncode}; last lines of {child.log_path}:\n"
-                + tail(child.log_path)
+                f"{child.name} exited with code {child.popen.returncode}{exit_hint(child.popen.returncode)}; "
+                f"last lines of {child.log_path}:\n" + tail(child.log_path)
             )
         time.sleep(period_s)
 

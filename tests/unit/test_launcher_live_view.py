@@ -11,6 +11,7 @@ from stream_dapo.config import load_config
 from stream_dapo.launcher import (
     Endpoints,
     LiveView,
+    exit_hint,
     format_duration,
     format_status,
     rewrites_in_place,
@@ -147,3 +148,9 @@ def test_starvation_is_named_with_its_cause_and_fixes_once_it_is_clear() -> None
     assert starvation_warning(_groups(20, 0, 10), cfg) is None  # 67% filtered: dynamic sampling at work
     assert starvation_warning(_groups(31, 0, 0), cfg) is None  # fewer than 4 rollout batches finished
     assert starvation_warning(_groups(32, 0, 0), cfg) is not None
+
+
+def test_a_sigkilled_service_is_named_as_the_likely_oom_kill_with_the_knobs() -> None:
+    hint = exit_hint(-9)
+    assert "out-of-memory killer" in hint and "learner.micro_batch_tokens" in hint and "plan --memory" in hint
+    assert exit_hint(1) == exit_hint(0) == exit_hint(None) == ""
