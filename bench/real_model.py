@@ -183,6 +183,17 @@ def train(config: Path, overrides: Sequence[str], work: Path, budget_s: float) -
     return {"launch": launch, "stopped_at_budget": stopped, "summary": summary}
 
 
+def trained_model(run_dir: Path) -> Path:
+    """The run's export: ``final/`` when it ran to learner.total_steps, else the HF export of the last
+    checkpoint (a run stopped at its budget drains to a checkpoint and exports no final/)."""
+    if (run_dir / "final" / "config.json").is_file():
+        return run_dir / "final"
+    steps = sorted((run_dir / "checkpoints").glob("step_*/hf/config.json"))
+    if not steps:
+        raise SystemExit(f"{run_dir} holds neither final/ nor a checkpoint with an hf/ export")
+    return steps[-1].parent
+
+
 def jsonl_rows(path: Path) -> list[dict]:
     return (
         [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
@@ -362,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"seed {args.seed}: training for {args.budget_s:.0f} s ...", flush=True)
     trained = _cached(work / "trained.json", lambda: train(args.config, overrides, work, args.budget_s))
-    final_dir = str(work / "run" / "final")
+    final_dir = str(trained_model(work / "run"))
     print(f"seed {args.seed}: evaluating {final_dir} ...", flush=True)
     final = _cached_evals(
         work / "evals-final.json",
