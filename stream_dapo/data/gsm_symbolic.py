@@ -295,14 +295,6 @@ def _build(cfg: GsmSymbolicConfig) -> tuple[dict[str, list[dict]], dict[str, Any
     return rows, info
 
 
-def _write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
 def gsm_symbolic_folder(cfg: GsmSymbolicConfig) -> Path:
     """The cache folder of these settings: ``<dir>/gsm-symbolic-<language>-<key>``."""
     return Path(cfg.dir) / f"gsm-symbolic-{cfg.language}-{gsm_symbolic_key(cfg)}"
@@ -316,6 +308,8 @@ def ensure_gsm_symbolic_data(cfg: GsmSymbolicConfig) -> GsmSymbolicFiles:
     if manifest.is_file() and all(p.is_file() for p in files.values()):
         info = json.loads(manifest.read_text())
         return GsmSymbolicFiles(files["train"], files["eval"], files["gsm8k"], info)
+    from stream_dapo.data.synthetic import _write_jsonl_atomic
+
     rows, info = _build(cfg)
     folder.mkdir(parents=True, exist_ok=True)
     for name, path in files.items():

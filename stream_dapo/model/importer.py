@@ -34,6 +34,8 @@ from stream_dapo.config import ConfigError
 __all__ = [
     "IMPORT_MARKER",
     "add_arguments",
+    "file_digest",
+    "install_dir",
     "run",
     "LOGIT_TOLERANCE",
     "ensure_imported_model",
@@ -82,7 +84,16 @@ def resolve_source(source: str) -> Path:
     return path
 
 
-def _digest(path: Path) -> str:
+def install_dir(tmp: Path, out_dir: Path, marker: str, info: dict[str, Any]) -> None:
+    """Move the finished ``tmp`` directory to ``out_dir`` (replacing it) and write its marker last,
+    so that a marker means a complete directory."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    (out_dir / marker).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def file_digest(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -165,7 +176,7 @@ def import_gguf(gguf: Path, out_dir: Path) -> dict[str, Any]:
     check = _logit_check(tokenizer, model, tmp)
     info = {
         "source": str(gguf),
-        "source_sha256": _digest(gguf),
+        "source_sha256": file_digest(gguf),
         "architecture": type(plain).__name__,
         "parameters": sum(p.numel() for p in plain.parameters()),
         "vocab_size": int(plain.config.vocab_size),
@@ -173,10 +184,7 @@ def import_gguf(gguf: Path, out_dir: Path) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - start, 1),
         **check,
     }
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-    (out_dir / IMPORT_MARKER).write_text(json.dumps(info, indent=2) + "\n")
+    install_dir(tmp, out_dir, IMPORT_MARKER, info)
     log.info(
         "imported %s -> %s: %s, %d parameters, logits within %.2g of the GGUF model's",
         gguf.name,
@@ -195,7 +203,7 @@ def ensure_imported_model(source: str, out_dir: str | Path) -> dict[str, Any]:
     marker = out_dir / IMPORT_MARKER
     if marker.is_file():
         info: dict[str, Any] = json.loads(marker.read_text())
-        if info.get("source_sha256") == _digest(gguf):
+        if info.get("source_sha256") == file_digest(gguf):
             return info
         log.warning("%s holds an import of another file; importing %s again", out_dir, gguf)
     elif (out_dir / "config.json").is_file():

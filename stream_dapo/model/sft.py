@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_dapo.config import Config, ConfigError
+from stream_dapo.model.importer import file_digest, install_dir
 
 __all__ = ["SFT_MARKER", "add_arguments", "ensure_sft_model", "run", "sft_key"]
 
@@ -36,20 +37,12 @@ log = logging.getLogger(__name__)
 SFT_MARKER = "sft.json"
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
-
-
 def _base_digest(base: Path) -> str:
     """The import's recorded source digest when there is one (cheap), else the weights' digest."""
     marker = base / "import.json"
     if marker.is_file():
         return str(json.loads(marker.read_text())["source_sha256"])[:16]
-    return _file_digest(base / "model.safetensors")
+    return file_digest(base / "model.safetensors")[:16]
 
 
 def sft_key(cfg: Config) -> str:
@@ -60,7 +53,7 @@ def sft_key(cfg: Config) -> str:
         )
     payload = {
         "base": _base_digest(Path(cfg.sft.base)),
-        "data": _file_digest(Path(cfg.data.train_path)),
+        "data": file_digest(Path(cfg.data.train_path))[:16],
         "sft": cfg.sft.model_dump(mode="json", exclude={"base", "threads"}),
         "max_prompt_len": cfg.model.max_prompt_len,
     }
@@ -115,10 +108,7 @@ def _train(cfg: Config, out: Path, key: str) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - start, 1),
         "settings": sft.model_dump(mode="json"),
     }
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    (out / SFT_MARKER).write_text(json.dumps(info, indent=2) + "\n")
+    install_dir(tmp, out, SFT_MARKER, info)
     log.info(
         "[sft] %d steps on %d examples in %.0f s, final loss %.3f -> %s",
         steps,
