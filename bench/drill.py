@@ -1,10 +1,11 @@
 """Fault drill: a short real run that loses each service to `kill -9` in turn and recovers.
 
-    .venv/bin/python bench/drill.py [--steps 10] [--model DIR] [--out DIR] [--json OUT]
+    .venv/bin/python bench/drill.py [--model DIR] [--out DIR] [--json OUT]
 
 Buffer, learner and one generator run as separate processes on the tiny model (as systemd would
 start them). Mid-run the generator, then the learner (after a checkpoint), then the buffer are
-killed with SIGKILL and restarted. The report: per service, when it was killed, seconds from the
+killed with SIGKILL and restarted, and the run is stopped as `stream-dapo run` stops it (SIGTERM,
+drain order). The report: per service, when it was killed, seconds from the
 restart to ready and to recovered, and the downtime; then every group the buffer acknowledged,
 accounted for from its persisted state and the learner's trained-group log: trained, trained twice
 (must be 0), still held, dropped as stale, lost (must be 0). tests/fault_drill.py defines each
@@ -75,7 +76,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=10, help="learner.total_steps of the run (>= 8)")
     parser.add_argument("--model", type=Path, help="model directory (default: the cached warm tiny model)")
     parser.add_argument("--out", type=Path, help="run directory, must not exist (default: a temp dir)")
     parser.add_argument("--json", type=Path, help="write the report here")
@@ -83,13 +83,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.elastic:
         return elastic(args)
-    if args.steps < 8:
-        parser.error("--steps must be >= 8: the learner is killed after its checkpoint at version 4")
     out = args.out or Path(tempfile.mkdtemp(prefix="stream-dapo-drill-")) / "run"
-    report = FaultDrill(warm_model(args.model), out, total_steps=args.steps).run()
+    report = FaultDrill(warm_model(args.model), out).run()
     print_report(report)
     print(f"run directory: {out}")
-    return _verdict(report.to_json(), report, args.steps, out, args.json)
+    steps = len(report.trained_versions)  # the drill stops the run (SIGTERM) once its kills are done
+    return _verdict(report.to_json(), report, steps, out, args.json)
 
 
 def _verdict(data: dict[str, Any], drill: DrillReport, steps: int, out: Path, json_path: Path | None) -> int:

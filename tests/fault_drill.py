@@ -16,7 +16,7 @@ Recovery times, per service, from `kill -9`:
                group after the restart
     learner    the new learner resumed at its checkpoint's version and took a step past it
     buffer     the new buffer answers, still counts everything it acknowledged, accepted a new group,
-               and the learner took a step since the kill (or finished)
+               and the learner took a step since the kill
 
 `restart_to_ready_s` is from the restart to the service's /metrics answering; `restart_to_recovered_s`
 from the restart to the condition above; `downtime_s` from the kill to it (it includes the drill's
@@ -46,7 +46,6 @@ SERVICE_PORTS = {
 }
 """The listening sockets the drill holds for each service, by setting."""
 WAIT_S = 240.0
-FINISH_WAIT_S = 400.0
 
 
 class DrillError(RuntimeError):
@@ -95,7 +94,7 @@ def scrape_url(url: str | None) -> dict[str, float]:
 class FaultDrill:
     """One run directory, one config, the three services under a `Supervisor`."""
 
-    def __init__(self, model: Path, out: Path, total_steps: int = 10) -> None:
+    def __init__(self, model: Path, out: Path, total_steps: int = 100_000) -> None:
         self.out = out
         # The buffer's and the learner's listening sockets are held here and handed to every
         # incarnation (STREAM_DAPO_LISTEN_FDS), so that a restarted service is where its peers look
@@ -125,12 +124,15 @@ class FaultDrill:
             self.wait_for("learner version 2", lambda: self.learner_step() >= 2)
             recoveries = [self.kill_generator(), self.kill_learner(), self.kill_buffer()]
             learner = self.children["learner"]
-            self.wait_for("the learner to finish", lambda: learner.popen.poll() is not None, FINISH_WAIT_S)
-            exit_code = learner.popen.returncode
+            if learner.popen.poll() is not None:
+                raise DrillError(f"the learner finished before the drill did: raise total_steps\n{self.logs()}")
         finally:
-            self.sup.stop_all(timeout_s=20)
+            # Drain order, like `stream-dapo run` at the end: generators, then the learner (it
+            # finishes its step and checkpoints), then the buffer (it persists). The run is stopped
+            # here, not by the learner's step budget, so that no kill races the end of the run.
+            self.sup.stop_all(timeout_s=60)
             self.held.close()
-        return self.account(recoveries, exit_code)
+        return self.account(recoveries, learner.popen.returncode)
 
     def kill_generator(self) -> Recovery:
         """The learner keeps running without it; a new one joins with the current weights."""
@@ -190,11 +192,9 @@ class FaultDrill:
             "the buffer to restore what it acknowledged", lambda: self.accepted() >= accepted_before, 60
         )
         accepted_after = self.accepted()
-        learner = self.children["learner"]
 
         def recovered() -> bool:
-            trained = learner.popen.poll() is not None or self.learner_step() > step
-            return self.accepted() > accepted_before and trained
+            return self.accepted() > accepted_before and self.learner_step() > step
 
         done = self.wait_for("the generator and the learner to work through the new buffer", recovered)
         detail = {"acknowledged_before_kill": accepted_before, "acknowledged_after_restart": accepted_after}
