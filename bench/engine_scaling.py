@@ -4,7 +4,7 @@
         [--config configs/tiny-longcot-cpu.toml] [--groups 1 2 4 8 16] [--window 12] [--repeats 2]
 
 `stream-dapo plan --gen-scaling` takes alpha in tokens/s(m) = tokens/s(M) x (m / M)^alpha, m the
-groups in one replica's engine and M = generator.max_groups_in_flight (`stream_dapo.planner`, step
+groups in one replica's engine and M = generator.max_groups_in_flight (`stream_dapo.tools.plan`, step
 4). This measures it: the project's `RolloutEngine` (what the generator service runs, with the
 config's vLLM settings, threads and core binding) samples the config's train prompts, G samples
 each, at most algo.max_response_len tokens, at a constant m. Every group that finishes is replaced

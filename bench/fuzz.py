@@ -62,9 +62,15 @@ import zmq  # noqa: E402
 
 from bench.report import save_json  # noqa: E402
 from stream_dapo.config import config_to_toml, load_config  # noqa: E402
-from stream_dapo.launcher import metric_sum, scrape, tail  # noqa: E402
-from stream_dapo.metrics import BufferMetrics, GeneratorMetrics, LearnerMetrics, catalogue, sample_name  # noqa: E402
-from stream_dapo.ports import endpoint_port, read_bound_ports, zmq_bind_address  # noqa: E402
+from stream_dapo.runtime.metrics import (  # noqa: E402
+    BufferMetrics,
+    GeneratorMetrics,
+    LearnerMetrics,
+    catalogue,
+    sample_name,
+)
+from stream_dapo.runtime.ports import endpoint_port, read_bound_ports, zmq_bind_address  # noqa: E402
+from stream_dapo.tools.launch import metric_sum, scrape, tail  # noqa: E402
 from stream_dapo.transport import messages as m  # noqa: E402
 from stream_dapo.transport.codec import SCHEMA_VERSION, CodecError, Message, decode, encode, pack_value  # noqa: E402
 from stream_dapo.transport.messages import Group, Sample  # noqa: E402
@@ -1215,7 +1221,7 @@ def host_weights(port: int, metrics_port: int, info: Path) -> int:
     import torch
     from prometheus_client import CollectorRegistry
 
-    from stream_dapo.metrics import Health, LearnerMetrics, MetricsServer
+    from stream_dapo.runtime.metrics import Health, LearnerMetrics, MetricsServer
     from stream_dapo.weights import WeightServer, serialize_weights
 
     registry = CollectorRegistry()

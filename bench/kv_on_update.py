@@ -69,7 +69,7 @@ def evaluate(run_dir: Path) -> dict:
 
 
 def figures(run_dir: Path, summary: dict) -> dict:
-    from stream_dapo.metrics import GeneratorMetrics, catalogue, sample_name
+    from stream_dapo.runtime.metrics import GeneratorMetrics, catalogue, sample_name
 
     names = catalogue(GeneratorMetrics)
     gen = generator_totals(run_dir)

@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.report import save_json  # noqa: E402
-from stream_dapo.memory_plan import GIB, ModelShape, Settings, estimate  # noqa: E402
+from stream_dapo.tools.memory_plan import GIB, ModelShape, Settings, estimate  # noqa: E402
 
 LAYERS = 1
 SHAPE = ModelShape(

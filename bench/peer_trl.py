@@ -19,7 +19,7 @@ optimizer steps, one after the other on this machine. Then:
    the policy every E steps.
 3. **Evaluation**, after both runs, outside the timed windows: this file's ``evaluate`` command in a
    child starts one vLLM engine and scores the start model and every checkpoint of both sides with the
-   project's own ``stream_dapo.evaluation.evaluate`` (avg@4 at temperature 1, top-p 1, on the 200 eval
+   project's own ``stream_dapo.tools.evaluate.evaluate`` (avg@4 at temperature 1, top-p 1, on the 200 eval
    prompts, the same per-request seeds for every model). Each checkpoint's weights are loaded into the
    running engine through the generator's worker extension; as a check, the start weights are loaded
    again at the end and must reproduce the first figure exactly.
@@ -509,10 +509,15 @@ def evaluate_models(
     from transformers import AutoTokenizer
 
     from stream_dapo.data.dataset import load_prompts
-    from stream_dapo.evaluation import evaluate, resolve_eval_data
+    from stream_dapo.generator.vllm_utils import (
+        apply_cpu_env,
+        is_cpu_platform,
+        shutdown_llm,
+        vllm_engine_kwargs,
+    )
     from stream_dapo.generator.worker_ext import WORKER_EXTENSION
+    from stream_dapo.tools.evaluate import evaluate, resolve_eval_data
     from stream_dapo.verifier import VerifierPool
-    from stream_dapo.vllm_utils import apply_cpu_env, is_cpu_platform, shutdown_llm, vllm_engine_kwargs
 
     gen = cfg.generator.model_copy(update={"threads": threads})
     prompts, _ = load_prompts(
@@ -897,7 +902,7 @@ def main_compare(args: argparse.Namespace) -> int:
             "prompts": start["num_prompts"],
         },
         "eval_method": "checkpoints of both sides evaluated after training on one vLLM engine with "
-        "stream_dapo.evaluation.evaluate (weights swapped in place, start weights re-checked); the curve "
+        "stream_dapo.tools.evaluate.evaluate (weights swapped in place, start weights re-checked); the curve "
         "point of step v is the wall time when optimizer step v finished, from launching the side's command",
         "eval_before": start,
         "target_avg_at_k": target,

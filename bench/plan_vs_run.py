@@ -18,7 +18,7 @@ the launcher's `metrics.jsonl`, `summary.json` and the generators' final metrics
   token age (a token's wait for its group's longest response, from the generators' counters; 0.5,
   the planner's default, for runs from before they existed).
 
-The planner's model (`stream_dapo.planner.plan`) is fed those rates and the run's recipe, once per
+The planner's model (`stream_dapo.tools.plan.plan`) is fed those rates and the run's recipe, once per
 --gen-scaling (the engine-scaling exponent a of `stream-dapo plan`: a number, gpu or cpu;
 repeatable; default gpu, a = 1, the planner's default), and each prediction is printed next to the
 measurement. The planner asks for a full engine's tokens/s, and the run's average is lower where
@@ -52,7 +52,7 @@ if str(REPO) not in sys.path:
 
 from bench.report import save_json  # noqa: E402
 from stream_dapo.config import load_config  # noqa: E402
-from stream_dapo.planner import ENGINE_SCALING, Rates, Recipe, plan, token_age_from_counts  # noqa: E402
+from stream_dapo.tools.plan import ENGINE_SCALING, Rates, Recipe, plan, token_age_from_counts  # noqa: E402
 
 GEN = "stream_dapo_generator_"
 

@@ -72,7 +72,7 @@ def _load(config: Path, overrides: Sequence[str]) -> Any:
 def prepare(config: Path, overrides: Sequence[str]) -> dict[str, str]:
     """Import, data and warm-up (each cached); the eval files' paths."""
     from stream_dapo.data.gsm_symbolic import ensure_gsm_symbolic_data
-    from stream_dapo.launcher import check_data, prepare_model
+    from stream_dapo.tools.launch import check_data, prepare_model
 
     cfg = _load(config, overrides)
     check_data(cfg)
@@ -88,9 +88,9 @@ def evaluate_model(
     from transformers import AutoTokenizer
 
     from stream_dapo.data.dataset import load_prompts
-    from stream_dapo.evaluation import evaluate
+    from stream_dapo.generator.vllm_utils import make_llm, shutdown_llm
+    from stream_dapo.tools.evaluate import evaluate
     from stream_dapo.verifier import VerifierPool
-    from stream_dapo.vllm_utils import make_llm, shutdown_llm
 
     cfg = _load(config, overrides)
     tokenizer = AutoTokenizer.from_pretrained(model)

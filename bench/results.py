@@ -118,7 +118,7 @@ def run_section(name: str, quick: bool, log_dir: Path) -> dict[str, Any]:
             argv.append("--quick")
         # A section is a world of its own: never inherit a parent's torch.distributed variables
         # (a parent that ran an in-process learner may still hold its MASTER_PORT).
-        from stream_dapo.launcher import LAUNCHER_VARS
+        from stream_dapo.tools.launch import LAUNCHER_VARS
 
         env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
         with log.open("w") as f:

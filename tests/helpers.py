@@ -40,7 +40,7 @@ transport.nccl_port)."""
 
 def port_overrides() -> list[str]:
     """Every key of `PORT_KEYS` set to 0: each service binds a port of the kernel's choosing and
-    reports it (`stream_dapo/ports.py`), so a test's services never meet another run's and no port is
+    reports it (`stream_dapo/runtime/ports.py`), so a test's services never meet another run's and no port is
     picked, released and bound later (another process can take it in between)."""
     return [f"{key}=0" for key in PORT_KEYS]
 
@@ -66,7 +66,7 @@ class HeldPorts:
         return [f"{k}={p}" for k, p in self.ports.items() if not settings or k in settings]
 
     def env(self, *settings: str) -> dict[str, str]:
-        from stream_dapo.ports import LISTEN_FDS_ENV
+        from stream_dapo.runtime.ports import LISTEN_FDS_ENV
 
         return {LISTEN_FDS_ENV: ",".join(f"{k}={self.sockets[k].fileno()}" for k in settings)}
 
@@ -97,7 +97,7 @@ def unserved_ports(n: int) -> Iterator[list[int]]:
 
 def wait_ports(out: Path, service: str, proc: Any, timeout_s: float = 300.0) -> dict[str, int]:
     """The ports `service` (the Popen `proc`) reported in out/ports/<service>.json."""
-    from stream_dapo.ports import wait_bound_ports
+    from stream_dapo.runtime.ports import wait_bound_ports
 
     return wait_bound_ports(out, service, proc.poll, pid=proc.pid, timeout_s=timeout_s)
 

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from stream_dapo.disk import NO_SPACE_ERRNOS, DiskFullError, atomic_file, no_space_left
+from stream_dapo.runtime.disk import NO_SPACE_ERRNOS, DiskFullError, atomic_file, no_space_left
 from stream_dapo.transport.codec import CodecError, pack_value, unpack_value
 
 __all__ = [

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stream_dapo.config import Config, ConfigError
+from stream_dapo.config import Config
 from stream_dapo.core.admission import AdmissionError
+from stream_dapo.errors import ConfigError
 from stream_dapo.transport.codec import wire_bytes
 from stream_dapo.transport.messages import MAX_FILTERED_TOTAL, Group, from_map, to_map
 

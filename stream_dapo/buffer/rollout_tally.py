@@ -5,7 +5,7 @@ correct samples, truncated samples, response tokens) with every heartbeat and `g
 increases per generator, so generators that join, leave or restart (their tally starts again from 0
 after a hello) are counted once, and every `batch` reply carries the sum. The learner, the one
 tracking writer, turns the increase between two batches into the generators' filtered-group share,
-accuracy, truncation and length over that window (`stream_dapo.tracking.rollout_window`).
+accuracy, truncation and length over that window (`stream_dapo.runtime.tracking.rollout_window`).
 
 Statistics, not state: the tally is not journaled and restarts from 0 with the buffer.
 """

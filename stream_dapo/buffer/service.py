@@ -42,10 +42,10 @@ from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
 from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.config import Config
-from stream_dapo.exit_codes import ExitCode
-from stream_dapo.metrics import BufferMetrics, final_metrics_path, start_metrics, write_final_metrics
-from stream_dapo.ports import endpoint_port, write_bound_ports, zmq_listen
-from stream_dapo.service_runner import release, run_service
+from stream_dapo.runtime.exit_codes import ExitCode
+from stream_dapo.runtime.metrics import BufferMetrics, final_metrics_path, start_metrics, write_final_metrics
+from stream_dapo.runtime.ports import endpoint_port, write_bound_ports, zmq_listen
+from stream_dapo.runtime.service_runner import release, run_service
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
 from stream_dapo.transport.curve import RefusedConnections, curve_server, start_authenticator

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from stream_dapo.config import ConfigError
+from stream_dapo.errors import ConfigError
 
 __all__ = [
     "LoadStats",

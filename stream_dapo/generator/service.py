@@ -56,13 +56,13 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from stream_dapo.config import Config
-from stream_dapo.exit_codes import ExitCode
 from stream_dapo.generator.credits import CreditLedger, Heartbeat, UnackedGroups
 from stream_dapo.generator.engine import WeightUpdateError
 from stream_dapo.generator.prompts import PromptCursor, ShardLayout
 from stream_dapo.generator.rollout import FinishedGroup, GroupOutcome, RolloutSettings, process_group
 from stream_dapo.generator.weight_watcher import WeightWatcher
-from stream_dapo.metrics import (
+from stream_dapo.runtime.exit_codes import ExitCode
+from stream_dapo.runtime.metrics import (
     GeneratorMetrics,
     Health,
     MetricsServer,
@@ -70,8 +70,8 @@ from stream_dapo.metrics import (
     start_metrics,
     write_final_metrics,
 )
-from stream_dapo.ports import require_bound, write_bound_ports
-from stream_dapo.service_runner import release, run_service
+from stream_dapo.runtime.ports import require_bound, write_bound_ports
+from stream_dapo.runtime.service_runner import release, run_service
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
 from stream_dapo.transport.curve import curve_client
@@ -268,7 +268,7 @@ class GeneratorService:
 
     def _check_peer_ports(self) -> None:
         """The buffer's and the learner's ports must be known here: 0 ("any free port") is a
-        server's setting, refused with where to read the bound port (`stream_dapo/ports.py`)."""
+        server's setting, refused with where to read the bound port (`stream_dapo/runtime/ports.py`)."""
         t = self.cfg.transport
         require_bound("transport.samples_port", t.samples_port, "buffer")
         if self.weights is None and self.cfg.weights.method != "shared_dir":

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from stream_dapo.disk import DiskFullError, is_disk_full, no_space_left, write_text_atomic
+from stream_dapo.runtime.disk import DiskFullError, is_disk_full, no_space_left, write_text_atomic
 
 __all__ = [
     "DS_TAG",

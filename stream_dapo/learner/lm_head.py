@@ -19,9 +19,9 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from stream_dapo.config import ConfigError
 from stream_dapo.core.chunked_logprobs import chunked_logprobs_entropy
 from stream_dapo.core.sampling import SamplingPolicy
+from stream_dapo.errors import ConfigError
 
 __all__ = ["ChunkedLMHead", "install_chunked_head"]
 

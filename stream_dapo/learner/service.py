@@ -11,7 +11,7 @@ Main loop, per rollout step: collect ``learner.rollout_batch_prompts`` groups fr
 the current weights, then take one optimizer step per mini-batch. After each step: one line in
 ``learner/trained_groups.jsonl``, weights published every ``sync_every`` steps, a checkpoint every
 ``checkpoint_every`` steps followed by ``commit``, Prometheus metrics and one tracked row on rank 0
-(`stream_dapo.tracking`: ``learner/metrics.jsonl``, W&B, TensorBoard, as ``tracking.backends`` says).
+(`stream_dapo.runtime.tracking`: ``learner/metrics.jsonl``, W&B, TensorBoard, as ``tracking.backends`` says).
 
 Checkpoints: ``checkpoints/step_{v:06d}/`` holds the DeepSpeed state (``deepspeed/``), an HF export
 (``hf/``), ``learner_state.json`` and the trained-group log as of that version; written under a temporary name, renamed, then ``latest`` is
@@ -42,11 +42,13 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from prometheus_client import CollectorRegistry
 
-from stream_dapo.config import Config, ConfigError
-from stream_dapo.disk import write_text_atomic
+from stream_dapo.config import Config
+from stream_dapo.errors import ConfigError
 from stream_dapo.learner import distributed
 from stream_dapo.learner.checkpoints import LEARNER_STATE_FILE, Checkpoints
-from stream_dapo.metrics import (
+from stream_dapo.learner.resume import Change, config_changes, refusal, split_changes
+from stream_dapo.runtime.disk import write_text_atomic
+from stream_dapo.runtime.metrics import (
     Health,
     LearnerMetrics,
     MetricsServer,
@@ -55,9 +57,8 @@ from stream_dapo.metrics import (
     start_metrics,
     write_final_metrics,
 )
-from stream_dapo.ports import require_bound, write_bound_ports
-from stream_dapo.resume import Change, config_changes, refusal, split_changes
-from stream_dapo.service_runner import release, run_service
+from stream_dapo.runtime.ports import require_bound, write_bound_ports
+from stream_dapo.runtime.service_runner import release, run_service
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.curve import curve_client
@@ -74,7 +75,7 @@ from stream_dapo.transport.sockets import (
 if TYPE_CHECKING:  # torch and DeepSpeed load in start(), so `stream-dapo learner --help` is instant
     from transformers import PreTrainedModel
 
-    from stream_dapo.tracking import Tracker
+    from stream_dapo.runtime.tracking import Tracker
     from stream_dapo.weights.base import WeightPublisher
 
 __all__ = ["LearnerService", "add_arguments", "run"]
@@ -240,7 +241,7 @@ class LearnerService:
             if changed:
                 log.info("resumed with changed settings, applied: %s", "; ".join(str(c) for c in changed))
         if self.rank == 0:  # one writer per run
-            from stream_dapo.tracking import Tracker
+            from stream_dapo.runtime.tracking import Tracker
 
             self.tracker = Tracker.start(self.cfg)
         self._publish(self.learner.gather_state_dict())
@@ -289,7 +290,7 @@ class LearnerService:
         )
 
     def _report_ports(self) -> None:
-        """Tell supervisors and peers what rank 0 bound (`stream_dapo/ports.py`), before the slow
+        """Tell supervisors and peers what rank 0 bound (`stream_dapo/runtime/ports.py`), before the slow
         model set-up, so that generators can be started while the learner loads."""
         assert self._publisher is not None and self._metrics_server is not None
         ports = {**self._publisher.bound_ports(), "metrics.learner_port": self._metrics_server.port}
@@ -442,7 +443,7 @@ class LearnerService:
     def _window_rollouts(self) -> None:
         """The generators' rollout statistics since the previous rollout batch (rank 0: the one
         that talks to the buffer), logged with each step of this batch."""
-        from stream_dapo.tracking import rollout_window
+        from stream_dapo.runtime.tracking import rollout_window
 
         latest = self._rollouts_latest
         if latest is None:

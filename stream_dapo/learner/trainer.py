@@ -52,9 +52,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from stream_dapo.config import Config, ConfigError
+from stream_dapo.config import Config
 from stream_dapo.core.loss import policy_loss, token_entropy, token_logprobs
 from stream_dapo.core.sampling import BehaviourGap, behaviour_gap, sampling_logits
+from stream_dapo.errors import ConfigError
 from stream_dapo.learner import distributed
 from stream_dapo.learner.checkpoints import DS_TAG, LEARNER_STATE_FILE
 from stream_dapo.learner.lm_head import ChunkedLMHead, install_chunked_head

@@ -29,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stream_dapo.config import ConfigError
+from stream_dapo.errors import ConfigError
 
 __all__ = [
     "IMPORT_MARKER",

@@ -16,7 +16,6 @@ every setting: ``sft.json`` is written last, a second call with the same key ret
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -27,10 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stream_dapo.config import Config, ConfigError
+from stream_dapo.config import Config
+from stream_dapo.errors import ConfigError
 from stream_dapo.model.importer import file_digest, install_dir
 
-__all__ = ["SFT_MARKER", "add_arguments", "ensure_sft_model", "run", "sft_key"]
+__all__ = ["SFT_MARKER", "ensure_sft_model", "sft_key"]
 
 log = logging.getLogger(__name__)
 
@@ -137,21 +137,3 @@ def ensure_sft_model(cfg: Config) -> dict[str, Any]:
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     return _train(cfg, out, key)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    del parser  # everything comes from [model], [data] and [sft]
-
-
-def run(args: argparse.Namespace) -> int:
-    from stream_dapo.launcher import check_data, prepare_model
-
-    cfg: Config = args.cfg
-    if not cfg.sft.enabled:
-        raise ConfigError(
-            "sft.enabled is false: nothing to warm up (set it, or use `stream-dapo warmup` for the tiny model)"
-        )
-    check_data(cfg)
-    prepare_model(cfg)
-    print(json.dumps(json.loads((Path(cfg.model.path) / SFT_MARKER).read_text())))
-    return 0

@@ -47,10 +47,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stream_dapo.config import Config, ConfigError, DataConfig, ModelConfig
+from stream_dapo.config import Config, DataConfig, ModelConfig
 from stream_dapo.data.dataset import PromptItem, load_prompts
 from stream_dapo.data.longcot import ChainProblem, draw_slips
 from stream_dapo.data.synthetic import ensure_synthetic_data, synthetic_task_key
+from stream_dapo.errors import ConfigError
 from stream_dapo.model.tiny import (
     TinyModelSpec,
     check_replaceable,

@@ -21,6 +21,7 @@ import logging
 import sys
 from collections.abc import Callable
 
+from stream_dapo.errors import ConfigError
 from stream_dapo.verifier.equivalence import compare_answers, import_heavy
 
 __all__ = [
@@ -53,8 +54,6 @@ def check_backend(backend: str) -> None:
     """Raise ``ConfigError`` (a ``ValueError``) when ``backend`` cannot work here."""
     problem = backend_problem(backend)
     if problem is not None:
-        from stream_dapo.config import ConfigError
-
         raise ConfigError(problem)
 
 

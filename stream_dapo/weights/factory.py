@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stream_dapo.config import Config
-from stream_dapo.ports import require_bound, zmq_listen
+from stream_dapo.runtime.ports import require_bound, zmq_listen
 from stream_dapo.transport.curve import curve_client, curve_server
 from stream_dapo.transport.sockets import TransportError
 from stream_dapo.weights.base import WeightPublisher, WeightSource

@@ -19,7 +19,7 @@ from typing import Literal
 
 from torch import Tensor
 
-from stream_dapo.disk import fsync_dir, write_bytes_atomic
+from stream_dapo.runtime.disk import fsync_dir, write_bytes_atomic
 from stream_dapo.weights.base import (
     ChecksumMismatch,
     FileSource,

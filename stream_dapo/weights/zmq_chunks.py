@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import zmq
 from torch import Tensor
 
-from stream_dapo.disk import atomic_file
-from stream_dapo.service_runner import release
+from stream_dapo.runtime.disk import atomic_file
+from stream_dapo.runtime.service_runner import release
 from stream_dapo.transport import messages
 from stream_dapo.transport.codec import Message
 from stream_dapo.transport.curve import RefusedConnections
@@ -111,7 +111,7 @@ class WeightServer:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.bind = bind
-        self.use_fd = use_fd  # a listening socket handed over for `bind` (`stream_dapo/ports.py`)
+        self.use_fd = use_fd  # a listening socket handed over for `bind` (`stream_dapo/runtime/ports.py`)
         self.chunk_bytes = chunk_bytes
         self.keep = keep
         self.curve = curve
@@ -201,7 +201,7 @@ class WeightServer:
 
     def bound_ports(self) -> dict[str, int]:
         """{"transport.weights_port": the port bound} once started."""
-        from stream_dapo.ports import endpoint_port
+        from stream_dapo.runtime.ports import endpoint_port
 
         return {"transport.weights_port": endpoint_port(self.address)}
 

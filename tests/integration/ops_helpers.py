@@ -8,7 +8,7 @@ from collections.abc import Collection
 
 import pytest
 
-from stream_dapo.metrics_docs import series_names
+from stream_dapo.tools.metrics_docs import series_names
 
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _NAME = re.compile(r"(?<![A-Za-z0-9_:])(stream_dapo[_:][A-Za-z0-9_:]*)")
@@ -28,5 +28,5 @@ def referenced_names(expr: str) -> set[str]:
 
 
 def unknown_metrics(expr: str, recording_rules: Collection[str] = ()) -> set[str]:
-    """Names the expression uses that neither stream_dapo/metrics.py nor the recording rules define."""
+    """Names the expression uses that neither stream_dapo/runtime/metrics.py nor the recording rules define."""
     return {n for n in referenced_names(expr) if n not in series_names() and n not in recording_rules}

@@ -59,7 +59,7 @@ def run_pipeline(
 
 def report_metrics_ports(out: Path, on_ports: Callable[[str, int], None]) -> None:
     """(service, metrics port) of every service that has reported its ports in out/ports/."""
-    from stream_dapo.ports import PORTS_DIR, read_bound_ports
+    from stream_dapo.runtime.ports import PORTS_DIR, read_bound_ports
 
     for path in sorted((out / PORTS_DIR).glob("*.json")):
         ports = read_bound_ports(out, path.stem) or {}

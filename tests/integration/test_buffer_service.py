@@ -29,7 +29,7 @@ from stream_dapo.buffer import service as buffer_service
 from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.service import BufferService, persist_path
 from stream_dapo.config import Config, load_config
-from stream_dapo.ports import ServiceExited
+from stream_dapo.runtime.ports import ServiceExited
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import SCHEMA_VERSION, encode, pack_value
 from stream_dapo.transport.curve import CurveKeyError
@@ -624,8 +624,8 @@ def test_a_second_generator_with_a_live_id_exits_2_naming_the_holder_and_credits
     other (24 of 24 out, nothing in flight, the learner stopped). The real GeneratorService is refused
     by the real buffer while the holder is live, waits out one lease (a restarted process would get in
     then), and exits 2 naming the id and the holder; the holder's credits come back in full."""
-    from stream_dapo import service_runner
     from stream_dapo.generator import service as generator_service
+    from stream_dapo.runtime import service_runner
 
     model = tmp_path / "model"
     model.mkdir()
@@ -700,7 +700,7 @@ def test_a_client_repeating_hello_is_answered_every_time_and_logged_once(
 def test_the_buffer_writes_its_final_figures_when_it_drains(tmp_path: Path) -> None:
     """Regression: after a SIGTERM the run's summary read the buffer's last scrape (groups_accepted
     104 below groups_trained 128): the buffer wrote no final-metrics file."""
-    from stream_dapo.metrics import final_metrics_path
+    from stream_dapo.runtime.metrics import final_metrics_path
 
     cfg = load_config(overrides=overrides(tmp_path), environ={})
     with service_in_thread(cfg) as svc, Peers(svc.bound_ports) as peers:

@@ -18,7 +18,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from stream_dapo import keys_cli
+from stream_dapo.cli import keys as keys_cli
 from stream_dapo.transport.curve import (
     CurveKeyError,
     generate_keys,

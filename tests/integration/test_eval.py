@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from stream_dapo import evaluation
-from stream_dapo.evaluation import evaluate, pass_at_k
+from stream_dapo.tools import evaluate as evaluation
+from stream_dapo.tools.evaluate import evaluate, pass_at_k
 from tests.integration.test_tiny_model import reduced_config, shared_eval_prompts, shared_llm, shared_warmup
 
 
@@ -69,7 +69,7 @@ def test_many_seeded_requests_survive_prompts_split_across_steps(llm, prompts):
 
 
 def test_engine_kwargs_for_cpu_and_gpu(warm, tmp_path):
-    from stream_dapo.vllm_utils import cpu_thread_env, vllm_engine_kwargs
+    from stream_dapo.generator.vllm_utils import cpu_thread_env, vllm_engine_kwargs
 
     cfg, result = warm
     gen = cfg.generator.model_copy(update={"kv_cache_gib": 0.5, "threads": 1})
@@ -119,8 +119,8 @@ def test_greedy_is_deterministic_and_truncation_is_counted(llm, prompts):
 def test_eval_cli_prints_one_json_object(llm, warm, monkeypatch, capsys):
     cfg, result = warm
     # Reuse the session's engine instead of starting a second one.
-    monkeypatch.setattr("stream_dapo.vllm_utils.make_llm", lambda *a, **kw: llm)
-    monkeypatch.setattr("stream_dapo.vllm_utils.shutdown_llm", lambda _llm: None)
+    monkeypatch.setattr("stream_dapo.generator.vllm_utils.make_llm", lambda *a, **kw: llm)
+    monkeypatch.setattr("stream_dapo.generator.vllm_utils.shutdown_llm", lambda _llm: None)
     args = argparse.Namespace(
         cfg=cfg,
         model=None,

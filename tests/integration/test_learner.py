@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 from stream_dapo.config import Config
 from stream_dapo.learner.service import LearnerService
 from stream_dapo.learner.trainer import Learner
-from stream_dapo.ports import endpoint_port, read_bound_ports
+from stream_dapo.runtime.ports import endpoint_port, read_bound_ports
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import open_endpoint
 from stream_dapo.weights import fetch_weights_zmq
@@ -235,7 +235,7 @@ class FakeBuffer:
     exercise the back-off), commits. Fetches the weights once, while the learner waits for data.
 
     It binds a port of the kernel's choosing; `cfg` is the given config pointed at it, for the learner
-    (whose weights port, 0, it reads from the learner's report, `stream_dapo/ports.py`)."""
+    (whose weights port, 0, it reads from the learner's report, `stream_dapo/runtime/ports.py`)."""
 
     def __init__(self, cfg: Config) -> None:
         self.hellos: list[dict] = []

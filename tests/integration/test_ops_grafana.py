@@ -1,5 +1,5 @@
 """ops/grafana: the dashboard is valid JSON, its queries parse as PromQL, and they only use metric
-names stream_dapo/metrics.py defines (so a renamed metric fails here, not on an empty panel)."""
+names stream_dapo/runtime/metrics.py defines (so a renamed metric fails here, not on an empty panel)."""
 
 from __future__ import annotations
 

@@ -300,10 +300,10 @@ def test_every_service_has_health_probes_on_its_metrics_port(overlay: str) -> No
 
 @pytest.mark.parametrize("probe_name", ["readinessProbe", "livenessProbe"])
 def test_learner_probe_follows_rank_0_health_and_passes_on_other_ranks(probe_name: str) -> None:
-    """The probe script run against a real metrics server (stream_dapo.metrics) on a free port."""
+    """The probe script run against a real metrics server (stream_dapo.runtime.metrics) on a free port."""
     import sys
 
-    from stream_dapo.metrics import start_metrics
+    from stream_dapo.runtime.metrics import start_metrics
 
     command = container("base", "learner")[probe_name]["exec"]["command"]
     assert command[:2] == ["python", "-c"]

@@ -1,6 +1,6 @@
 """Ports are bound, never picked: a service given port 0 binds one of the kernel's choosing and reports
 it (run.out_dir/ports/<service>.json, /healthz), and its peers are told; nothing in the suite or the
-library picks a free port, lets go of it and binds it later (`stream_dapo/ports.py`).
+library picks a free port, lets go of it and binds it later (`stream_dapo/runtime/ports.py`).
 
 Regression: `make test` after `make run` on a machine doing other work failed in the shared pipeline
 run with "cannot serve metrics on 127.0.0.1:33403: Address already in use": the tests picked ports,
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from stream_dapo.config import ConfigError
-from stream_dapo.ports import LISTEN_FDS_ENV, parse_listen_fds, ports_path
+from stream_dapo.errors import ConfigError
+from stream_dapo.runtime.ports import LISTEN_FDS_ENV, parse_listen_fds, ports_path
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import open_endpoint, request
 from tests.helpers import REPO, HeldPorts, port_overrides, wait_ports
@@ -82,7 +82,7 @@ def test_nothing_picks_a_free_port_and_binds_it_later() -> None:
                     offenders.append(f"{path.relative_to(REPO)}: {name}")
     assert offenders == [], (
         "a port picked, released and bound later can be taken in between by any process on the machine; "
-        "bind port 0 and read back what was bound (stream_dapo/ports.py, tests/helpers.HeldPorts):\n"
+        "bind port 0 and read back what was bound (stream_dapo/runtime/ports.py, tests/helpers.HeldPorts):\n"
         + "\n".join(offenders)
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from stream_dapo.metrics import BufferMetrics, start_metrics
+from stream_dapo.runtime.metrics import BufferMetrics, start_metrics
 from tests.integration.prometheus_live import live_prometheus, query
 
 

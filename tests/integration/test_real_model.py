@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from stream_dapo.cli import main
-from stream_dapo.config import ConfigError, load_config
+from stream_dapo.config import load_config
+from stream_dapo.errors import ConfigError
 from stream_dapo.model.importer import IMPORT_MARKER, ensure_imported_model, resolve_source
 
 pytest.importorskip("gguf", reason="pip install -e '.[real]'")
@@ -47,7 +48,7 @@ def test_vllm_and_transformers_decode_the_import_alike(imported: Path) -> None:
     from vllm import SamplingParams, TokensPrompt
 
     from stream_dapo.config import GeneratorConfig
-    from stream_dapo.vllm_utils import make_llm, shutdown_llm
+    from stream_dapo.generator.vllm_utils import make_llm, shutdown_llm
 
     tokenizer = AutoTokenizer.from_pretrained(imported)
     text = tokenizer.apply_chat_template(

@@ -57,7 +57,7 @@ def shared_warmup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, War
 def shared_eval_prompts(cfg: Config, model_dir: Path) -> list[PromptItem]:
     from transformers import AutoTokenizer
 
-    from stream_dapo.evaluation import resolve_eval_data
+    from stream_dapo.tools.evaluate import resolve_eval_data
 
     items, _ = load_prompts(
         resolve_eval_data(cfg), AutoTokenizer.from_pretrained(model_dir), cfg.model.max_prompt_len
@@ -68,7 +68,7 @@ def shared_eval_prompts(cfg: Config, model_dir: Path) -> list[PromptItem]:
 def shared_llm(request: pytest.FixtureRequest, cfg: Config, model_dir: Path) -> Any:
     """One vLLM engine on the warm model for the whole session, shut down at the end."""
     if "llm" not in _SHARED:
-        from stream_dapo.vllm_utils import make_llm, shutdown_llm
+        from stream_dapo.generator.vllm_utils import make_llm, shutdown_llm
 
         llm = make_llm(
             str(model_dir),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_dapo.tracking import staleness_quantiles
+from stream_dapo.runtime.tracking import staleness_quantiles
 from tests.integration.conftest import TRACKING_PROJECT, TRACKING_TAGS
 from tests.integration.pipeline_runs import ASYNC_STEPS
 from tests.integration.wandb_files import read_offline_run

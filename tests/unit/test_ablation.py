@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stream_dapo import ablation
-from stream_dapo.ablation import (
+from stream_dapo.config import load_config
+from stream_dapo.tools import ablate as ablation
+from stream_dapo.tools.ablate import (
     CURVE_METRICS,
     SPARSE_CURVES,
     CellResult,
@@ -33,7 +34,6 @@ from stream_dapo.ablation import (
     to_json,
     window_means,
 )
-from stream_dapo.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "tiny-cpu.toml"
@@ -447,6 +447,7 @@ def test_a_setting_added_later_is_left_out_of_the_fingerprint_at_its_neutral_val
     assert config_fingerprint(load_config([cell / "config.toml"], [], environ={}), key) != recorded
 
 
+@pytest.mark.process
 def test_a_stop_signal_to_ablate_is_passed_on_to_its_running_child(tmp_path: Path) -> None:
     """Regression: SIGTERM to `stream-dapo ablate` alone left its `stream-dapo run` child training.
     The child here exits 7 on SIGTERM; ablate's handler forwards the signal it receives, then the

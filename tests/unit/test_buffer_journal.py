@@ -254,6 +254,7 @@ def test_unwritable_location_names_the_setting(tmp_path: Path) -> None:
         Journal(blocker / "sub" / "state.msgpack").load()
 
 
+@pytest.mark.process
 def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
     """A child process accepts groups and syncs (the point where the service acks), keeps
     appending without syncing, and is killed with SIGKILL: every synced group comes back."""
@@ -339,8 +340,8 @@ class FullDisk:
 def full_disk(monkeypatch: pytest.MonkeyPatch) -> FullDisk:
     if not os.path.exists("/dev/full"):
         pytest.skip("needs /dev/full")
-    from stream_dapo import disk as disk_module
     from stream_dapo.buffer import journal as journal_module
+    from stream_dapo.runtime import disk as disk_module
 
     disk = FullDisk()
     monkeypatch.setattr(journal_module, "open", disk.open, raising=False)

@@ -257,6 +257,7 @@ def test_learner_gradients_with_chunks_equal_the_full_path_under_the_generators_
         torch.testing.assert_close(grads[name], g, rtol=1e-9, atol=1e-13, msg=f"grad of {name}")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("zero_stage", [0, 3])
 def test_deepspeed_step_with_chunks_equals_the_full_logits_step(zero_stage: int) -> None:
     metrics = {}

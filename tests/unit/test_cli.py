@@ -15,6 +15,7 @@ from stream_dapo.cli import COMMANDS, main
 HEAVY = ("torch", "vllm", "deepspeed", "transformers", "zmq")
 
 
+@pytest.mark.process
 def test_help_imports_no_heavy_library() -> None:
     code = (
         "import sys, contextlib, io\n"
@@ -72,6 +73,7 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "COMMAND" in capsys.readouterr().out
 
 
+@pytest.mark.process
 def test_vllm_logs_go_to_stderr_and_an_operators_stream_wins() -> None:
     """`stream-dapo eval > out.json` must leave only the JSON on stdout: vLLM logs to stdout by
     default, so every command points it at stderr first, unless VLLM_LOGGING_STREAM is set."""

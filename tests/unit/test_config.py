@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stream_dapo.config import Config, ConfigError, config_docs, config_to_toml, load_config
+from stream_dapo.config import Config, config_docs, config_to_toml, load_config
+from stream_dapo.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
 

@@ -495,6 +495,7 @@ def test_per_micro_batch_normalisation_gives_a_different_gradient(agg_mode: str)
     assert (naive - full).abs().max() > 1e-2
 
 
+@pytest.mark.process
 def test_core_imports_no_service_dependencies() -> None:
     # The recipe core must stay importable without the transport, engine or config stacks.
     code = (

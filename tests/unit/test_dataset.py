@@ -14,7 +14,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stream_dapo.config import ConfigError
 from stream_dapo.data.dataset import (
     PromptStream,
     SchemaError,
@@ -23,6 +22,7 @@ from stream_dapo.data.dataset import (
     load_prompts,
     prompt_id_of,
 )
+from stream_dapo.errors import ConfigError
 from stream_dapo.model.tiny import build_tokenizer
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "dapo_math_sample.jsonl"

@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from stream_dapo.config import ConfigError, load_config
-from stream_dapo.vllm_utils import apply_engine_process_env
+from stream_dapo.config import load_config
+from stream_dapo.errors import ConfigError
+from stream_dapo.generator.vllm_utils import apply_engine_process_env
 
 
 def test_inline_turns_vllm_multiprocessing_off_and_separate_leaves_the_environment_alone(

@@ -1,4 +1,4 @@
-"""Exit codes tell a supervisor whether a restart can help (stream_dapo/exit_codes.py)."""
+"""Exit codes tell a supervisor whether a restart can help (stream_dapo/runtime/exit_codes.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 from stream_dapo.cli import main
 from stream_dapo.config import load_config
-from stream_dapo.exit_codes import ExitCode
-from stream_dapo.ports import endpoint_port, read_bound_ports
+from stream_dapo.runtime.exit_codes import ExitCode
+from stream_dapo.runtime.ports import endpoint_port, read_bound_ports
 from tests.helpers import port_overrides, unserved_ports
 
 
@@ -210,10 +210,10 @@ def test_a_buffer_whose_disk_fills_exits_1_and_says_so_without_a_traceback(
 ) -> None:
     import zmq
 
-    from stream_dapo import service_runner
     from stream_dapo.buffer import journal as journal_module
     from stream_dapo.buffer import service as buffer_service
     from stream_dapo.buffer.journal import Journal
+    from stream_dapo.runtime import service_runner
     from stream_dapo.transport import messages as m
     from stream_dapo.transport.sockets import open_endpoint
     from tests.unit.test_buffer_journal import FullDisk

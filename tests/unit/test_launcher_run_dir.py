@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stream_dapo.config import load_config
-from stream_dapo.launcher import prepare_run_dir
+from stream_dapo.tools.launch import prepare_run_dir
 
 
 def cfg_for(out: Path):

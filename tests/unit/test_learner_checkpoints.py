@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 import torch
 
-from stream_dapo import service_runner
-from stream_dapo.config import ConfigError, load_config
-from stream_dapo.disk import is_disk_full
-from stream_dapo.exit_codes import ExitCode
+from stream_dapo.config import load_config
+from stream_dapo.errors import ConfigError
 from stream_dapo.learner import service as learner_service
 from stream_dapo.learner.checkpoints import LATEST, discard_unfinished, prune_checkpoints, read_latest
+from stream_dapo.runtime import service_runner
+from stream_dapo.runtime.disk import is_disk_full
+from stream_dapo.runtime.exit_codes import ExitCode
 from tests.integration.test_learner import FakeBuffer, make_cfg, tiny_model
 
 TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
@@ -112,6 +113,7 @@ def run_learner(
         buffer.close()
 
 
+@pytest.mark.process
 def test_the_learner_keeps_its_newest_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, buffer = run_learner(tmp_path, monkeypatch, total_steps=4, keep_checkpoints=2)
     assert code == ExitCode.OK
@@ -121,6 +123,7 @@ def test_the_learner_keeps_its_newest_checkpoints(tmp_path: Path, monkeypatch: p
     assert [c.learner_version for c in buffer.commits] == [1, 2, 3, 4]
 
 
+@pytest.mark.process
 def test_a_resume_applies_a_new_lr_and_refuses_a_new_group_size_naming_both_values(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -178,6 +181,7 @@ def test_torch_writer_errors_count_as_a_full_disk_only_when_the_disk_is_full(
     [RuntimeError(TORCH_FULL_DISK), OSError(errno.ENOSPC, "No space left on device")],
     ids=["torch-zip-writer", "ENOSPC"],
 )
+@pytest.mark.process
 def test_a_full_disk_at_a_checkpoint_keeps_the_last_good_one_and_exits_1(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

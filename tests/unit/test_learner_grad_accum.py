@@ -14,8 +14,9 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-from stream_dapo.config import Config, ConfigError
+from stream_dapo.config import Config
 from stream_dapo.core.loss import policy_loss, token_logprobs
+from stream_dapo.errors import ConfigError
 from stream_dapo.learner.packing import sequences_from_groups
 from stream_dapo.learner.trainer import Learner, deepspeed_config
 from stream_dapo.transport.messages import Group
@@ -112,6 +113,7 @@ CORRECTIONS = {
 }
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("algo", CORRECTIONS.values(), ids=CORRECTIONS.keys())
 def test_one_vs_three_micro_batches_match_one_big_batch_reference(algo: dict[str, object]) -> None:
     big, small = make_cfg(4096, algo), make_cfg(64, algo)

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from stream_dapo.config import Config, ConfigError, load_config
+from stream_dapo.config import Config, load_config
+from stream_dapo.errors import ConfigError
 from stream_dapo.learner.trainer import Learner, deepspeed_config
 from tests.helpers import tiny_qwen2
 from tests.unit.test_chunked_logprobs import _BackwardOnlyEngine, _cfg, _groups
@@ -54,6 +55,7 @@ def test_deepspeed_config_carries_the_offload_switches() -> None:
     assert "offload_param" not in plain["zero_optimization"]
 
 
+@pytest.mark.process
 def test_cpu_optimizer_offload_trains_like_no_offload() -> None:
     """ZeRO-2 with the optimizer state offloaded to the CPU takes the same step (torch AdamW on
     this CPU-only machine; DeepSpeed's CPU Adam on GPU)."""
@@ -112,6 +114,7 @@ def test_gradient_checkpointing_recomputes_the_decoder_layers() -> None:
         assert len(calls) == expected * len(batch.micro_batches)
 
 
+@pytest.mark.process
 def test_zero3_step_with_checkpointing_and_chunks_equals_the_plain_step() -> None:
     """DeepSpeed ZeRO-3 gathers parameters per module, also in checkpointing's recomputation and in
     the chunked head's backward: the step must equal ZeRO-3 with neither."""

@@ -10,9 +10,10 @@ import statistics
 import pytest
 from pydantic import ValidationError
 
-from stream_dapo.config import ConfigError, DataConfig, SyntheticTaskConfig, load_config
+from stream_dapo.config import DataConfig, SyntheticTaskConfig, load_config
 from stream_dapo.data.longcot import LABELS, MAX_VALUE, ChainProblem, draw_slips, sample_chain, work_chain
 from stream_dapo.data.synthetic import ensure_synthetic_data, generate_split, synthetic_task_key
+from stream_dapo.errors import ConfigError
 from stream_dapo.verifier import verify
 
 CHAIN = SyntheticTaskConfig(kind="chain", min_ops=5, max_ops=26, num_train=300, num_eval=50)

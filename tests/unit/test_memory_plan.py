@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from stream_dapo.cli import main
-from stream_dapo.memory_plan import (
+from stream_dapo.tools.memory_plan import (
     GIB,
     KNOWN_SHAPES,
     MemoryPlanError,

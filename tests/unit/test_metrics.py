@@ -6,7 +6,7 @@ from __future__ import annotations
 def test_observe_many_adds_what_as_many_single_observations_add() -> None:
     from prometheus_client import CollectorRegistry, Histogram
 
-    from stream_dapo.metrics import observe_many, registry_samples
+    from stream_dapo.runtime.metrics import observe_many, registry_samples
 
     one, bulk = CollectorRegistry(), CollectorRegistry()
     h1 = Histogram("stale", "x", buckets=(0, 1, 2, 4), registry=one)
@@ -29,7 +29,7 @@ def test_learner_off_policy_gauges_show_the_masked_share_and_the_sequence_ratio_
 
     from prometheus_client import CollectorRegistry
 
-    from stream_dapo.metrics import LearnerMetrics
+    from stream_dapo.runtime.metrics import LearnerMetrics
 
     registry = CollectorRegistry()
     mx = LearnerMetrics(registry)

@@ -1,4 +1,4 @@
-"""docs/metrics.md is generated from stream_dapo/metrics.py and must not drift from it."""
+"""docs/metrics.md is generated from stream_dapo/runtime/metrics.py and must not drift from it."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from stream_dapo.metrics import BufferMetrics, GeneratorMetrics, LearnerMetrics
-from stream_dapo.metrics_docs import collect_metrics, render, series_names
+from stream_dapo.runtime.metrics import BufferMetrics, GeneratorMetrics, LearnerMetrics
+from stream_dapo.tools.metrics_docs import collect_metrics, render, series_names
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
 def test_committed_reference_matches_the_metric_classes() -> None:
     assert DOCS.read_text() == render(), (
-        "docs/metrics.md is stale: regenerate it with `python -m stream_dapo.metrics_docs > docs/metrics.md`"
+        "docs/metrics.md is stale: regenerate it with `python -m stream_dapo.tools.metrics_docs > docs/metrics.md`"
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from stream_dapo.metrics import start_metrics
+from stream_dapo.runtime.metrics import start_metrics
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:

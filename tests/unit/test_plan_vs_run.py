@@ -9,7 +9,7 @@ import pytest
 
 from bench.engine_scaling import fit_exponent
 from bench.plan_vs_run import _variant
-from stream_dapo.planner import ENGINE_SCALING
+from stream_dapo.tools.plan import ENGINE_SCALING
 
 
 def test_fit_exponent_recovers_a_power_law() -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from stream_dapo.cli import main
 from stream_dapo.config import load_config
-from stream_dapo.planner import (
+from stream_dapo.tools.plan import (
     ENGINE_SCALING,
     PlanError,
     Rates,

@@ -18,7 +18,8 @@ from stream_dapo.buffer.replay import (
     MemoryLog,
     ReplayBuffer,
 )
-from stream_dapo.config import AlgoConfig, Config, ConfigError, load_config
+from stream_dapo.config import AlgoConfig, Config, load_config
+from stream_dapo.errors import ConfigError
 from stream_dapo.transport.codec import encode, wire_bytes
 from stream_dapo.transport.messages import Batch, Group, Sample
 from tests.helpers import admission_policy

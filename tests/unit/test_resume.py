@@ -1,9 +1,9 @@
-"""What a resume may change (`stream_dapo/resume.py`), on hand-made configuration trees."""
+"""What a resume may change (`stream_dapo/learner/resume.py`), on hand-made configuration trees."""
 
 from __future__ import annotations
 
 from stream_dapo.config import load_config
-from stream_dapo.resume import FIXED_ON_RESUME, Change, config_changes, refusal, split_changes
+from stream_dapo.learner.resume import FIXED_ON_RESUME, Change, config_changes, refusal, split_changes
 
 
 def test_changes_are_listed_by_dotted_key_and_split_into_applied_and_refused() -> None:

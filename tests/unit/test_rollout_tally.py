@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stream_dapo.buffer.rollout_tally import RolloutTally
-from stream_dapo.tracking import rollout_window, tracked_scalars
+from stream_dapo.runtime.tracking import rollout_window, tracked_scalars
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import CodecError, decode, encode, pack_value
 from stream_dapo.transport.messages import ROLLOUT_FIELDS, SchemaError

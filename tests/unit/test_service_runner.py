@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from stream_dapo import service_runner
 from stream_dapo.buffer.journal import JournalDiskFullError, JournalError
-from stream_dapo.config import Config, ConfigError, load_config
-from stream_dapo.exit_codes import ExitCode
-from stream_dapo.service_runner import exit_code_for, run_service
+from stream_dapo.config import Config, load_config
+from stream_dapo.errors import ConfigError
+from stream_dapo.runtime import service_runner
+from stream_dapo.runtime.exit_codes import ExitCode
+from stream_dapo.runtime.service_runner import exit_code_for, run_service
 from stream_dapo.transport.sockets import PeerUnavailable, TransportError
 
 
@@ -88,7 +89,7 @@ def test_serve_returns_the_exit_code(cfg: Config) -> None:
 
 
 def test_release_runs_the_steps_in_order_and_skips_what_was_never_opened() -> None:
-    from stream_dapo.service_runner import release
+    from stream_dapo.runtime.service_runner import release
 
     done: list[str] = []
     never_opened = None

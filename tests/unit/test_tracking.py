@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from stream_dapo.config import ConfigError, load_config
-from stream_dapo.tracking import JsonlBackend, Tracker, staleness_quantiles, tracked_scalars
+from stream_dapo.config import load_config
+from stream_dapo.errors import ConfigError
+from stream_dapo.runtime.tracking import JsonlBackend, Tracker, staleness_quantiles, tracked_scalars
 
 
 @pytest.fixture
@@ -160,6 +161,7 @@ def test_tracking_config_refuses_a_backend_listed_twice_and_an_unknown_one() -> 
         load_config(overrides=['tracking.backends=["mlflow"]'], environ={})
 
 
+@pytest.mark.process
 def test_real_wandb_with_a_bad_api_key_is_reported_once_and_training_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, fresh_wandb
 ) -> None:
@@ -176,6 +178,7 @@ def test_real_wandb_with_a_bad_api_key_is_reported_once_and_training_goes_on(
     assert len((tmp_path / "run" / "learner" / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.process
 def test_real_wandb_offline_takes_the_config_and_lets_its_own_variables_win(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_wandb
 ) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stream_dapo.config import ConfigError, VerifierConfig, load_config
+from stream_dapo.config import VerifierConfig, load_config
+from stream_dapo.errors import ConfigError
 from stream_dapo.verifier import REASONS, VerifierPool, VerifyResult, verify
 from stream_dapo.verifier.backends import MATH_VERIFY_INSTALL, backend_problem
 
@@ -99,6 +100,7 @@ def test_math_verify_backend_keeps_the_extraction_and_size_contract() -> None:
     )
 
 
+@pytest.mark.process
 @needs_math_verify
 @pytest.mark.timeout(120)
 def test_math_verify_backend_through_the_pool_times_out_and_counts(tmp_path: Path) -> None:
@@ -121,6 +123,7 @@ def test_math_verify_backend_through_the_pool_times_out_and_counts(tmp_path: Pat
     assert counters == expected
 
 
+@pytest.mark.process
 def test_pool_from_config_uses_every_key() -> None:
     cfg = VerifierConfig(workers=1, timeout_s=2.0, pattern=r"####\s*(\d+)", max_input_chars=100)
     with VerifierPool.from_config(cfg) as pool:
@@ -128,6 +131,7 @@ def test_pool_from_config_uses_every_key() -> None:
     assert [r.reason for r in results] == ["exact", "too_long"]
 
 
+@pytest.mark.process
 @needs_math_verify
 def test_the_generator_scores_with_the_configured_backend() -> None:
     """verifier.backend reaches the pool a generator scores its rollouts with."""

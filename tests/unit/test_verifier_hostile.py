@@ -127,6 +127,7 @@ def test_hostile_responses_with_raised_input_limit(in_tmp_cwd: Path) -> None:
     assert not (in_tmp_cwd / "PWNED").exists()
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_hostile_responses_through_the_pool(in_tmp_cwd: Path) -> None:
     items = [(response, "1") for response in HOSTILE_RESPONSES] + [("Answer: 1", "1")]

@@ -25,6 +25,7 @@ def hooks_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_results_match_in_process_verify_and_keep_order() -> None:
     items = [(f"step {i}\nAnswer: {i % 7}", str(i % 5)) for i in range(200)]
@@ -38,6 +39,7 @@ def test_results_match_in_process_verify_and_keep_order() -> None:
     assert counters == _zero_counters(exact=30, mismatch=170, symbolic=1, no_answer=1, too_long=1)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_hanging_check_times_out_and_the_rest_of_the_chunk_is_verified(hooks_on: None) -> None:
     items = [
@@ -59,6 +61,7 @@ def test_hanging_check_times_out_and_the_rest_of_the_chunk_is_verified(hooks_on:
         assert pool.counters == _zero_counters(exact=4, numeric=1, mismatch=1, timeout=1)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_slow_simplify_on_valid_algebra_times_out() -> None:
     """No hook: this pair passes every parser guard and the numeric pre-check, then sympy's simplify
@@ -73,6 +76,7 @@ def test_slow_simplify_on_valid_algebra_times_out() -> None:
         assert pool.counters == _zero_counters(exact=2, timeout=1, symbolic=1)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_sympy_import_does_not_count_against_the_first_symbolic_check(hooks_on: None) -> None:
     """The worker stops the clock during its one-time sympy import. The hook makes that import take
@@ -84,6 +88,7 @@ def test_sympy_import_does_not_count_against_the_first_symbolic_check(hooks_on: 
         assert [r.reason for r in results] == ["symbolic", "symbolic"]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_crashing_check_is_counted_and_the_batch_carries_on(hooks_on: None) -> None:
     items = [
@@ -105,6 +110,7 @@ def test_crashing_check_is_counted_and_the_batch_carries_on(hooks_on: None) -> N
         assert pool.counters == _zero_counters(exact=3, worker_crashed=2)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_hang_and_crash_with_several_workers(hooks_on: None) -> None:
     items = [(f"Answer: {i}", str(i)) for i in range(40)]
@@ -119,6 +125,7 @@ def test_hang_and_crash_with_several_workers(hooks_on: None) -> None:
     assert counters == _zero_counters(exact=38, timeout=1, worker_crashed=1)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_hook_golds_are_ordinary_without_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TEST_HOOKS_ENV, raising=False)
@@ -128,6 +135,7 @@ def test_hook_golds_are_ordinary_without_the_environment_variable(monkeypatch: p
         assert pool.counters == _zero_counters(mismatch=2)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_worker_that_dies_while_idle_is_replaced() -> None:
     with VerifierPool(num_workers=1, timeout_s=5.0) as pool:
@@ -140,6 +148,7 @@ def test_worker_that_dies_while_idle_is_replaced() -> None:
         assert pool.counters == _zero_counters(exact=2, mismatch=1)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(60)
 def test_empty_batch_close_and_errors() -> None:
     pool = VerifierPool(num_workers=1, timeout_s=5.0, pattern=r"####\s*(\d+)")
@@ -170,6 +179,7 @@ def test_bad_pool_parameters_fail_before_starting_workers(kwargs: dict[str, obje
         VerifierPool(**kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.process
 def test_importing_the_verifier_and_checking_integers_stays_light() -> None:
     """What a worker imports at start-up, and for integer answers, must not include sympy or torch."""
     code = (

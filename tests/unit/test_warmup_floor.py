@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from stream_dapo.config import ConfigError, load_config
+from stream_dapo.config import load_config
+from stream_dapo.errors import ConfigError
 from stream_dapo.model import tiny, warmup
 
 

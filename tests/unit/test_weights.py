@@ -109,7 +109,7 @@ def test_pruned_version_is_reported_gone_and_bad_requests_do_not_stop_the_server
 def test_refused_requests_are_counted_by_reason_in_the_learners_metrics() -> None:
     from prometheus_client import CollectorRegistry
 
-    from stream_dapo.metrics import LearnerMetrics
+    from stream_dapo.runtime.metrics import LearnerMetrics
 
     registry = CollectorRegistry()
     metrics = LearnerMetrics(registry)

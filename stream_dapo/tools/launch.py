@@ -3,7 +3,7 @@
 The launcher is a supervisor, not a trainer: it prepares the run directory and the model, starts
 each service as a child process (the same commands systemd or Kubernetes would run), shows a live
 view scraped from their /metrics endpoints, and, when the learner finishes, stops the rest and
-writes `summary.json` and the run's `report.md` with its plots (`stream_dapo.report`). Every child
+writes `summary.json` and the run's `report.md` with its plots (`stream_dapo.tools.report`). Every child
 runs in its own session so that a stop (or Ctrl-C) takes its whole process tree — vLLM's engine processes included — with it: no orphans.
 """
 
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from stream_dapo.config import Config, config_to_toml
-from stream_dapo.exit_codes import ExitCode
-from stream_dapo.metrics import (
+from stream_dapo.runtime.exit_codes import ExitCode
+from stream_dapo.runtime.metrics import (
     FINAL_METRICS_DIR,
     BufferMetrics,
     GeneratorMetrics,
@@ -36,11 +36,12 @@ from stream_dapo.metrics import (
     sample_key,
     sample_name,
 )
-from stream_dapo.ports import PORTS_DIR, ServiceExited, read_bound_ports, wait_bound_ports
+from stream_dapo.runtime.ports import PORTS_DIR, ServiceExited, read_bound_ports, wait_bound_ports
 
-log = logging.getLogger("stream_dapo.launcher")
+log = logging.getLogger("stream_dapo.tools.launch")
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-cpu.toml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "recipes" / "tiny-cpu.toml"
+"""The embedded default recipe (package data; configs/tiny-cpu.toml links to it)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +74,7 @@ class Supervisor:
     def start(
         self, name: str, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int] = ()
     ) -> Child:
-        """`pass_fds`: listening sockets the child inherits (`stream_dapo/ports.py`)."""
+        """`pass_fds`: listening sockets the child inherits (`stream_dapo/runtime/ports.py`)."""
         log_path = self.run_dir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(log_path, "ab")  # noqa: SIM115 (closed in stop_all)
@@ -189,7 +190,7 @@ class Endpoints:
 
     @classmethod
     def from_ports(cls, cfg: Config, ports: Mapping[str, Mapping[str, int]]) -> Endpoints:
-        """The /metrics URLs of the ports the services reported (`stream_dapo/ports.py`), by service
+        """The /metrics URLs of the ports the services reported (`stream_dapo/runtime/ports.py`), by service
         name ("buffer", "learner", "generator-<i>"); a service not (yet) reported gets ""."""
         base = f"http://{cfg.metrics.host}:"
 
@@ -587,7 +588,7 @@ def learner_log_stats(run_dir: Path) -> dict[str, Any]:
 
 def start_services(sup: Supervisor, cfg: Config, config_path: Path) -> dict[str, dict[str, int]]:
     """Start the buffer, the learner and the generators. A service whose peers connect to a port it
-    binds as 0 (any free port) is waited for until it reports what it bound (`stream_dapo/ports.py`),
+    binds as 0 (any free port) is waited for until it reports what it bound (`stream_dapo/runtime/ports.py`),
     and the ports are passed on with --set, so a port set to 0 works like a fixed one. Returns the
     ports waited for, by service name; the rest are read while the run goes (`reported_ports`)."""
     bound: dict[str, dict[str, int]] = {}
@@ -773,7 +774,7 @@ def run(args: argparse.Namespace) -> int:
     summary["wall_seconds"] = round(time.monotonic() - t0, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
-    from stream_dapo.report import write_run_report
+    from stream_dapo.tools.report import write_run_report
 
     write_run_report(run_dir)  # report.md + report/*.png; never fails the run
     return code

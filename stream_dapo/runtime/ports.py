@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from stream_dapo.config import ConfigError
-from stream_dapo.disk import write_text_atomic
+from stream_dapo.errors import ConfigError
+from stream_dapo.runtime.disk import write_text_atomic
 
 __all__ = [
     "LISTEN_FDS_ENV",

@@ -39,7 +39,7 @@ __all__ = [
     "tracking_run_name",
 ]
 
-log = logging.getLogger("stream_dapo.tracking")
+log = logging.getLogger("stream_dapo.runtime.tracking")
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "train": (
@@ -206,7 +206,7 @@ class JsonlBackend:
         self.path = self.dir / "metrics.jsonl"
 
     def log_config(self, cfg: Config) -> None:
-        from stream_dapo.disk import write_text_atomic
+        from stream_dapo.runtime.disk import write_text_atomic
 
         write_text_atomic(self.dir / "config.json", json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
 

@@ -55,9 +55,9 @@ from typing import IO, Any
 
 from stream_dapo.config import Config, SftConfig, config_to_toml, load_config
 from stream_dapo.core.presets import PAPER_AIME, PRESETS, preset_overrides
-from stream_dapo.exit_codes import ExitCode
+from stream_dapo.runtime.exit_codes import ExitCode
 
-log = logging.getLogger("stream_dapo.ablation")
+log = logging.getLogger("stream_dapo.tools.ablate")
 
 __all__ = [
     "CURVE_METRICS",
@@ -752,7 +752,7 @@ def freeze_base_config(plan: Plan) -> None:
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
-    from stream_dapo.launcher import DEFAULT_CONFIG
+    from stream_dapo.tools.launch import DEFAULT_CONFIG
 
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
     unknown = [p for p in presets if p not in PRESETS]
@@ -814,7 +814,7 @@ def eval_fingerprint(cfg: Config, model_key: str | None) -> str:
 
 def evaluate_before(plan: Plan) -> dict[str, Any]:
     """Evaluate the starting policy once (every preset starts from it); reuse a matching result."""
-    from stream_dapo.launcher import evaluate_subprocess, prepare_model
+    from stream_dapo.tools.launch import evaluate_subprocess, prepare_model
 
     run_dir = plan.out / "eval-before"
     cfg, _ = plan.child_config(f"run.out_dir={_toml_value(str(run_dir))}")
@@ -882,7 +882,7 @@ def run_child(argv: Sequence[str], log_file: IO[str]) -> tuple[int, int | None]:
 
 def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
     """Train one cell with `stream-dapo run`, then evaluate its final policy; reuse a finished one."""
-    from stream_dapo.launcher import evaluate_subprocess
+    from stream_dapo.tools.launch import evaluate_subprocess
 
     cfg, sets = plan.cell_config(preset, seed)
     cell_dir = plan.cell_dir(preset, seed)

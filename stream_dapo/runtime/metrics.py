@@ -32,8 +32,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from stream_dapo.config import ConfigError
-from stream_dapo.disk import write_text_atomic
+from stream_dapo.errors import ConfigError
+from stream_dapo.runtime.disk import write_text_atomic
 
 LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -412,7 +412,7 @@ class MetricsServer:
         fd: int | None = None,
     ):
         """Binds host:port (0: any free port, see `port`), or adopts `fd`, a listening socket a
-        supervisor handed over (`stream_dapo/ports.py`; the fd stays the caller's)."""
+        supervisor handed over (`stream_dapo/runtime/ports.py`; the fd stays the caller's)."""
         self.registry = registry
         self.health = health
         handler = _make_handler(registry, health.status)
@@ -568,7 +568,7 @@ def start_metrics(
 
     With `setting` (the config key of the port, e.g. "metrics.buffer_port"), a port that cannot be
     bound raises ConfigError naming that key, as every service reports it at start-up."""
-    from stream_dapo.ports import inherited_fd
+    from stream_dapo.runtime.ports import inherited_fd
 
     registry = CollectorRegistry() if registry is None else registry
     health = Health(stall_after_s=stall_after_s) if health is None else health

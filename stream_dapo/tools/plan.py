@@ -3,7 +3,7 @@
     stream-dapo plan --config configs/dapo-qwen2.5-32b.toml --gen-tps 6000 --learn-tps 15000
     stream-dapo plan --memory --config configs/dapo-qwen2.5-32b.toml --gpus 16 --gpu-gib 80
 
-(``--memory``: the learner's per-GPU memory instead, `stream_dapo.memory_plan`.)
+(``--memory``: the learner's per-GPU memory instead, `stream_dapo.tools.memory_plan`.)
     stream-dapo plan --config my.toml --from-prometheus http://prometheus:9090 --window 30m
 
 A steady-state fluid model of the asynchronous pipeline: averages only, no queueing variance, so
@@ -66,7 +66,7 @@ from typing import Any, Literal
 
 from stream_dapo.config import Config
 from stream_dapo.core.admission import AdmissionRule
-from stream_dapo.metrics import GeneratorMetrics, LearnerMetrics, catalogue, sample_name
+from stream_dapo.runtime.metrics import GeneratorMetrics, LearnerMetrics, catalogue, sample_name
 
 __all__ = [
     "DEFAULT_KEEP_FRACTION",
@@ -725,7 +725,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    from stream_dapo import memory_plan
+    from stream_dapo.tools import memory_plan
 
     memory_plan.add_arguments(parser)
 
@@ -907,7 +907,7 @@ def plan_to_json(p: Plan, sources: dict[str, str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "memory", False):
-        from stream_dapo import memory_plan
+        from stream_dapo.tools import memory_plan
 
         return memory_plan.run(args)
     cfg: Config = args.cfg

@@ -1,35 +1,18 @@
-"""Typed, layered configuration for every stream-dapo service.
-
-Layers, later ones win:
-
-1. the defaults written below (they are the embedded tiny CPU default);
-2. TOML files, in the order given (``--config a.toml --config b.toml``);
-3. environment variables ``STREAM_DAPO__SECTION__KEY=value`` (for systemd ``EnvironmentFile``
-   and Kubernetes ``env``), nested sections joined with ``__``;
-4. dotted overrides ``--set section.key=value``.
-
-Values from the environment and ``--set`` are parsed as TOML values (``3``, ``0.28``, ``true``,
-``"text"``, ``[1, 2]``); anything that is not valid TOML is taken as a plain string.
-
-Every field is documented once, by the docstring under it (pydantic turns those docstrings into
-field descriptions, which ``stream-dapo config docs`` renders). Unknown keys are errors that name
-the nearest valid key.
-"""
+"""The configuration schema: one pydantic model per section, every field documented by the docstring
+under it, cross-field checks in the `Config` validators, and `from_section` for parameter objects
+built from a section."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import hashlib
 import json
-import logging
-import os
 import re
-import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stream_dapo.core.loss_params import (
     AggMode,
@@ -45,13 +28,6 @@ from stream_dapo.core.rewards import RewardShaping
 if TYPE_CHECKING:  # imported where used: stream_dapo.core's package imports torch
     from stream_dapo.core.admission import AdmissionRule
     from stream_dapo.core.sampling import SamplingPolicy
-
-ENV_PREFIX = "STREAM_DAPO__"
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with a message that says how to fix it."""
-
 
 _Params = TypeVar("_Params")
 
@@ -169,6 +145,18 @@ class GsmSymbolicConfig(_Section):
     dir: str = "runs/data"
     """Cache folder; files land in `<dir>/gsm-symbolic-<language>-<key of these settings>/`."""
 
+    FORMAT_VERSION: ClassVar[int] = 1
+    """Bumped when the files' content changes for the same settings (a new cache key)."""
+
+    def cache_key(self) -> str:
+        """Hash of every setting that determines the files (and the format version)."""
+        payload = {"cfg": self.model_dump(mode="json", exclude={"dir"}), "format": self.FORMAT_VERSION}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def folder(self) -> Path:
+        """The cache folder of these settings: ``<dir>/gsm-symbolic-<language>-<key>``."""
+        return Path(self.dir) / f"gsm-symbolic-{self.language}-{self.cache_key()}"
+
 
 class DataConfig(_Section):
     train_path: str | None = None
@@ -190,10 +178,8 @@ class DataConfig(_Section):
     def _gsm_symbolic_paths(cls, data: Any) -> Any:
         if not isinstance(data, dict) or data.get("gsm_symbolic") is None:
             return data
-        from stream_dapo.data.gsm_symbolic import gsm_symbolic_folder
-
         source = data["gsm_symbolic"]
-        folder = gsm_symbolic_folder(source if isinstance(source, GsmSymbolicConfig) else GsmSymbolicConfig(**source))
+        folder = (source if isinstance(source, GsmSymbolicConfig) else GsmSymbolicConfig(**source)).folder()
         data = dict(data)
         data.setdefault("train_path", str(folder / "train.jsonl"))
         data.setdefault("eval_path", str(folder / "eval.jsonl"))
@@ -509,7 +495,7 @@ class TransportConfig(_Section):
     """Address generators connect to for the learner's weights (default: host)."""
     samples_port: int = Field(5555, ge=0, le=65535)
     """Buffer's port for generators (groups, credits, acks). 0: the buffer binds any free port and
-    reports it in run.out_dir/ports/buffer.json and /healthz (`stream_dapo/ports.py`); a generator must
+    reports it in run.out_dir/ports/buffer.json and /healthz (`stream_dapo/runtime/ports.py`); a generator must
     then be given the bound port (`stream-dapo run` passes it on)."""
     batches_port: int = Field(5556, ge=0, le=65535)
     """Buffer's port for the learner (batches, commits); 0 as for samples_port."""
@@ -795,202 +781,3 @@ class Config(_Section):
             sync_every=self.learner.sync_every,
             lockstep=self.run.mode == "sync",
         )
-
-
-# --------------------------------------------------------------------------------------------------
-# Loading
-# --------------------------------------------------------------------------------------------------
-
-
-def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    keys: list[str] = []
-    for name, field in model.model_fields.items():
-        dotted = f"{prefix}{name}"
-        keys.append(dotted)
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys.extend(_valid_keys(ann, dotted + "."))
-    return keys
-
-
-def _nearest(key: str) -> str:
-    keys = _valid_keys(Config)
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
-    if not close:
-        leaf = key.rsplit(".", 1)[-1]
-        close = [k for k in keys if k.rsplit(".", 1)[-1] == leaf] or difflib.get_close_matches(
-            leaf, [k.rsplit(".", 1)[-1] for k in keys], n=1, cutoff=0.6
-        )
-        close = [k for k in keys if k.rsplit(".", 1)[-1] in close]
-    return f"; did you mean '{close[0]}'?" if close else ""
-
-
-def _parse_value(text: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
-    parts = [p for p in dotted.split(".") if p]
-    if not parts:
-        raise ConfigError(f"{source}: empty key; write section.key=value")
-    node = tree
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"{source}: '{dotted}' goes through '{part}', which is a value, not a table")
-        node = child
-    node[parts[-1]] = value
-
-
-def _deep_merge(base: dict[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
-    for key, value in other.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            _deep_merge(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for name, raw in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX):
-            continue
-        dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
-        _set_dotted(tree, dotted, _parse_value(raw), f"environment variable {name}")
-    return tree
-
-
-def _apply_preset(tree: dict[str, Any]) -> dict[str, Any]:
-    """Expand algo.preset into its keys, under anything set explicitly."""
-    preset = tree.get("algo", {}).get("preset")
-    if preset is None:
-        return tree
-    from stream_dapo.core.presets import preset_overrides
-
-    try:
-        overrides = preset_overrides(preset)
-    except ValueError as exc:
-        raise ConfigError(f"algo.preset: {exc}") from None
-    expanded: dict[str, Any] = {}
-    for dotted, value in overrides.items():
-        _set_dotted(expanded, dotted, value, f"preset {preset}")
-    algo = tree.get("algo", {})
-    shadowed = [
-        f"{dotted} = {algo[key]!r} (preset: {value!r})"
-        for dotted, value in overrides.items()
-        if (key := dotted.split(".", 1)[1]) in algo and algo[key] != value
-    ]
-    if shadowed:
-        logging.getLogger(__name__).warning(
-            "algo.preset = %r does not set keys given explicitly (config file, environment or --set): %s. "
-            "Remove them from the config, or pass the preset's values with --set, to run the preset as "
-            "the paper's Table 1 row",
-            preset,
-            "; ".join(shadowed),
-        )
-    return _deep_merge(expanded, tree)
-
-
-def _format_validation_error(exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
-            value = err.get("input")
-            # A misspelt table: suggest the full key of its first entry, e.g. generator.temperature.
-            probe = f"{loc}.{next(iter(value))}" if isinstance(value, dict) and value else loc
-            lines.append(f"unknown key '{loc}'{_nearest(probe)}")
-        else:
-            where = f"{loc}: " if loc else ""
-            msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{where}{msg} (got {err.get('input')!r})" if loc else msg)
-    return "invalid configuration:\n  " + "\n  ".join(lines)
-
-
-def load_config(
-    files: Sequence[str | Path] = (),
-    overrides: Iterable[str] = (),
-    environ: Mapping[str, str] | None = None,
-) -> Config:
-    """Resolve the configuration: defaults <- TOML files <- environment <- ``--set`` overrides."""
-    tree: dict[str, Any] = {}
-    for file in files:
-        path = Path(file)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} not found; pass an existing TOML file to --config")
-        try:
-            _deep_merge(tree, tomllib.loads(path.read_text()))
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    _deep_merge(tree, _env_overrides(os.environ if environ is None else environ))
-    set_tree: dict[str, Any] = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set algo.eps_high=0.28")
-        _set_dotted(set_tree, key.strip(), _parse_value(raw.strip()), f"--set {item}")
-    _deep_merge(tree, set_tree)
-    tree = _apply_preset(tree)
-    try:
-        return Config.model_validate(tree)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc)) from None
-
-
-def config_to_toml(cfg: Config) -> str:
-    """Render a resolved config as TOML (None values are omitted: TOML has no null)."""
-    data = cfg.model_dump(mode="json")
-    out: list[str] = []
-
-    def emit(table: Mapping[str, Any], name: str) -> None:
-        scalars = {k: v for k, v in table.items() if not isinstance(v, Mapping) and v is not None}
-        if name:
-            out.append(f"\n[{name}]")
-        for key, value in scalars.items():
-            out.append(f"{key} = {json.dumps(value)}")
-        for key, value in table.items():
-            if isinstance(value, Mapping):
-                emit(value, f"{name}.{key}" if name else key)
-
-    emit(data, "")
-    return "\n".join(out).lstrip("\n") + "\n"
-
-
-def config_docs() -> str:
-    """Markdown reference of every key, generated from the field docstrings."""
-    lines = ["# Configuration reference", "", "Generated by `stream-dapo config docs`.", ""]
-
-    def walk(model: type[BaseModel], prefix: str) -> None:
-        rows = []
-        subs = []
-        for name, field in model.model_fields.items():
-            ann = field.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                subs.append((f"{prefix}{name}", ann))
-                continue
-            default = field.get_default(call_default_factory=True)
-            desc = " ".join((field.description or "").split())
-            rows.append(f"| `{prefix}{name}` | `{json.dumps(default, default=str)}` | {desc} |")
-        if rows:
-            lines.extend([f"## `[{prefix.rstrip('.')}]`", "", "| key | default | meaning |", "|---|---|---|"])
-            lines.extend(rows)
-            lines.append("")
-        for sub_prefix, sub in subs:
-            walk(sub, sub_prefix + ".")
-
-    walk(Config, "")
-    return "\n".join(lines)

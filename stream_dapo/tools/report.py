@@ -2,7 +2,7 @@
 
 Reads what a run directory already holds, nothing else:
 
-- ``learner/metrics.jsonl``: one row per optimizer step (the learner's tracking, `stream_dapo.tracking`),
+- ``learner/metrics.jsonl``: one row per optimizer step (the learner's tracking, `stream_dapo.runtime.tracking`),
   the x axis of every curve: reward, accuracy, entropy, length, truncation, staleness, clip
   fractions, importance weights, learner tokens/s, weight publish seconds;
 - ``metrics.jsonl``: the launcher's scrape of every service every few seconds, for what only the
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stream_dapo.config import ConfigError
-from stream_dapo.tracking import staleness_quantiles
+from stream_dapo.errors import ConfigError
+from stream_dapo.runtime.tracking import staleness_quantiles
 
-log = logging.getLogger("stream_dapo.report")
+log = logging.getLogger("stream_dapo.tools.report")
 
 REPORT_NAME = "report.md"
 PLOTS_DIR = "report"
