@@ -70,7 +70,8 @@ from stream_dapo.runtime.metrics import (  # noqa: E402
     sample_name,
 )
 from stream_dapo.runtime.ports import endpoint_port, read_bound_ports, zmq_bind_address  # noqa: E402
-from stream_dapo.tools.launch import metric_sum, scrape, tail  # noqa: E402
+from stream_dapo.tools.launch import tail  # noqa: E402
+from stream_dapo.tools.prometheus import metric_sum, scrape  # noqa: E402
 from stream_dapo.transport import messages as m  # noqa: E402
 from stream_dapo.transport.codec import SCHEMA_VERSION, CodecError, Message, decode, encode, pack_value  # noqa: E402
 from stream_dapo.transport.messages import Group, Sample  # noqa: E402

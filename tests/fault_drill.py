@@ -36,7 +36,8 @@ from typing import Any
 
 from stream_dapo.config import Config, config_to_toml, load_config
 from stream_dapo.runtime.ports import read_bound_ports
-from stream_dapo.tools.launch import Child, Supervisor, child_env, metric_sum, scrape, service_argv, tail
+from stream_dapo.tools.launch import Child, Supervisor, child_env, service_argv, tail
+from stream_dapo.tools.prometheus import metric_sum, scrape
 from tests.helpers import HeldPorts, tiny_overrides
 
 GENERATOR_PAUSE_S = 2.0

@@ -39,9 +39,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "eval": ("stream_dapo.tools.evaluate", "avg@k / pass@k of a model on an eval set with vLLM"),
     "keys": ("stream_dapo.cli.keys", "generate CurveZMQ key pairs for authenticated sockets"),
-    "ablate": ("stream_dapo.tools.ablate", "run the paper's Table 1 preset ladder over seeds; table and plots"),
+    "ablate": ("stream_dapo.cli.ablate", "run the paper's Table 1 preset ladder over seeds; table and plots"),
     "plan": (
-        "stream_dapo.tools.plan",
+        "stream_dapo.cli.plan",
         "size generator replicas against the learner; --memory: the learner's memory per GPU",
     ),
     "report": ("stream_dapo.tools.report", "report.md with plots of one run, or several overlaid"),

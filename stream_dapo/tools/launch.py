@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +32,10 @@ from stream_dapo.runtime.metrics import (
     GeneratorMetrics,
     LearnerMetrics,
     catalogue,
-    sample_key,
     sample_name,
 )
 from stream_dapo.runtime.ports import PORTS_DIR, ServiceExited, read_bound_ports, wait_bound_ports
+from stream_dapo.tools.prometheus import histogram_quantile, metric_sum, scrape
 
 log = logging.getLogger("stream_dapo.tools.launch")
 
@@ -133,53 +132,6 @@ def tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
-
-
-# --------------------------------------------------------------------------------------------------
-# Metrics scraping
-# --------------------------------------------------------------------------------------------------
-
-
-def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float]:
-    """Prometheus text -> {'name{label="v"}': value}; empty when the service is not up."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample_key(sample.name, sample.labels)] = float(sample.value)
-    return out
-
-
-def metric_sum(samples: Mapping[str, float], name: str, **labels: str) -> float:
-    """Sum a metric over label sets (optionally only those matching `labels`)."""
-    total = 0.0
-    for key, value in samples.items():
-        base, _, rest = key.partition("{")
-        if base != name:
-            continue
-        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total += value
-    return total
-
-
-def histogram_quantile(samples: Mapping[str, float], name: str, q: float) -> float | None:
-    """Upper bound of the bucket holding quantile q (Prometheus histogram_quantile, no interpolation)."""
-    buckets = []
-    for key, value in samples.items():
-        if key.startswith(name + "_bucket{"):
-            le = key.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((float("inf") if le == "+Inf" else float(le), value))
-    buckets.sort()
-    if not buckets or buckets[-1][1] == 0:
-        return None
-    target = q * buckets[-1][1]
-    return next(le for le, count in buckets if count >= target)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from stream_dapo.cli import ablate as ablate_cli
 from stream_dapo.config import load_config
 from stream_dapo.tools import ablate as ablation
 from stream_dapo.tools.ablate import (
@@ -115,7 +116,7 @@ def test_children_read_a_snapshot_of_the_resolved_base_config(tmp_path: Path) ->
         out=str(tmp_path),
         target_delta=0.05,
     )
-    plan = ablation.make_plan(args)
+    plan = ablate_cli.make_plan(args)
     before, _ = plan.cell_config("dapo", 0)
     ablation.freeze_base_config(plan)
     assert plan.run_files == [str(tmp_path / "base-config.toml")]
@@ -176,15 +177,15 @@ def test_a_finished_cell_is_reused_without_running_anything(
         out=str(tmp_path),
         target_delta=0.05,
     )
-    plan = ablation.make_plan(args)
-    monkeypatch.setattr(ablation, "model_key", lambda cfg: "m1")
+    plan = ablate_cli.make_plan(args)
+    monkeypatch.setattr(ablation.cells, "model_key", lambda cfg: "m1")
     cfg, _ = plan.cell_config("dapo", 0)
     _finish_cell(plan.cell_dir("dapo", 0), config_fingerprint(cfg, "m1"))
 
     def no_child(*a: object, **k: object) -> None:
         raise AssertionError("a finished cell must not be run again")
 
-    monkeypatch.setattr(ablation.subprocess, "run", no_child)
+    monkeypatch.setattr(ablation.cells.subprocess, "run", no_child)
     cell = ablation.run_cell(plan, "dapo", 0)
     assert cell.status == "reused" and cell.eval_after == {"avg_at_k": 0.5, "k": 4}
     assert cell.wall_seconds == 9.0
@@ -200,11 +201,11 @@ def test_plan_orders_presets_as_the_table_and_rejects_unknown_ones(tmp_path: Pat
         out=str(tmp_path),
         target_delta=0.05,
     )
-    plan = ablation.make_plan(args)
+    plan = ablate_cli.make_plan(args)
     assert plan.presets == ["naive-grpo", "dapo"] and plan.seeds == [0, 1]
     assert plan.budget == load_config([TINY], environ={}).learner.total_steps
     with pytest.raises(SystemExit, match="unknown preset"):
-        ablation.make_plan(argparse.Namespace(**{**vars(args), "presets": "dapo,grpo"}))
+        ablate_cli.make_plan(argparse.Namespace(**{**vars(args), "presets": "dapo,grpo"}))
 
 
 # ------------------------------------------------------------------------------------ curves

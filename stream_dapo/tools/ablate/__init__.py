@@ -1,0 +1,118 @@
+"""`stream-dapo ablate`: the DAPO paper's Table 1 ladder, run at this config's scale.
+
+Every (preset, seed) cell is one `stream-dapo run` child with the same optimizer-step budget and the
+same seeds; the table reports what was measured, including where the toy scale disagrees with the
+paper's direction::
+
+    stream-dapo ablate --seeds 3 --budget 40 --out runs/ablation
+    stream-dapo ablate --presets naive-grpo,dapo --seeds 1 --set learner.lr=2e-4
+
+What a cell is:
+
+- the preset's five switches are passed as explicit ``--set`` overrides next to ``algo.preset``: a
+  preset only fills keys nobody set, and a recipe file such as tiny-cpu.toml sets all five, so
+  ``algo.preset`` alone would leave most rows running the file's DAPO switches;
+- ``generator.seed`` and ``learner.seed`` are the cell's seed. ``data.seed`` is not: it also draws
+  the synthetic task and its eval split, and every preset and seed must train on the same problems
+  and be evaluated on the same eval set (the prompt order therefore is the same for every seed);
+- equal budget means equal ``learner.total_steps`` (optimizer steps); dynamic sampling generates
+  more samples per step, so samples generated are reported next to accuracy.
+
+The config files and ``--set`` overrides are resolved once per call into ``OUT/base-config.toml``,
+which every child reads: editing a recipe file while an ablation runs does not change its cells.
+The warm model is evaluated once (``OUT/eval-before``); each cell runs without the launcher's
+evaluation and its final policy is evaluated after training (``OUT/PRESET/seed-N/eval_after.json``).
+A cell whose record (``ablation_cell.json``, written last) matches the resolved config and the
+model is skipped, so an interrupted ablation continues where it stopped. ``--report-only`` trains
+and evaluates nothing: it writes the table and plots of the cells already done (a partial ladder
+stopped between sessions) and names the missing ones.
+
+Outputs: ``OUT/ablation.md`` (the table, each step against the paper's, what a step costs in
+generated samples and how many steps and seconds the training reward takes to reach a target, and
+each curve's first and last quarter in numbers), ``OUT/ablation.json`` (every number) and
+``OUT/plots/*.png`` (one per CURVE_METRICS key per optimizer step, mean over seeds; needs the
+``bench`` extra's matplotlib).
+
+The package: `settings` (metrics, fingerprint rules), `cells` (running and recording cells),
+`stats` (spreads, curves, time to target, the rows), `render` (markdown and plots); the command is
+`stream_dapo.cli.ablate`.
+"""
+
+from __future__ import annotations
+
+from stream_dapo.tools.ablate.cells import (
+    Plan,
+    build_report,
+    cell_is_done,
+    cell_overrides,
+    config_fingerprint,
+    done_cells,
+    eval_fingerprint,
+    evaluate_before,
+    freeze_base_config,
+    load_cell,
+    model_key,
+    read_curves,
+    run_cell,
+    run_child,
+    write_report,
+)
+from stream_dapo.tools.ablate.render import direction, plot_curves, render_markdown, to_json
+from stream_dapo.tools.ablate.settings import (
+    CELL_RECORD,
+    CURVE_METRICS,
+    TARGET_METRIC,
+    TARGET_WINDOW,
+    describe_changes,
+    preset_changes,
+)
+from stream_dapo.tools.ablate.stats import (
+    SPARSE_CURVES,
+    CellResult,
+    CurvePoint,
+    Spread,
+    aggregate,
+    curve_window_means,
+    mean_curve,
+    spread,
+    time_to_target,
+    window_means,
+)
+
+__all__ = [
+    "CELL_RECORD",
+    "CURVE_METRICS",
+    "CellResult",
+    "CurvePoint",
+    "Plan",
+    "SPARSE_CURVES",
+    "Spread",
+    "TARGET_METRIC",
+    "TARGET_WINDOW",
+    "aggregate",
+    "build_report",
+    "cell_is_done",
+    "cell_overrides",
+    "config_fingerprint",
+    "curve_window_means",
+    "describe_changes",
+    "direction",
+    "done_cells",
+    "eval_fingerprint",
+    "evaluate_before",
+    "freeze_base_config",
+    "load_cell",
+    "mean_curve",
+    "model_key",
+    "plot_curves",
+    "preset_changes",
+    "read_curves",
+    "render_markdown",
+    "run_cell",
+    "run_child",
+    "spread",
+    "time_to_target",
+    "to_json",
+    "window_means",
+    "write_report",
+]

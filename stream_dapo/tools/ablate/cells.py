@@ -1,0 +1,357 @@
+"""Running the ladder's cells: one `stream-dapo run` per (preset, seed) in its own directory,
+fingerprinted so that a rerun skips what is done and never mixes settings; the report built from
+the cells."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from stream_dapo.config import Config, config_to_toml, load_config
+from stream_dapo.core.presets import preset_overrides
+from stream_dapo.tools.ablate.render import render_markdown, to_json
+from stream_dapo.tools.ablate.settings import (
+    _NEUTRAL_SETTINGS,
+    _UNCOMPARED_SECTIONS,
+    CELL_RECORD,
+    CURVE_METRICS,
+    _toml_value,
+)
+from stream_dapo.tools.ablate.stats import CellResult, aggregate
+
+log = logging.getLogger("stream_dapo.tools.ablate")
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure parts: presets, fingerprints, aggregation, curves, the table
+# --------------------------------------------------------------------------------------------------
+
+
+def cell_overrides(preset: str, seed: int, budget: int, cell_dir: Path) -> list[str]:
+    """The ``--set`` overrides that make a cell: preset switches (explicitly), seeds, budget, out_dir."""
+    sets = [f"algo.preset={_toml_value(preset)}"]
+    sets += [f"{k}={_toml_value(v)}" for k, v in preset_overrides(preset).items()]
+    sets += [
+        f"generator.seed={seed}",
+        f"learner.seed={seed}",
+        f"learner.total_steps={budget}",
+        f"run.out_dir={_toml_value(str(cell_dir))}",
+        "run.eval_before_after=false",  # the ablation evaluates: once before, each cell after
+    ]
+    return sets
+
+
+def config_fingerprint(cfg: Config, model_key: str | None) -> str:
+    """Hash of what determines a cell's result: the resolved config (less ports, metrics and
+    run.out_dir) and the identity of the starting model."""
+    data = cfg.model_dump(mode="json")
+    for section in _UNCOMPARED_SECTIONS:
+        data.pop(section, None)
+    data["run"].pop("out_dir", None)
+    for (section, key), neutral in _NEUTRAL_SETTINGS.items():
+        values = data.get(section)
+        if values is not None and values.get(key, neutral) == neutral:
+            values.pop(key, None)
+            if not values:  # a section added later, at its neutral values throughout
+                data.pop(section)
+    payload = json.dumps({"config": data, "model": model_key}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def cell_is_done(cell_dir: Path, fingerprint: str) -> bool:
+    """True when the cell finished (summary, eval, record) with this fingerprint."""
+    try:
+        record = json.loads((cell_dir / CELL_RECORD).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        record.get("fingerprint") == fingerprint
+        and (cell_dir / "summary.json").is_file()
+        and (cell_dir / "eval_after.json").is_file()
+    )
+
+
+def read_curves(metrics_jsonl: Path) -> dict[str, dict[int, float]]:
+    """CURVE_METRICS per step, and ``wall_time`` (the row's Unix time); the last row of a step wins
+    (a resumed learner rewrites its tail)."""
+    curves: dict[str, dict[int, float]] = {k: {} for k in (*CURVE_METRICS, "wall_time")}
+    if not metrics_jsonl.is_file():
+        return curves
+    for line in metrics_jsonl.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        for key, points in curves.items():
+            if isinstance(row.get(key), int | float):
+                points[int(row["version"])] = float(row[key])
+    return curves
+
+
+# --------------------------------------------------------------------------------------------------
+# Running cells
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    config_files: list[str]
+    """The --config files as given (reported in the table)."""
+    overrides: list[str]
+    """The --set overrides as given; they apply to every cell."""
+    presets: list[str]
+    seeds: list[int]
+    budget: int
+    out: Path
+    target_delta: float = 0.05
+    """Steps/seconds-to-target target: the warm model's eval avg@k plus this (see aggregate)."""
+    group_size: int | None = None
+    run_files: list[str] = field(default_factory=list)
+    """What children load: a snapshot of the resolved base config (see freeze_base_config)."""
+
+    def cell_dir(self, preset: str, seed: int) -> Path:
+        return self.out / preset / f"seed-{seed}"
+
+    def child_config(self, *sets: str) -> tuple[Config, list[str]]:
+        """The config a child with these extra overrides resolves, and all its overrides."""
+        if self.run_files:
+            return load_config(self.run_files, sets), list(sets)
+        return load_config(self.config_files, [*self.overrides, *sets]), [*self.overrides, *sets]
+
+    def cell_config(self, preset: str, seed: int) -> tuple[Config, list[str]]:
+        return self.child_config(*cell_overrides(preset, seed, self.budget, self.cell_dir(preset, seed)))
+
+    def child_argv(self, command: str, sets: Sequence[str], *extra: str) -> list[str]:
+        argv = [sys.executable, "-m", "stream_dapo.cli", command, *extra]
+        argv += [a for f in (self.run_files or self.config_files) for a in ("--config", f)]
+        return argv + [a for s in sets for a in ("--set", s)]
+
+
+def freeze_base_config(plan: Plan) -> None:
+    """Resolve the config files and overrides once and give every child that snapshot, so an edit
+    of a config file during a long ablation cannot change cells half-way. The snapshot is used only
+    when it resolves to the same config (TOML has no null: a key set to null would not survive)."""
+    base = load_config(plan.config_files, plan.overrides)
+    path = plan.out / "base-config.toml"
+    path.write_text(config_to_toml(base))
+    if load_config([path], []) == base:
+        plan.run_files = [str(path)]
+    else:
+        log.warning("%s does not reproduce the resolved config; children read the files as given", path)
+
+
+def model_key(cfg: Config) -> str | None:
+    """The starting model's identity: its build key and a digest of its weight files. The build key
+    comes from the config alone, and the same config warmed up on another machine gave other weights
+    (docs/results/longcot.md), so cells finished from one build are never mixed with another's.
+    None when model.path holds no model this package built."""
+    from stream_dapo.model.tiny import read_marker
+
+    folder = Path(cfg.model.path)
+    marker = read_marker(folder)
+    if marker is None:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return f"{marker.get('key')}/{digest.hexdigest()[:16]}"
+
+
+def eval_fingerprint(cfg: Config, model_key: str | None) -> str:
+    """Hash of what the before-training evaluation depends on: the model, the data, [eval], the
+    verifier and the response budget (not the algorithm, the learner or the budget)."""
+    payload = {
+        "model": [cfg.model.model_dump(mode="json"), model_key],
+        "data": cfg.data.model_dump(mode="json"),
+        "eval": cfg.eval.model_dump(mode="json"),
+        "verifier": cfg.verifier.model_dump(mode="json"),
+        "max_response_len": cfg.algo.max_response_len,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def evaluate_before(plan: Plan) -> dict[str, Any]:
+    """Evaluate the starting policy once (every preset starts from it); reuse a matching result."""
+    from stream_dapo.tools.launch import evaluate_subprocess, prepare_model
+
+    run_dir = plan.out / "eval-before"
+    cfg, _ = plan.child_config(f"run.out_dir={_toml_value(str(run_dir))}")
+    prepare_model(cfg)
+    fp = eval_fingerprint(cfg, model_key(cfg))
+    done = _done_before(run_dir, fp)
+    if done is not None:
+        return done
+    record = run_dir / CELL_RECORD
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(config_to_toml(cfg))
+    result = evaluate_subprocess(cfg, run_dir / "config.toml", Path(cfg.model.path), "before", run_dir)
+    record.write_text(json.dumps({"fingerprint": fp}))
+    return result
+
+
+def _done_before(run_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The before-training evaluation in ``run_dir`` if it was made for this fingerprint."""
+    record, result_path = run_dir / CELL_RECORD, run_dir / "eval_before.json"
+    if (
+        record.is_file()
+        and result_path.is_file()
+        and json.loads(record.read_text()).get("fingerprint") == fingerprint
+    ):
+        log.info("reusing %s", result_path)
+        return dict(json.loads(result_path.read_text()))
+    return None
+
+
+def load_cell(preset: str, seed: int, cell_dir: Path, status: str) -> CellResult:
+    summary = json.loads((cell_dir / "summary.json").read_text())
+    return CellResult(
+        preset=preset,
+        seed=seed,
+        status=status,
+        eval_after=json.loads((cell_dir / "eval_after.json").read_text()),
+        summary=summary,
+        curves=read_curves(cell_dir / "learner" / "metrics.jsonl"),
+        wall_seconds=json.loads((cell_dir / CELL_RECORD).read_text()).get("wall_seconds"),
+    )
+
+
+def run_child(argv: Sequence[str], log_file: IO[str]) -> tuple[int, int | None]:
+    """Run one child to its end, its output to `log_file`. A SIGTERM or SIGINT that reaches this
+    process meanwhile is passed on to the child, which drains and exits (a signal sent to ablate
+    alone used to leave its child training). Returns the child's exit code and the first signal
+    received (None if none)."""
+    proc = subprocess.Popen(list(argv), stdout=log_file, stderr=subprocess.STDOUT)
+    received: list[int] = []
+
+    def forward(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        log.warning("received %s: passing it on to %s", signal.Signals(signum).name, argv[2:4])
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code, (received[0] if received else None)
+
+
+def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
+    """Train one cell with `stream-dapo run`, then evaluate its final policy; reuse a finished one."""
+    from stream_dapo.tools.launch import evaluate_subprocess
+
+    cfg, sets = plan.cell_config(preset, seed)
+    cell_dir = plan.cell_dir(preset, seed)
+    fp = config_fingerprint(cfg, model_key(cfg))
+    if cell_is_done(cell_dir, fp):
+        return load_cell(preset, seed, cell_dir, "reused")
+    t0 = time.monotonic()
+    argv = plan.child_argv("run", sets, "--quiet")
+    log_path = plan.out / "logs" / f"{preset}_seed-{seed}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log_file:
+        returncode, stopped_by = run_child(argv, log_file)
+    if stopped_by is not None:
+        raise SystemExit(
+            f"stream-dapo ablate: stopped by {signal.Signals(stopped_by).name} during {preset} seed {seed}, "
+            f"after its `stream-dapo run` drained; the finished cells in {plan.out} are kept: run the same "
+            "command again to go on from there"
+        )
+    if returncode != 0 or not (cell_dir / "summary.json").is_file():
+        return CellResult(
+            preset, seed, "failed", error=f"stream-dapo run exited {returncode}; see {log_path}"
+        )
+    try:
+        evaluate_subprocess(cfg, cell_dir / "config.toml", cell_dir / "final", "after", cell_dir)
+    except RuntimeError as exc:
+        return CellResult(preset, seed, "failed", error=str(exc))
+    wall = round(time.monotonic() - t0, 1)
+    (cell_dir / CELL_RECORD).write_text(
+        json.dumps({"fingerprint": fp, "preset": preset, "seed": seed, "wall_seconds": wall}, indent=2)
+    )
+    return load_cell(preset, seed, cell_dir, "done")
+
+
+def build_report(plan: Plan, before: Mapping[str, Any], cells: Sequence[CellResult]) -> dict[str, Any]:
+    meta = {
+        "config_files": plan.config_files,
+        "overrides": plan.overrides,
+        "seeds": plan.seeds,
+        "budget": plan.budget,
+        "k": before.get("k"),
+        "eval_prompts": before.get("num_prompts"),
+        "target_delta": plan.target_delta,
+    }
+    return {
+        "meta": meta,
+        "eval_before": dict(before),
+        "presets": aggregate(
+            cells,
+            plan.presets,
+            target=before["avg_at_k"] + plan.target_delta if "avg_at_k" in before else None,
+            group_size=plan.group_size,
+        ),
+        "cells": [asdict(c) for c in cells],
+    }
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    payload = to_json(report)
+    (out / "ablation.json").write_text(json.dumps(payload, indent=2))
+    (out / "ablation.md").write_text(render_markdown(payload))
+
+
+def _cell_line(i: int, total: int, cell: CellResult, before: Mapping[str, Any]) -> str:
+    head = f"[{i}/{total}] {cell.preset} seed {cell.seed}:"
+    if cell.eval_after is None or cell.summary is None:
+        return f"{head} FAILED ({cell.error})"
+    return (
+        f"{head} avg@{cell.eval_after['k']} {cell.eval_after['avg_at_k']:.3f} (before "
+        f"{before['avg_at_k']:.3f}), {cell.summary['samples_generated']} samples generated, "
+        f"{cell.wall_seconds} s{' (reused)' if cell.status == 'reused' else ''}"
+    )
+
+
+def done_cells(plan: Plan) -> tuple[dict[str, Any], list[CellResult], list[tuple[str, int]]]:
+    """For --report-only: the before-eval and the finished cells found in plan.out, and the
+    (preset, seed) pairs not finished there. Nothing is trained, evaluated or built."""
+    cfg, _ = plan.child_config(f"run.out_dir={_toml_value(str(plan.out / 'eval-before'))}")
+    key = model_key(cfg)  # every cell starts from this model: hash its weights once
+    if key is None:
+        raise SystemExit(
+            f"stream-dapo ablate --report-only: no built model at {cfg.model.path}, and the cells are "
+            "matched to the weights they started from; put that model back there (a copy kept with "
+            "the results), or build one with `stream-dapo warmup` and run the cells again without "
+            "--report-only (a new build has other weights)"
+        )
+    before = _done_before(plan.out / "eval-before", eval_fingerprint(cfg, key))
+    if before is None:
+        raise SystemExit(
+            f"stream-dapo ablate --report-only: {plan.out / 'eval-before'} holds no evaluation of this "
+            "model and config; run without --report-only first (or pass the --config/--set of that run)"
+        )
+    cells, missing = [], []
+    for seed in plan.seeds:
+        for preset in plan.presets:
+            cell_cfg, _ = plan.cell_config(preset, seed)
+            cell_dir = plan.cell_dir(preset, seed)
+            if cell_is_done(cell_dir, config_fingerprint(cell_cfg, key)):
+                cells.append(load_cell(preset, seed, cell_dir, "reused"))
+            else:
+                missing.append((preset, seed))
+    return before, cells, missing
+
+

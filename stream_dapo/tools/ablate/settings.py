@@ -1,0 +1,84 @@
+"""What the ladder measures and how a cell is told apart: the curve metrics, the time-to-target
+metric, and the settings a fingerprint leaves out."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stream_dapo.config import SftConfig
+from stream_dapo.core.presets import PRESETS, preset_overrides
+
+CURVE_METRICS: dict[str, str] = {
+    "accuracy": "training-batch accuracy",
+    "entropy": "policy entropy (nats/token)",
+    "response_len_mean": "training-batch response length (tokens)",
+    "truncation_rate": "training-batch truncation rate",
+    "gen_accuracy": "generated samples' accuracy, all groups (training reward)",
+    "gen_truncation_rate": "generated samples' truncation rate, all groups",
+    "gen_response_len_mean": "generated samples' response length (tokens), all groups",
+    "truncated_in_loss_share": "truncated samples trained with A != 0 (the overlong reward noise)",
+    "clip_frac_low": "token share clipped below (A < 0, r < 1 - eps_low)",
+    "clip_frac_high": "token share clipped above (A > 0, r > 1 + eps_high)",
+    "clip_high_prob_mean": "mean probability of the up-clipped tokens (DAPO Fig. 3a)",
+    "gen_filtered_share_all_correct": "generated groups all correct (DAPO Fig. 3b)",
+    "gen_filtered_share_all_wrong": "generated groups all wrong",
+}
+"""learner/metrics.jsonl key -> plot title, one PNG each."""
+
+TARGET_METRIC = "gen_accuracy"
+"""The curve the steps/seconds-to-target figures read: every generated group counts, so it is the
+same statistic with and without dynamic sampling (the trained batches' accuracy is not)."""
+TARGET_WINDOW = 10
+"""Trailing points averaged before comparing with the target (one point per rollout window)."""
+
+CELL_RECORD = "ablation_cell.json"
+# What does not change what a cell computes: where it listens and logs, and where it writes.
+_UNCOMPARED_SECTIONS = ("transport", "metrics")
+_NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {
+    ("buffer", "in_flight_hold_s"): 0.0,
+    ("warmup", "track_every"): 0,  # tracking never changes the warm weights; off, it is not even timed
+    ("warmup", "track_prompts"): 32,
+    ("warmup", "reference_min_greedy"): 0.0,  # no floor: one round of the reference phase, as before
+    ("warmup", "reference_max_rounds"): 3,
+    # The off-policy corrections of issue 40; their defaults are the loss as it was.
+    ("algo", "is_level"): "token",
+    ("algo", "icepop_low"): 0.5,
+    ("algo", "icepop_high"): 5.0,
+    ("algo", "ratio_level"): "token",
+    ("algo", "surrogate"): "clip",
+    # Issue 37's real-model path: off, the model and data are what they were.
+    ("model", "source"): None,
+    ("data", "gsm_symbolic"): None,
+    **{("sft", key): value for key, value in SftConfig().model_dump(mode="json").items()},
+}
+"""Settings added after cells were first fingerprinted, with the value that behaves as the code did
+before they existed. At that value a setting is left out of the fingerprint, so cells recorded
+before it existed still match (`--set buffer.in_flight_hold_s=0` resumes them); at any other value
+it counts, so cells that ran with and without it never share a table."""
+
+
+def preset_changes(name: str) -> dict[str, tuple[object, object]]:
+    """What preset ``name`` changes relative to the row above it: key -> (before, after).
+
+    The first row (the baseline) changes nothing.
+    """
+    current = preset_overrides(name)  # raises for an unknown name
+    names = list(PRESETS)
+    index = names.index(name)
+    if index == 0:
+        return {}
+    previous = PRESETS[names[index - 1]]
+    return {k: (previous.get(k), v) for k, v in current.items() if previous.get(k) != v}
+
+
+def describe_changes(name: str) -> str:
+    changes = preset_changes(name)
+    if not changes:
+        return "baseline: " + ", ".join(f"{k.split('.')[-1]}={v}" for k, v in PRESETS[name].items())
+    return ", ".join(f"{k.split('.')[-1]} {a} → {b}" for k, (a, b) in changes.items())
+
+
+def _toml_value(value: object) -> str:
+    # JSON scalars are TOML scalars: true/false, numbers, double-quoted strings.
+    return json.dumps(value)
