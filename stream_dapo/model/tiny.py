@@ -28,7 +28,6 @@ Choices, and why:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -49,7 +48,6 @@ __all__ = [
     "MARKER_FILE",
     "PAD_TOKEN",
     "TinyModelSpec",
-    "add_arguments",
     "build_tiny_model",
     "build_tokenizer",
     "check_replaceable",
@@ -59,7 +57,6 @@ __all__ = [
     "init_model",
     "publish_dir",
     "read_marker",
-    "run",
     "write_marker",
 ]
 
@@ -312,17 +309,3 @@ def init_model(out: Path, *, seed: int = 0, spec: TinyModelSpec | None = None) -
 def default_init_dir(model_path: str) -> Path:
     """Where the untrained model lives: next to the warm one (``runs/tiny-model/init``)."""
     return Path(model_path).parent / "init"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--out", type=Path, default=None, help="output directory (default: <model.path>/../init)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default: 0)")
-
-
-def run(args: argparse.Namespace) -> int:
-    out = args.out if args.out is not None else default_init_dir(args.cfg.model.path)
-    path = init_model(out, seed=args.seed)
-    print(json.dumps({"model": str(path), **(read_marker(path) or {})}))
-    return 0

@@ -35,9 +35,7 @@ activations are built), so it errs high; docs/RESULTS.md compares it with measur
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -420,43 +418,3 @@ def format_memory_plan(result: dict[str, Any], source: str) -> str:
         row = next(r for r in result["rows"] if r["name"] == first)
         lines.append(f"fits: {first} ({row['settings']})")
     return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("memory (--memory)")
-    group.add_argument(
-        "--memory", action="store_true", help="estimate the learner's per-GPU memory instead of replicas"
-    )
-    group.add_argument("--gpus", type=int, default=1, help="learner GPUs (data-parallel ranks; default 1)")
-    group.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
-    group.add_argument(
-        "--reserve-gib",
-        type=float,
-        default=DEFAULT_RESERVE_GIB,
-        help=f"per-GPU allowance for CUDA context, NCCL and fragmentation (default {DEFAULT_RESERVE_GIB:g})",
-    )
-    group.add_argument(
-        "--model-shape",
-        metavar="NAME",
-        help=f"model shape when model.path has no config.json here: {', '.join(KNOWN_SHAPES)}",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg: Config = args.cfg
-    try:
-        if args.gpu_gib <= 0:
-            raise MemoryPlanError(f"--gpu-gib must be > 0, got {args.gpu_gib:g}")
-        shape, source = shape_for(cfg.model.path, args.model_shape)
-        min_tokens = cfg.model.max_prompt_len + cfg.algo.max_response_len
-        result = memory_plan(
-            shape, Settings.from_config(cfg), args.gpus, args.gpu_gib, args.reserve_gib, min_tokens
-        )
-    except MemoryPlanError as exc:
-        print(f"stream-dapo plan: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result | {"shape_source": source}, indent=2))
-    else:
-        print(format_memory_plan(result, source))
-    return 0 if result["first_fit"] is not None or result["fits_smaller"] is not None else 1

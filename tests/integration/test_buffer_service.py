@@ -28,6 +28,7 @@ import zmq.auth
 from stream_dapo.buffer import service as buffer_service
 from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.service import BufferService, persist_path
+from stream_dapo.cli import buffer as buffer_cli
 from stream_dapo.config import Config, load_config
 from stream_dapo.runtime.ports import ServiceExited
 from stream_dapo.transport import messages as m
@@ -374,7 +375,7 @@ def test_the_command_exits_2_when_it_cannot_start(tmp_path: Path) -> None:
     bad = cfg.model_copy(
         update={"buffer": cfg.buffer.model_copy(update={"persist_path": str(blocker / "s")})}
     )
-    assert buffer_service.run(argparse.Namespace(cfg=bad)) == 2
+    assert buffer_cli.run(argparse.Namespace(cfg=bad)) == 2
 
 
 def test_unreadable_state_fails_at_start_naming_the_files(tmp_path: Path) -> None:
@@ -624,7 +625,7 @@ def test_a_second_generator_with_a_live_id_exits_2_naming_the_holder_and_credits
     other (24 of 24 out, nothing in flight, the learner stopped). The real GeneratorService is refused
     by the real buffer while the holder is live, waits out one lease (a restarted process would get in
     then), and exits 2 naming the id and the holder; the holder's credits come back in full."""
-    from stream_dapo.generator import service as generator_service
+    from stream_dapo.cli import generator as generator_service
     from stream_dapo.runtime import service_runner
 
     model = tmp_path / "model"

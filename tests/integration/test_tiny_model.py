@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from stream_dapo.cli import init_model as init_model_cli
+from stream_dapo.cli import warmup as warmup_cli
 from stream_dapo.config import Config, load_config
 from stream_dapo.data.dataset import PromptItem, load_prompts
 from stream_dapo.model import tiny, warmup
@@ -103,7 +105,7 @@ def test_init_model_is_deterministic_and_loads_in_transformers(tmp_path, capsys)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg = load_config(environ={})
-    assert tiny.run(argparse.Namespace(cfg=cfg, out=tmp_path / "a", seed=3)) == 0
+    assert init_model_cli.run(argparse.Namespace(cfg=cfg, out=tmp_path / "a", seed=3)) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["model"] == str(tmp_path / "a") and printed["seed"] == 3
     init_model(tmp_path / "b", seed=3)
@@ -174,7 +176,7 @@ def test_second_warmup_with_the_same_settings_comes_from_the_cache(warm, capsys)
     assert (first.path / MARKER_FILE).stat().st_mtime_ns == stamp
     assert (first.path / "model.safetensors").stat().st_mtime_ns == weights
     # The CLI reports the cached result too; --steps changes the key, so it is not passed here.
-    assert warmup.run(argparse.Namespace(cfg=cfg, out=None, steps=None, seed=None)) == 0
+    assert warmup_cli.run(argparse.Namespace(cfg=cfg, out=None, steps=None, seed=None)) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["cached"] is True and printed["pass_at_1_t1"] == first.pass_at_1.sampled
     assert warmup.ensure_warm_model(cfg) == first.path

@@ -30,7 +30,7 @@ def test_a_config_typo_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_a_generator_whose_buffer_never_answers_exits_69_and_names_the_fix(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from stream_dapo.generator import service
+    from stream_dapo.cli import generator as service
 
     model = tmp_path / "model"
     model.mkdir()
@@ -107,7 +107,7 @@ def test_a_generator_given_a_malformed_data_file_exits_2_with_the_message_alone(
 ) -> None:
     import zmq
 
-    from stream_dapo.generator import service
+    from stream_dapo.cli import generator as service
     from stream_dapo.model.tiny import build_tokenizer
     from stream_dapo.transport import messages as m
     from stream_dapo.transport.sockets import open_endpoint
@@ -211,8 +211,8 @@ def test_a_buffer_whose_disk_fills_exits_1_and_says_so_without_a_traceback(
     import zmq
 
     from stream_dapo.buffer import journal as journal_module
-    from stream_dapo.buffer import service as buffer_service
     from stream_dapo.buffer.journal import Journal
+    from stream_dapo.cli import buffer as buffer_service
     from stream_dapo.runtime import service_runner
     from stream_dapo.transport import messages as m
     from stream_dapo.transport.sockets import open_endpoint

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
+from stream_dapo.cli import learner as learner_cli
 from stream_dapo.config import load_config
 from stream_dapo.errors import ConfigError
-from stream_dapo.learner import service as learner_service
 from stream_dapo.learner.checkpoints import LATEST, discard_unfinished, prune_checkpoints, read_latest
 from stream_dapo.runtime import service_runner
 from stream_dapo.runtime.disk import is_disk_full
@@ -108,7 +108,7 @@ def run_learner(
     monkeypatch.setattr(service_runner, "on_stop_signal", lambda *args: None)  # no handlers in pytest
     buffer = FakeBuffer(cfg)
     try:
-        return learner_service.run(argparse.Namespace(cfg=buffer.cfg, max_steps=None)), buffer
+        return learner_cli.run(argparse.Namespace(cfg=buffer.cfg, max_steps=None)), buffer
     finally:
         buffer.close()
 

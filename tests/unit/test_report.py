@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from stream_dapo.cli.report import run as report_cli
 from stream_dapo.errors import ConfigError
 from stream_dapo.tools.report import RunData, smoothing_window, write_report, write_run_report
-from stream_dapo.tools.report import run as report_cli
 
 
 def step_row(v: int, **extra) -> dict:

@@ -9,8 +9,8 @@ from fractions import Fraction
 
 import pytest
 
+from stream_dapo.cli.verify import add_arguments, run
 from stream_dapo.verifier import REASONS, VerifyResult, verify
-from stream_dapo.verifier.cli import add_arguments, run
 from stream_dapo.verifier.equivalence import Number, compare_answers, parse_number
 from stream_dapo.verifier.extract import compile_answer_pattern, extract_answer, last_boxed_content
 from stream_dapo.verifier.normalize import normalize_answer
