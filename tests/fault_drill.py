@@ -206,12 +206,12 @@ class FaultDrill:
     def account(self, recoveries: list[Recovery], learner_exit_code: int | None) -> DrillReport:
         """Every group the buffer acknowledged: trained, still held, dropped stale, or lost."""
         from stream_dapo.buffer.journal import Journal
-        from stream_dapo.buffer.replay import AdmissionPolicy, ReplayBuffer
+        from stream_dapo.buffer.replay import ReplayBuffer
         from stream_dapo.buffer.service import persist_path
 
         journal = Journal(persist_path(self.cfg))
         try:
-            buffer = ReplayBuffer.restore(AdmissionPolicy.from_config(self.cfg), journal.load())
+            buffer = ReplayBuffer.restore(self.cfg.admission_policy(), journal.load())
         finally:
             journal.close()
         seen = {gid for r in buffer.snapshot_records() if r["kind"] == "seen" for gid in r["group_ids"]}

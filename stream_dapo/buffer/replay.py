@@ -17,9 +17,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stream_dapo.config import Config
-from stream_dapo.core.admission import AdmissionError
-from stream_dapo.errors import ConfigError
 from stream_dapo.transport.codec import wire_bytes
 from stream_dapo.transport.messages import MAX_FILTERED_TOTAL, Group, from_map, to_map
 
@@ -106,28 +103,6 @@ class AdmissionPolicy:
             raise BufferInputError(
                 f"AdmissionPolicy.in_flight_hold_s must be >= 0, got {self.in_flight_hold_s}"
             )
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> AdmissionPolicy:
-        """Run every deadlock check of the admission rule (raises ConfigError naming the fix, even
-        for a config built without validation) and take the config's numbers."""
-        rule = cfg.admission
-        try:
-            admission_capacity = rule.check(cfg.buffer.capacity_groups, cfg.learner.checkpoint_every)
-        except AdmissionError as exc:
-            raise ConfigError(str(exc)) from None
-        return cls(
-            admission_capacity=admission_capacity,
-            capacity_groups=cfg.buffer.capacity_groups,
-            groups_per_version=rule.groups_per_version,
-            max_staleness=cfg.algo.max_staleness,
-            max_reuse=cfg.buffer.max_reuse,
-            group_size=cfg.algo.group_size,
-            lockstep=rule.lockstep,
-            rollout_batch_prompts=rule.rollout_batch_prompts,
-            generator_lease_s=cfg.buffer.generator_lease_s,
-            in_flight_hold_s=cfg.buffer.in_flight_hold_s,
-        )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ class BufferService:
     def __init__(self, cfg: Config, *, clock: Callable[[], float] = time.monotonic) -> None:
         """`clock`: what times leases, holds and ages (monotonic; a test injects its own)."""
         self.cfg = cfg
-        policy = AdmissionPolicy.from_config(cfg)
+        policy = cfg.admission_policy()
         self.journal = Journal(persist_path(cfg))
         self._ctx: zmq.Context[Any] | None = None
         self._endpoints: list[Endpoint] = []

@@ -24,8 +24,10 @@ from stream_dapo.core.loss_params import (
     Surrogate,
 )
 from stream_dapo.core.rewards import RewardShaping
+from stream_dapo.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: stream_dapo.core's package imports torch
+    from stream_dapo.buffer.replay import AdmissionPolicy
     from stream_dapo.core.admission import AdmissionRule
     from stream_dapo.core.sampling import SamplingPolicy
 
@@ -766,6 +768,31 @@ class Config(_Section):
         if len(set(fixed)) != len(fixed):
             raise ValueError(f"transport ports must differ (or be 0, any free port): {ports}")
         return self
+
+    def admission_policy(self) -> AdmissionPolicy:
+        """The buffer's `AdmissionPolicy` (`stream_dapo.buffer.replay`): every deadlock check of the
+        admission rule runs (a ConfigError naming the fix, even for a config built without
+        validation), then the config's numbers."""
+        from stream_dapo.buffer.replay import AdmissionPolicy
+        from stream_dapo.core.admission import AdmissionError
+
+        rule = self.admission
+        try:
+            admission_capacity = rule.check(self.buffer.capacity_groups, self.learner.checkpoint_every)
+        except AdmissionError as exc:
+            raise ConfigError(str(exc)) from None
+        return AdmissionPolicy(
+            admission_capacity=admission_capacity,
+            capacity_groups=self.buffer.capacity_groups,
+            groups_per_version=rule.groups_per_version,
+            max_staleness=self.algo.max_staleness,
+            max_reuse=self.buffer.max_reuse,
+            group_size=self.algo.group_size,
+            lockstep=rule.lockstep,
+            rollout_batch_prompts=rule.rollout_batch_prompts,
+            generator_lease_s=self.buffer.generator_lease_s,
+            in_flight_hold_s=self.buffer.in_flight_hold_s,
+        )
 
     @property
     def admission(self) -> AdmissionRule:

@@ -22,18 +22,16 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from stream_dapo.generator.engine import RolloutEngine
 
 __all__ = [
     "ChecksumMismatch",
     "WeightPublisher",
     "WeightSource",
+    "WeightTarget",
     "WeightUpdate",
     "WeightsError",
     "WeightsPayload",
@@ -156,6 +154,23 @@ class WeightPublisher(Protocol):
     def close(self) -> None: ...
 
 
+class WeightTarget(Protocol):
+    """What a source loads into: the generator's engine (`stream_dapo.generator.engine.RolloutEngine`).
+    Named here so that the weights package never imports the generator."""
+
+    def update_weights(self, path: str | os.PathLike[str], version: int) -> float:
+        """Swap to the weights in the safetensors file `path`, labelled `version`; returns seconds."""
+        ...
+
+    def join_nccl(self, host: str, port: int, world_size: int, rank_base: int) -> list[int]:
+        """Join the learner's NCCL weight group; returns the workers' ranks."""
+        ...
+
+    def receive_weights_nccl(self, timeout_s: float) -> float:
+        """Swap to the learner's next NCCL broadcast; returns seconds."""
+        ...
+
+
 class WeightSource(Protocol):
     """A generator's end of one method."""
 
@@ -166,7 +181,7 @@ class WeightSource(Protocol):
     """How long a starting generator waits for the learner: one look (nothing published means start
     from the initial model), until the weight server answers, or until a version is announced."""
 
-    def join(self, engine: RolloutEngine) -> None:
+    def join(self, engine: WeightTarget) -> None:
         """Start-up work with the engine before the first poll (NCCL: join the weight group)."""
         ...
 
@@ -174,7 +189,7 @@ class WeightSource(Protocol):
         """Poll: a version other than `have`, ready to load, or None. Runs on the watcher thread."""
         ...
 
-    def load(self, engine: RolloutEngine, update: WeightUpdate) -> float:
+    def load(self, engine: WeightTarget, update: WeightUpdate) -> float:
         """Swap `update` into `engine` (paused, loaded, resumed); returns the seconds it took."""
         ...
 
@@ -186,10 +201,10 @@ class FileSource:
 
     first_version = 0
 
-    def join(self, engine: RolloutEngine) -> None:
+    def join(self, engine: WeightTarget) -> None:
         pass
 
-    def load(self, engine: RolloutEngine, update: WeightUpdate) -> float:
+    def load(self, engine: WeightTarget, update: WeightUpdate) -> float:
         assert update.path is not None
         return engine.update_weights(update.path, update.version)
 

@@ -30,18 +30,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from stream_dapo.transport import messages
 from stream_dapo.transport.sockets import CurveKeys, request
-from stream_dapo.weights.base import WeightsPayload, WeightUpdate
+from stream_dapo.weights.base import WeightsPayload, WeightTarget, WeightUpdate
 from stream_dapo.weights.zmq_chunks import WeightServer, ZmqWeightSource
-
-if TYPE_CHECKING:
-    from stream_dapo.generator.engine import RolloutEngine
 
 __all__ = [
     "NcclAnnouncementSource",
@@ -289,12 +286,12 @@ class NcclAnnouncementSource(ZmqWeightSource):
         self.rank_base = rank_base
         self.receive_timeout_s = receive_timeout_s
 
-    def join(self, engine: RolloutEngine) -> None:
+    def join(self, engine: WeightTarget) -> None:
         spec = self.spec
         ranks = engine.join_nccl(spec.host, spec.port, spec.world_size, self.rank_base)
         log.info("joined the NCCL weight group at %s:%d as ranks %s", spec.host, spec.port, ranks)
 
-    def load(self, engine: RolloutEngine, update: WeightUpdate) -> float:
+    def load(self, engine: WeightTarget, update: WeightUpdate) -> float:
         return engine.receive_weights_nccl(timeout_s=self.receive_timeout_s)
 
     def __call__(self, have: int) -> WeightUpdate | None:

@@ -27,7 +27,7 @@ import pytest
 import zmq
 
 from stream_dapo.buffer.journal import Journal
-from stream_dapo.buffer.replay import AdmissionPolicy, ReplayBuffer
+from stream_dapo.buffer.replay import ReplayBuffer
 from stream_dapo.buffer.service import persist_path
 from stream_dapo.config import load_config
 from stream_dapo.learner.service import LearnerService
@@ -217,7 +217,7 @@ def test_generators_join_and_leave_and_a_dead_ones_credits_come_back(tmp_path: P
     assert max(r["max_staleness"] for r in rows) <= cfg.algo.max_staleness
     journal = Journal(persist_path(cfg))
     try:
-        restored = ReplayBuffer.restore(AdmissionPolicy.from_config(cfg), journal.load())
+        restored = ReplayBuffer.restore(cfg.admission_policy(), journal.load())
     finally:
         journal.close()
     held_ids = set(restored.waiting_ids()) | set(restored.leased_ids())

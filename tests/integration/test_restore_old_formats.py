@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from stream_dapo.buffer.journal import FORMAT_VERSION, JOURNAL_MAGIC, SNAPSHOT_MAGIC, Journal
-from stream_dapo.buffer.replay import AdmissionPolicy, ReplayBuffer
+from stream_dapo.buffer.replay import ReplayBuffer
 from stream_dapo.config import Config, load_config
 from tests.helpers import admission_policy, tiny_qwen2
 
@@ -47,7 +47,7 @@ def test_a_buffer_journal_written_by_the_old_code_restores_the_same_state(tmp_pa
     shutil.copytree(DATA / "buffer", tmp_path / "buffer")
     journal = Journal(tmp_path / "buffer" / "state.msgpack")  # a snapshot and a journal tail
     try:
-        buf = ReplayBuffer.restore(AdmissionPolicy.from_config(config(tmp_path)), journal.load(), journal)
+        buf = ReplayBuffer.restore(config(tmp_path).admission_policy(), journal.load(), journal)
         assert buf.stats() == json.loads((DATA / "expected.json").read_text())["stats"]
         # The credit request journaled before the "crash" is answered with its grant, not a new one.
         assert buf.grant_credits("gen-0", 4, request_id=11) == 4

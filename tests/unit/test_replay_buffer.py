@@ -68,7 +68,7 @@ def test_default_config_admits_three_versions_of_groups() -> None:
     # (4 - 2 - 0 + 1) * 8 = 24 groups may wait or be promised.
     cfg = Config()
     assert cfg.admission.capacity == 24
-    assert AdmissionPolicy.from_config(cfg).admission_capacity == 24
+    assert cfg.admission_policy().admission_capacity == 24
 
 
 def test_capacity_below_a_rollout_batch_fails_at_start_up_naming_max_staleness() -> None:
@@ -81,7 +81,7 @@ def test_capacity_below_a_rollout_batch_fails_at_start_up_naming_max_staleness()
     )
     assert cfg.admission.capacity == 8
     with pytest.raises(ConfigError, match=r"set algo\.max_staleness >= 3") as info:
-        AdmissionPolicy.from_config(cfg)
+        cfg.admission_policy()
     assert "learner.rollout_batch_prompts (16)" in str(info.value)
 
 
@@ -106,8 +106,8 @@ def test_too_small_capacity_groups_fails_naming_the_minimum() -> None:
     with pytest.raises(ConfigError, match=r"Set buffer\.capacity_groups >= 160"):
         cfg_with("buffer.capacity_groups=100")
     with pytest.raises(ConfigError, match=r"Set buffer\.capacity_groups >= 160"):
-        AdmissionPolicy.from_config(cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"capacity_groups": 100})}))
-    assert AdmissionPolicy.from_config(cfg_with("buffer.capacity_groups=160")).admission_capacity == 24
+        cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"capacity_groups": 100})}).admission_policy()
+    assert cfg_with("buffer.capacity_groups=160").admission_policy().admission_capacity == 24
 
 
 @settings(max_examples=200, deadline=None)
@@ -691,7 +691,7 @@ def test_credited_groups_finished_in_order_are_never_too_stale(
     old, and finishes them in order: whatever the interleaving with the learner, the gate never
     fires and no served group exceeds max_staleness."""
     cfg = admission_argument_config(sync_every, slack)
-    buf = ReplayBuffer(AdmissionPolicy.from_config(cfg))
+    buf = ReplayBuffer(cfg.admission_policy())
     rng = random.Random(seed)
     version, n, inflight = 0, 0, []
     for _ in range(300):
@@ -953,7 +953,7 @@ def test_credited_groups_finished_out_of_order_are_never_too_stale_with_the_hold
     reports what it has in flight: the hold keeps every group trainable and the gate never fires;
     the learner gathers its rollout batch over several requests, as it does."""
     cfg = admission_argument_config(sync_every, slack)
-    buf = ReplayBuffer(AdmissionPolicy.from_config(cfg))
+    buf = ReplayBuffer(cfg.admission_policy())
     rng = random.Random(seed)
     version, n, inflight, batch, trained = 0, 0, [], [], 0
     for _ in range(400):

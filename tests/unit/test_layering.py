@@ -1,0 +1,129 @@
+"""The package's layering, read from the source (every import: top level, inside functions, and
+under TYPE_CHECKING), so that a cycle or a wrong-way import fails here, not in a reader's head.
+
+- no import cycles between stream_dapo modules (a package counts as its __init__);
+- the pure layers (core/, the buffer's state machine, transport/) never import the configuration:
+  they take parameter objects built from it (`from_section`, `Config.admission_policy`);
+- nothing outside cli/ imports argparse: a command's arguments live in its cli/ module;
+- runtime/ (what every service shares) imports no service, tool or command.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "stream_dapo"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def resolve(name: str) -> str:
+    """The module a dotted import names: itself, or the nearest package above it that exists."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every stream_dapo module and every top-level library `path` imports, anywhere in the file."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("stream_dapo"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    found.add(full if full in MODULES else resolve(node.module))
+            else:
+                found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                found.add(resolve(alias.name) if alias.name.startswith("stream_dapo") else alias.name.split(".")[0])
+    return found
+
+
+GRAPH = {name: {d for d in imports_of(path) if d in MODULES and d != name} for name, path in MODULES.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_and_nothing_else() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles() -> None:
+    assert len(MODULES) > 100  # the walk found the package
+    assert cycles(GRAPH) == []
+
+
+PURE = ("stream_dapo.core", "stream_dapo.buffer.replay", "stream_dapo.transport")
+
+
+@pytest.mark.parametrize("layer", PURE)
+def test_pure_layers_do_not_import_the_configuration(layer: str) -> None:
+    offenders = {
+        name: sorted(d for d in GRAPH[name] if d == "stream_dapo.config" or d.startswith("stream_dapo.config."))
+        for name in MODULES
+        if name == layer or name.startswith(layer + ".") or name.startswith(layer + "_")
+    }
+    assert offenders, f"no module under {layer}"
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_only_cli_parses_arguments() -> None:
+    parsing = sorted(
+        name for name, path in MODULES.items() if "argparse" in imports_of(path) and not name.startswith("stream_dapo.cli")
+    )
+    assert parsing == []
+
+
+def test_runtime_imports_no_service_tool_or_command() -> None:
+    above = ("generator", "buffer", "learner", "tools", "cli", "model", "data", "verifier", "weights")
+    wrong = {
+        name: sorted(d for d in GRAPH[name] if d.split(".")[1] in above)
+        for name in MODULES
+        if name.startswith("stream_dapo.runtime.")
+    }
+    assert {k: v for k, v in wrong.items() if v} == {}
