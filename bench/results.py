@@ -1,15 +1,15 @@
 """Run the benchmarks and write docs/RESULTS.md, docs/results/results.json and docs/results/*.png.
 
-    python bench/results.py [--quick] [--only NAME,...] [--out DIR] [--render-only]
+    python -m bench.results [--quick] [--only NAME,...] [--out DIR] [--render-only]
 
 Sections (each a function in bench/ that returns a dict; this script only sequences and renders):
 
-    generation     bench/generation.py   vLLM (the project's RolloutEngine) vs transformers generate
-    learner        bench/learner.py      DeepSpeed ZeRO 0/2/3 vs plain torch, trained tokens/s
-    packing        bench/learner.py      the packer's efficiency vs naive padding
-    transport      bench/transport.py    codec, loopback TCP, raw ZeroMQ, memcpy
-    weight_sync    bench/weight_sync.py  publish + fetch, seconds per MB
-    async_vs_sync  bench/async_vs_sync.py  end-to-end samples/s of both modes
+    generation     bench/perf/generation.py   vLLM (the project's RolloutEngine) vs transformers generate
+    learner        bench/perf/learner.py      DeepSpeed ZeRO 0/2/3 vs plain torch, trained tokens/s
+    packing        bench/perf/learner.py      the packer's efficiency vs naive padding
+    transport      bench/perf/transport.py    codec, loopback TCP, raw ZeroMQ, memcpy
+    weight_sync    bench/perf/weight_sync.py  publish + fetch, seconds per MB
+    async_vs_sync  bench/perf/async_vs_sync.py  end-to-end samples/s of both modes
 
 Each section runs in its own Python process (vLLM, DeepSpeed's process group and torch's thread
 settings do not leak between sections), and its result is merged into OUT/results/results.json as
@@ -19,7 +19,7 @@ So `--only transport` reruns one section and keeps the others' numbers, and `--r
 re-renders the page from saved numbers. `--quick` runs every section at smoke-test sizes; its
 numbers are marked as such on the page.
 
-Hold the machine while measuring: `flock /tmp/stream-dapo-cpu.lock python bench/results.py`.
+Hold the machine while measuring: `flock /tmp/stream-dapo-cpu.lock python -m bench.results`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from bench.report import fmt, fmt_ratio, machine_info, markdown_table  # noqa: E402
 
@@ -53,26 +51,26 @@ class Section:
     module: str
     function: str
     script: str
-    """The standalone command of the same measurement."""
+    """The standalone command of the same measurement (`python -m <script>`)."""
 
 
 SECTIONS: dict[str, Section] = {
     "generation": Section(
-        "Generator: vLLM vs transformers", "bench.generation", "measure_generation", "bench/generation.py"
+        "Generator: vLLM vs transformers", "bench.perf.generation", "measure_generation", "bench.perf.generation"
     ),
     "learner": Section(
         "Learner: DeepSpeed ZeRO vs plain torch",
-        "bench.learner",
+        "bench.perf.learner",
         "measure_learner",
-        "bench/learner.py --only learner",
+        "bench.perf.learner --only learner",
     ),
     "packing": Section(
-        "Packing efficiency", "bench.learner", "measure_packing", "bench/learner.py --only packing"
+        "Packing efficiency", "bench.perf.learner", "measure_packing", "bench.perf.learner --only packing"
     ),
-    "transport": Section("Transport", "bench.transport", "measure_transport", "bench/transport.py --json"),
-    "weight_sync": Section("Weight sync", "bench.weight_sync", "measure_weight_sync", "bench/weight_sync.py"),
+    "transport": Section("Transport", "bench.perf.transport", "measure_transport", "bench.perf.transport --json"),
+    "weight_sync": Section("Weight sync", "bench.perf.weight_sync", "measure_weight_sync", "bench.perf.weight_sync"),
     "async_vs_sync": Section(
-        "Async vs sync, end to end", "bench.async_vs_sync", "measure_async_vs_sync", "bench/async_vs_sync.py"
+        "Async vs sync, end to end", "bench.perf.async_vs_sync", "measure_async_vs_sync", "bench.perf.async_vs_sync"
     ),
 }
 
@@ -83,16 +81,16 @@ SECTIONS: dict[str, Section] = {
 
 
 def section_command(name: str, quick: bool) -> str:
-    return f"python bench/results.py --only {name}" + (" --quick" if quick else "")
+    return f"python -m bench.results --only {name}" + (" --quick" if quick else "")
 
 
 def standalone_command(name: str, quick: bool) -> str:
     """The section's own script with the sizes `run_child` uses."""
     if name == "async_vs_sync":
-        return f"python {SECTIONS[name].script} " + (
+        return f"python -m {SECTIONS[name].script} " + (
             "--steps 2 --repeats 1" if quick else "--steps 40 --repeats 2"
         )
-    return f"python {SECTIONS[name].script}" + (" --quick" if quick else "")
+    return f"python -m {SECTIONS[name].script}" + (" --quick" if quick else "")
 
 
 def run_child(name: str, quick: bool) -> dict[str, Any]:
@@ -113,7 +111,7 @@ def run_section(name: str, quick: bool, log_dir: Path) -> dict[str, Any]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         out = Path(tmp) / "result.json"
-        argv = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--child-out", str(out)]
+        argv = [sys.executable, "-m", "bench.results", "--child", name, "--child-out", str(out)]
         if quick:
             argv.append("--quick")
         # A section is a world of its own: never inherit a parent's torch.distributed variables
@@ -422,7 +420,7 @@ def render_async_vs_sync(d: dict[str, Any]) -> str:
 def time_to_target_row(results_dir: Path) -> str:
     """The status row under the async-vs-sync section: where its time-to-target figures are."""
     row = (
-        "| time to a target eval accuracy, async vs sync | tiny-cpu: one seed (`python bench/async_sync_ttt.py`, "
+        "| time to a target eval accuracy, async vs sync | tiny-cpu: one seed (`python -m bench.studies.async_sync_ttt`, "
         "under Other tools below)"
     )
     path = results_dir / "async_sync_ttt_longcot.json"
@@ -540,71 +538,71 @@ EXTERNAL = (
     (
         "The staleness bound's length bias, and holding the learner for groups in flight",
         "length_bias.json",
-        "python bench/length_bias.py RUN_DIR ... --json docs/results/length_bias.json (its page, "
+        "python -m bench.studies.length_bias RUN_DIR ... --json docs/results/length_bias.json (its page, "
         "length_bias.md, names the runs)",
     ),
     (
         "Async vs sync: time to a target eval accuracy",
         "async_sync_ttt.json",
-        "python bench/async_sync_ttt.py --out docs/results/async_sync_ttt.json",
+        "python -m bench.studies.async_sync_ttt --out docs/results/async_sync_ttt.json",
     ),
-    ("TRL peer comparison", "peer_trl.json", "python bench/peer_trl.py --out docs/results/peer_trl.json"),
+    ("TRL peer comparison", "peer_trl.json", "python -m bench.studies.peer_trl --out docs/results/peer_trl.json"),
     (
         "TRL peer comparison on the long-CoT recipe, seed 0",
         "peer_trl_longcot.json",
-        "python bench/peer_trl.py --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
+        "python -m bench.studies.peer_trl --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
         "--target-delta 0.05 --seed 0 --out docs/results/peer_trl_longcot.json",
     ),
     (
         "TRL peer comparison on the long-CoT recipe, seed 1",
         "peer_trl_longcot_seed1.json",
-        "python bench/peer_trl.py --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
+        "python -m bench.studies.peer_trl --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
         "--target-delta 0.05 --seed 1 --out docs/results/peer_trl_longcot_seed1.json",
     ),
     (
         "TRL peer comparison on the long-CoT recipe, seed 2",
         "peer_trl_longcot_seed2.json",
-        "python bench/peer_trl.py --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
+        "python -m bench.studies.peer_trl --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
         "--target-delta 0.05 --seed 2 --out docs/results/peer_trl_longcot_seed2.json",
     ),
-    ("Fault drill", "drill.json", "python bench/drill.py --json docs/results/drill.json"),
+    ("Fault drill", "drill.json", "python -m bench.drills.drill --json docs/results/drill.json"),
     (
         "Elastic generator fleet drill",
         "drill_elastic.json",
-        "python bench/drill.py --elastic --json docs/results/drill_elastic.json",
+        "python -m bench.drills.drill --elastic --json docs/results/drill_elastic.json",
     ),
-    ("Protocol fuzzer", "fuzz.json", "python bench/fuzz.py --json docs/results/fuzz.json"),
+    ("Protocol fuzzer", "fuzz.json", "python -m bench.drills.fuzz --json docs/results/fuzz.json"),
     (
         "Message codec choice: the hand-rolled validator (289e6bd) vs msgspec Structs vs pydantic models",
         "codec_choice.json",
-        "python bench/codec_choice.py --json docs/results/codec_choice.json, in each tree measured "
+        "python -m bench.perf.codec_choice --json docs/results/codec_choice.json, in each tree measured "
         "(its docstring says how the 289e6bd rows were made)",
     ),
     (
         "Verifier hostile inputs under the pool",
         "verifier_hostile.json",
-        "python bench/verifier_hostile.py --json docs/results/verifier_hostile.json",
+        "python -m bench.drills.verifier_hostile --json docs/results/verifier_hostile.json",
     ),
     (
         "Verifier agreement with graded verdicts",
         "verifier_agreement.json",
-        "python bench/verifier_agreement.py --json docs/results/verifier_agreement.json",
+        "python -m bench.studies.verifier_agreement --json docs/results/verifier_agreement.json",
     ),
     (
         "Behaviour log-probs: μ vs π_prox at identical weights (float32 vs bfloat16, sampling settings)",
         "logprob_precision.json",
-        "python bench/logprob_precision.py --json docs/results/logprob_precision.json",
+        "python -m bench.perf.logprob_precision --json docs/results/logprob_precision.json",
     ),
     (
-        "Learner memory at long context (bench/learner_memory.py)",
+        "Learner memory at long context (bench/perf/learner_memory.py)",
         "learner_memory.json",
-        "flock /tmp/stream-dapo-cpu.lock python bench/learner_memory.py",
+        "flock /tmp/stream-dapo-cpu.lock python -m bench.perf.learner_memory",
     ),
     (
         "Long chain-of-thought (configs/tiny-longcot-cpu.toml)",
         "longcot.md",
-        "python bench/longcot.py, bench/async_vs_sync.py --config configs/tiny-longcot-cpu.toml, "
-        "bench/gradient_snr.py and bench/plan_vs_run.py (each figure names its command and JSON)",
+        "python -m bench.studies.longcot, bench/perf/async_vs_sync.py --config configs/tiny-longcot-cpu.toml, "
+        "bench/studies/gradient_snr.py and bench/studies/plan_vs_run.py (each figure names its command and JSON)",
     ),
 )
 
@@ -733,7 +731,7 @@ def render_page(sections: dict[str, Any], results_dir: Path, plots: dict[str, st
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     parts = [
         "# Results\n\n",
-        f"Written by `python bench/results.py` on {now} from `{results_dir.name}/{RESULTS_JSON}` (every "
+        f"Written by `python -m bench.results` on {now} from `{results_dir.name}/{RESULTS_JSON}` (every "
         "number below, with each repeat). Rerun one section with `--only NAME` (the others keep their "
         "saved numbers) or re-render from the saved numbers with `--render-only`.\n\n",
         "How to read the figures: each is the **median over repeats**; each comparison is a **ratio "

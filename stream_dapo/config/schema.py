@@ -345,7 +345,7 @@ class GeneratorConfig(_Section):
     generator's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), scheduling between model steps. On
     CPU generators that share cores with a learner, the separate engine core spins a core of its
     own: on the long-CoT recipe's engine, separate took 1.98 cores for 3,367 tokens/s and inline
-    1.02 cores for 3,461 (bench/engine_process.py, docs/results/longcot.md)."""
+    1.02 cores for 3,461 (bench/perf/engine_process.py, docs/results/longcot.md)."""
     weight_poll_s: float = Field(0.5, gt=0.0)
     """How often the generator asks for a newer weight version."""
     kv_on_update: Literal["recompute", "keep", "between-groups"] = "recompute"
@@ -355,7 +355,7 @@ class GeneratorConfig(_Section):
     and keep the old-weight KV (no recompute; later tokens attend to KV the old weights made).
     "between-groups": start no new group while an update waits, swap once the in-flight groups
     finished (every sample one version; the engine runs emptier while the slowest sample ends).
-    Measured on the long-CoT recipe by bench/kv_on_update.py (docs/operations.md)."""
+    Measured on the long-CoT recipe by bench/studies/kv_on_update.py (docs/operations.md)."""
     heartbeat_s: float = Field(5.0, gt=0.0)
     """How often a generator tells the buffer it is alive (keeps its credit lease, see
     buffer.generator_lease_s; a buffer that stops answering makes /readyz fail)."""
@@ -598,7 +598,7 @@ class WarmupConfig(_Section):
     """Eval-split prompts on which the warm-up reports pass@1 (greedy and temperature 1.0)."""
     threads: int = Field(2, ge=1)
     """Torch intra-op threads of the warm-up, at every step. The weights depend on it (two threads
-    split some reductions differently from one: `bench/warmup_determinism.py`), so it is part of the
+    split some reductions differently from one: `bench/studies/warmup_determinism.py`), so it is part of the
     cache key when it is not 2. OpenMP threads spin at barriers: next to another busy process, two
     threads on two cores run several times slower than one, so set 1 on a shared machine."""
     track_every: int = Field(0, ge=0)

@@ -133,7 +133,7 @@ class GeneratorService:
     Collaborators not given are built by ``start()`` from the config: the vLLM ``engine``, the
     ``verifier`` pool, the ``prompts`` stream (this generator's shard, position kept across
     restarts) and the ``weights`` source of ``weights.method``. Tests and benchmarks inject
-    their own (``bench/fuzz.py`` runs the service on a stand-in engine).
+    their own (``bench/drills/fuzz.py`` runs the service on a stand-in engine).
     """
 
     def __init__(

@@ -1,6 +1,6 @@
-"""Smoke test of bench/fuzz.py: a few thousand fuzzed messages per socket against the real services.
+"""Smoke test of bench/drills/fuzz.py: a few thousand fuzzed messages per socket against the real services.
 
-The full run (100,000 per socket) is `python bench/fuzz.py`; this checks that the fuzzer and the
+The full run (100,000 per socket) is `python -m bench.drills.fuzz`; this checks that the fuzzer and the
 services still agree: nothing crashes, every rejection is counted under the reason the codec gives,
 nothing fuzzed is accepted, and valid traffic afterwards is served intact.
 """

@@ -12,6 +12,7 @@ import zmq
 from safetensors.torch import load, load_file
 from transformers import Qwen2ForCausalLM
 
+from stream_dapo.testing.services import tiny_qwen2
 from stream_dapo.transport import messages
 from stream_dapo.transport.codec import encode
 from stream_dapo.transport.sockets import open_endpoint, request
@@ -26,7 +27,6 @@ from stream_dapo.weights import (
     read_shared_dir,
     serialize_weights,
 )
-from tests.helpers import tiny_qwen2
 
 CHUNK = 4096  # the smallest allowed chunk: the tiny model spans many of them
 
