@@ -28,7 +28,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -421,7 +420,7 @@ def time_to_target_row(results_dir: Path) -> str:
     """The status row under the async-vs-sync section: where its time-to-target figures are."""
     row = (
         "| time to a target eval accuracy, async vs sync | tiny-cpu: one seed (`python -m bench.studies.async_sync_ttt`, "
-        "under Other tools below)"
+        "[its page](async_sync_ttt.md))"
     )
     path = results_dir / "async_sync_ttt_longcot.json"
     try:
@@ -429,8 +428,7 @@ def time_to_target_row(results_dir: Path) -> str:
         ratio = d["over_seeds"]["ratio_sync_over_async"]
         row += (
             f"; long-CoT recipe: {ratio['n']} seeds, sync/async {ratio['mean']:.2f} ± {ratio['std']:.2f} to "
-            f"+{round(100 * d['target_delta'])} points (`{results_dir.name}/{path.name}`, in the long "
-            "chain-of-thought section below)"
+            f"+{round(100 * d['target_delta'])} points (`{path.name}`, [the long chain-of-thought page](longcot.md))"
         )
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not measured yet, or an older file: the tiny-cpu figure alone
@@ -487,16 +485,6 @@ def json_tables(obj: dict[str, Any]) -> str:
             columns, [[_cell(item.get(c)) for c in columns] for item in items], "l" * len(columns)
         )
     return out
-
-
-def _relink(markdown: str, prefix: str) -> str:
-    """Make relative link and image targets of an included page relative to RESULTS.md."""
-    return re.sub(r"\]\((?!https?:|/|#)([^)]+)\)", lambda m: f"]({prefix}{m.group(1)})", markdown)
-
-
-def _demote(markdown: str) -> str:
-    """Headings three levels down, so an included page nests under its ### heading."""
-    return re.sub(r"^(#{1,3}) ", lambda m: "###" + m.group(1) + " ", markdown, flags=re.M)
 
 
 EXTERNAL = (
@@ -607,32 +595,32 @@ EXTERNAL = (
 )
 
 
-def render_external(results_dir: Path) -> str:
-    """The sections written by other commands. A JSON section whose folder holds a page of the same
-    name (`verifier_agreement.json` and `verifier_agreement.md`) shows that page, which says what the
-    figures mean and names its JSON and command; one without shows the JSON as tables."""
-    out = ""
-    for title, rel, command in EXTERNAL:
-        out += f"### {title}\n\n"
-        path = results_dir / rel
-        if not path.is_file():
-            out += f"Not yet run: `{command}`\n\n"
-            continue
-        prose = path.with_suffix(".md")
-        if rel.endswith(".json") and prose.is_file():
-            prefix = f"{results_dir.name}/{Path(rel).parent.as_posix()}/".replace("/./", "/")
-            out += _demote(_relink(prose.read_text(), prefix)).strip() + "\n\n"
-            continue
-        out += f"From `{results_dir.name}/{rel}`, written by `{command}`.\n\n"
-        if rel.endswith(".md"):
-            prefix = f"{results_dir.name}/{Path(rel).parent.as_posix()}/"
-            out += _demote(_relink(path.read_text(), prefix)).strip() + "\n\n"
-        else:
-            try:
-                out += json_tables(json.loads(path.read_text())) + "\n"
-            except (json.JSONDecodeError, AttributeError) as exc:
-                out += f"Could not read {rel}: {exc}\n\n"
-    return out
+GENERATED = "<!-- written by `python -m bench.results`: edit bench/results.py or the result's JSON, not this page -->\n"
+"""The first line of every page this script writes; a Markdown file without it is a page of its own."""
+
+
+def external_page(title: str, rel: str, command: str, results_dir: Path) -> tuple[str | None, str | None]:
+    """(the page of one external result, relative to results_dir; the text to write there, or None when
+    the result keeps a page of its own). A result written as Markdown, or as JSON beside a Markdown
+    page of the same name, is its own page; a JSON-only result gets one rendered here from its tables.
+    (None, None) when it has not been run."""
+    path = results_dir / rel
+    if not path.is_file():
+        return None, None
+    if rel.endswith(".md"):
+        return rel, None
+    prose = path.with_suffix(".md")
+    if prose.is_file() and not prose.read_text().startswith(GENERATED):
+        return prose.relative_to(results_dir).as_posix(), None
+    try:
+        tables = json_tables(json.loads(path.read_text()))
+    except (json.JSONDecodeError, AttributeError) as exc:
+        tables = f"Could not read {rel}: {exc}\n"
+    text = GENERATED + (
+        f"# {title}\n\n[All results](../RESULTS.md)\n\nFrom `{rel}`, written by `{command}`; this page is "
+        "rendered from it by `python -m bench.results --render-only`.\n\n" + tables
+    )
+    return Path(rel).with_suffix(".md").as_posix(), text.rstrip() + "\n"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -678,7 +666,7 @@ def headline_rows(sections: dict[str, Any]) -> list[list[str]]:
 
     def add(name: str, figure: str, value: str) -> None:
         quick = " (quick)" if sections[name].get("quick") else ""
-        rows.append([figure, value + quick, f"[{SECTIONS[name].title}](#{_anchor(name)})"])
+        rows.append([figure, value + quick, f"[{SECTIONS[name].title}](results/{name}.md)"])
 
     if "generation" in sections:
         d = sections["generation"]["data"]
@@ -723,17 +711,54 @@ def headline_rows(sections: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _anchor(name: str) -> str:
-    return f"section-{name.replace('_', '-')}"
+def measured_span(sections: dict[str, Any]) -> str:
+    """When the saved sections were measured (from the data, so a re-render writes the same page)."""
+    dates = sorted(str(e["finished_at"])[:10] for e in sections.values() if e.get("finished_at"))
+    if not dates:
+        return "nothing measured yet"
+    return f"measured {dates[0]}" if dates[0] == dates[-1] else f"measured {dates[0]} to {dates[-1]}"
 
 
-def render_page(sections: dict[str, Any], results_dir: Path, plots: dict[str, str]) -> str:
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    parts = [
+def render_section_page(name: str, entry: dict[str, Any] | None, results_dir: Path, plot: str | None) -> str:
+    title = SECTIONS[name].title
+    parts = [GENERATED, f"# {title}\n\n[All results](../RESULTS.md)\n\n"]
+    if entry is None:
+        parts.append(f"Not yet run: `{section_command(name, False)}`\n")
+    else:
+        parts.append(_header(name, entry))
+        parts.append(RENDERERS[name](entry["data"]))
+        if plot is not None:
+            parts.append(f"\n![{title}]({plot})\n")
+    if name == "async_vs_sync":
+        parts.append("\n| figure | status |\n| :-- | :-- |\n" + time_to_target_row(results_dir))
+    return "".join(parts).rstrip() + "\n"
+
+
+def render_pages(sections: dict[str, Any], results_dir: Path, plots: dict[str, str]) -> dict[str, str]:
+    """Every page bench/results.py writes: results/<section>.md per measured section, results/<name>.md
+    per external JSON result without a page of its own, and RESULTS.md (path relative to the docs
+    folder -> text). Each figure is stated on one page; RESULTS.md holds the headlines and links."""
+    rel = results_dir.name
+    pages: dict[str, str] = {}
+    for name in SECTIONS:
+        pages[f"{rel}/{name}.md"] = render_section_page(name, sections.get(name), results_dir, plots.get(name))
+    index_rows: list[list[str]] = []
+    for title, source, command in EXTERNAL:
+        page, text = external_page(title, source, command, results_dir)
+        if page is None:
+            index_rows.append([title, f"not yet run: `{command}`"])
+            continue
+        if text is not None:
+            pages[f"{rel}/{page}"] = text
+        index_rows.append([title, f"[{rel}/{page}]({rel}/{page})"])
+    header = [
+        GENERATED,
         "# Results\n\n",
-        f"Written by `python -m bench.results` on {now} from `{results_dir.name}/{RESULTS_JSON}` (every "
-        "number below, with each repeat). Rerun one section with `--only NAME` (the others keep their "
-        "saved numbers) or re-render from the saved numbers with `--render-only`.\n\n",
+        f"An index: each result has its own page under `{rel}/`, written by the command it names; each figure "
+        f"is stated on its page. The throughput sections below were written by `python -m bench.results` "
+        f"({measured_span(sections)}) from `{rel}/{RESULTS_JSON}`, which keeps every repeat. Rerun one with "
+        "`--only NAME` (the others keep their saved numbers); `--render-only` rewrites every page from the "
+        "saved numbers, and a test checks that it reproduces the committed pages.\n\n",
         "How to read the figures: each is the **median over repeats**; each comparison is a **ratio "
         "measured side by side in one run**: the repeats of A and B interleave (order rotated every "
         "repeat) and the ratio is the median of the per-repeat ratios. Min–max columns show the "
@@ -745,24 +770,21 @@ def render_page(sections: dict[str, Any], results_dir: Path, plots: dict[str, st
         "\n## Headlines\n\n",
     ]
     rows = headline_rows(sections)
-    parts.append(
-        markdown_table(["figure", "value", "section"], rows, "lll") if rows else "Nothing measured yet.\n"
+    header.append(
+        markdown_table(["figure", "value", "page"], rows, "lll") if rows else "Nothing measured yet.\n"
     )
-    for number, name in enumerate(SECTIONS, start=1):
-        parts.append(f'\n<a id="{_anchor(name)}"></a>\n\n## {number}. {SECTIONS[name].title}\n\n')
-        entry = sections.get(name)
-        if entry is None:
-            parts.append(f"Not yet run: `{section_command(name, False)}`\n")
-        else:
-            parts.append(_header(name, entry))
-            parts.append(RENDERERS[name](entry["data"]))
-            if name in plots:
-                parts.append(f"\n![{SECTIONS[name].title}]({plots[name]})\n")
-        if name == "async_vs_sync":
-            parts.append("\n| figure | status |\n| :-- | :-- |\n" + time_to_target_row(results_dir))
-    parts.append(f"\n## {len(SECTIONS) + 1}. Other tools\n\n")
-    parts.append(render_external(results_dir))
-    return "".join(parts).rstrip() + "\n"
+    header.append("\n## Throughput, one page per part\n\n")
+    header.append(
+        markdown_table(
+            ["part", "page"],
+            [[SECTIONS[n].title, f"[{rel}/{n}.md]({rel}/{n}.md)"] for n in SECTIONS],
+            "ll",
+        )
+    )
+    header.append("\n## Studies, drills and tools\n\n")
+    header.append(markdown_table(["result", "page"], index_rows, "ll"))
+    pages["RESULTS.md"] = "".join(header).rstrip() + "\n"
+    return pages
 
 
 # --------------------------------------------------------------------------------------------------
@@ -878,7 +900,7 @@ PLOTS: dict[str, Callable[[dict[str, Any], Any], None]] = {
 
 
 def write_plots(sections: dict[str, Any], results_dir: Path) -> dict[str, str]:
-    """One PNG per measured section; returns section -> path relative to the page. Needs the bench
+    """One PNG per measured section; returns section -> path relative to its page. Needs the bench
     extra's matplotlib; without it the page has no plots (and says so on stderr)."""
     try:
         import matplotlib
@@ -897,7 +919,7 @@ def write_plots(sections: dict[str, Any], results_dir: Path) -> dict[str, str]:
         fig.tight_layout()
         fig.savefig(results_dir / f"{name}.png", dpi=110)
         plt.close(fig)
-        out[name] = f"{results_dir.name}/{name}.png"
+        out[name] = f"{name}.png"
     return out
 
 
@@ -906,13 +928,17 @@ def write_plots(sections: dict[str, Any], results_dir: Path) -> dict[str, str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def render(out: Path, sections: dict[str, Any]) -> Path:
+def render(out: Path, sections: dict[str, Any], plots: bool = True) -> Path:
+    """Write every page (and, with `plots`, the sections' PNGs) under `out`; returns RESULTS.md."""
     results_dir = out / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(sections, results_dir)
-    page = out / "RESULTS.md"
-    page.write_text(render_page(sections, results_dir, plots))
-    return page
+    if plots:
+        drawn = write_plots(sections, results_dir)
+    else:  # the pages link the PNGs that are there
+        drawn = {name: f"{name}.png" for name in sections if (results_dir / f"{name}.png").is_file()}
+    for rel, text in render_pages(sections, results_dir, drawn).items():
+        (out / rel).write_text(text)
+    return out / "RESULTS.md"
 
 
 def parse_only(value: str | None) -> list[str]:
@@ -933,6 +959,7 @@ def main() -> int:
     parser.add_argument("--only", default=None, help=f"comma-separated sections: {','.join(SECTIONS)}")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="page directory (default: docs)")
     parser.add_argument("--render-only", action="store_true", help="re-render from OUT/results/results.json")
+    parser.add_argument("--no-plots", action="store_true", help="leave the PNGs as they are (pages only)")
     parser.add_argument("--child", choices=list(SECTIONS), help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -957,7 +984,7 @@ def main() -> int:
             save_results(json_path, sections)
             print(f"[results] {name} done in {sections[name]['wall_seconds']} s", flush=True)
     save_results(json_path, sections)
-    page = render(out, sections)
+    page = render(out, sections, plots=not args.no_plots)
     print(f"[results] wrote {page} and {json_path}")
     if failed:
         print(

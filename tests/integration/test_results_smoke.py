@@ -63,12 +63,14 @@ def test_quick_results_page_has_finite_positive_figures(tmp_path: Path) -> None:
     assert saved["learner"]["data"]["steps"] == 2
     assert len(set(saved["learner"]["data"]["first_loss"].values())) == 1  # same data, same init
 
-    text = page.read_text()
+    index = page.read_text()
+    pages = {name: (tmp_path / "results" / f"{name}.md").read_text() for name in [*SECTIONS, "generation"]}
     for name in SECTIONS:
-        assert f"`python -m bench.results --only {name} --quick`" in text
-    assert "Not yet run: `python -m bench.results --only generation`" in text
-    assert "## Machine" in text and "DeepSpeed" in text
-    assert "Smoke-test sizes" in text
+        assert f"`python -m bench.results --only {name} --quick`" in pages[name]
+        assert f"(results/{name}.md)" in index
+    assert "Not yet run: `python -m bench.results --only generation`" in pages["generation"]
+    assert "## Machine" in index and "DeepSpeed" in index
+    assert "Smoke-test sizes" in pages["transport"]
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -76,7 +78,7 @@ def test_quick_results_page_has_finite_positive_figures(tmp_path: Path) -> None:
     else:
         for name in SECTIONS:
             assert (tmp_path / "results" / f"{name}.png").stat().st_size > 1000
-            assert f"(results/{name}.png)" in text
+            assert f"({name}.png)" in pages[name]
 
     # Re-render from the saved numbers alone: same sections, no benchmark runs.
     page.unlink()
@@ -88,4 +90,5 @@ def test_quick_results_page_has_finite_positive_figures(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "`python -m bench.results --only transport --quick`" in page.read_text()
+    assert "`python -m bench.results --only transport --quick`" in (tmp_path / "results" / "transport.md").read_text()
+    assert page.read_text() == index

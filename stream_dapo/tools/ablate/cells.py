@@ -149,6 +149,11 @@ def freeze_base_config(plan: Plan) -> None:
         log.warning("%s does not reproduce the resolved config; children read the files as given", path)
 
 
+WEIGHTS_DIGEST = "weights.sha256"
+"""In a model folder kept without its weights (docs/results/*/start-model): the sha256 of its
+*.safetensors files, concatenated in name order, which is what `model_key` hashes."""
+
+
 def model_key(cfg: Config) -> str | None:
     """The starting model's identity: its build key and a digest of its weight files. The build key
     comes from the config alone, and the same config warmed up on another machine gave other weights
@@ -160,8 +165,11 @@ def model_key(cfg: Config) -> str | None:
     marker = read_marker(folder)
     if marker is None:
         return None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files and (folder / WEIGHTS_DIGEST).is_file():  # a recorded model kept as its checksum alone
+        return f"{marker.get('key')}/{(folder / WEIGHTS_DIGEST).read_text().strip()[:16]}"
     digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")):
+    for path in files:
         with path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
