@@ -500,8 +500,14 @@ class GeneratorService:
         engine = self._engine
         assert self.weights is not None
         seconds = self.weights.load(engine, update)
-        self.metrics.weight_sync_seconds.observe(update.fetch_seconds + seconds)
-        self.metrics.weight_sync_bytes.inc(update.nbytes)
+        mx = self.metrics
+        mx.weight_sync_seconds.observe(update.fetch_seconds + seconds)
+        mx.weight_sync_bytes.inc(update.nbytes)
+        wire = update.nbytes if update.wire_bytes is None else update.wire_bytes
+        mx.weight_received_bytes.inc(wire)
+        mx.weight_delta_ratio.set(wire / update.nbytes if update.nbytes else 1.0)
+        if update.published_at > 0:
+            mx.weight_publish_to_loaded_seconds.observe(max(0.0, time.time() - update.published_at))
         self.metrics.policy_version.set(engine.version)
         self.health.detail["policy_version"] = engine.version
         log.info(

@@ -3,7 +3,12 @@
 vLLM mixes this class into its worker class, so ``self`` below is the worker (CPU or GPU) and each
 method is callable from the engine with ``engine.collective_rpc("method", args=(...))``. The engine
 runs its worker in another process and msgpacks RPC arguments, so everything that crosses is a plain
-value: a file path, names, dtypes as strings, shapes as lists. Tensors never go through the RPC.
+value (a file path, names, dtypes as strings, shapes as lists) or a CPU tensor, which vLLM's msgpack
+encoder sends as a raw frame.
+
+The weights arrive as a file path (``update_weights_from_file``) or as the safetensors image itself,
+one uint8 tensor (``update_weights_from_buffer``), which vLLM's RPC moves as a zero-copy frame (or
+not at all with the engine core inline); the image is viewed in place, never written out.
 
 Three facts about vLLM 0.32 shape the loading code:
 
@@ -74,6 +79,22 @@ class WeightUpdateExtension:
             expected = f.get_tensor(_EMBED_NAME) if _EMBED_NAME in names else None
         self._sd_verify_embedding(expected, path)
         logger.info("loaded %d tensors from %s in %.2f s", len(names), path, time.perf_counter() - start)
+        return True
+
+    def update_weights_from_buffer(self, image: torch.Tensor) -> bool:
+        """Load a full safetensors image held in memory (a 1-d uint8 tensor) into the running model.
+
+        The tensors are views into ``image`` (``stream_dapo.weights.safetensors_view``): nothing is
+        written to disk or read back. Returns True, or raises, as ``update_weights_from_file``.
+        """
+        from stream_dapo.weights.safetensors_view import tensors_from_buffer
+
+        start = time.perf_counter()
+        tensors = tensors_from_buffer(image)
+        self._sd_reload(iter(tensors))
+        expected = next((t for name, t in tensors if name == _EMBED_NAME), None)
+        self._sd_verify_embedding(expected, f"the image in memory ({image.numel()} bytes)")
+        logger.info("loaded %d tensors from memory in %.2f s", len(tensors), time.perf_counter() - start)
         return True
 
     def weights_checksum(self) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -133,12 +133,19 @@ def _persistent_buffers(module: torch.nn.Module) -> Iterable[tuple[str, Tensor]]
 
 @dataclass(frozen=True)
 class WeightUpdate:
-    """A newer weight version ready to load: a verified local file, or (NCCL) a broadcast to take."""
+    """A newer weight version ready to load: its verified safetensors bytes in memory (``data``), a
+    verified local file (``path``), or (NCCL, both None) a broadcast to take."""
 
     version: int
     path: Path | None
     nbytes: int
+    """Bytes of the full version."""
     fetch_seconds: float = 0.0
+    data: bytearray | None = field(default=None, repr=False, compare=False)
+    wire_bytes: int | None = None
+    """Bytes that crossed the network for it (deltas count their compressed size); None: nbytes."""
+    published_at: float = 0.0
+    """The learner's wall clock when it published the version (unix seconds); 0: unknown."""
 
 
 class WeightPublisher(Protocol):
@@ -165,6 +172,9 @@ class WeightSource(Protocol):
     startup: Literal["look", "answer", "announcement"]
     """How long a starting generator waits for the learner: one look (nothing published means start
     from the initial model), until the weight server answers, or until a version is announced."""
+    latest_seen: int
+    """The newest version the last poll saw published (-1 before any): how far behind the loaded
+    weights are is ``latest_seen - loaded``."""
 
     def join(self, engine: RolloutEngine) -> None:
         """Start-up work with the engine before the first poll (NCCL: join the weight group)."""
@@ -182,14 +192,18 @@ class WeightSource(Protocol):
 
 
 class FileSource:
-    """What the file-based sources share: an update is a verified local file, loaded from disk."""
+    """What the ZeroMQ and shared-directory sources share: an update is verified safetensors bytes in
+    memory, which the engine loads from there (or, from tools, a verified local file)."""
 
     first_version = 0
+    latest_seen = -1
 
     def join(self, engine: RolloutEngine) -> None:
         pass
 
     def load(self, engine: RolloutEngine, update: WeightUpdate) -> float:
+        if update.data is not None:
+            return engine.update_weights_from_buffer(update.data, update.version)
         assert update.path is not None
         return engine.update_weights(update.path, update.version)
 

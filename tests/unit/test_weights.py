@@ -279,14 +279,14 @@ def test_nccl_broadcast_delivers_every_tensor_bit_identically(tmp_path: Path) ->
 # --------------------------------------------------------------------------------------------------
 
 
-class _FileEngine:
-    """Records what a source asks the engine to load."""
+class _MemoryEngine:
+    """Records what a source asks the engine to load (the image's bytes, from memory)."""
 
     def __init__(self) -> None:
-        self.loaded: list[tuple[Path, int]] = []
+        self.loaded: list[tuple[bytes, int]] = []
 
-    def update_weights(self, path: Path, version: int) -> float:
-        self.loaded.append((path, version))
+    def update_weights_from_buffer(self, data: bytearray, version: int) -> float:
+        self.loaded.append((bytes(data), version))
         return 0.5
 
 
@@ -317,9 +317,10 @@ def test_the_factory_builds_each_methods_two_ends_and_they_meet(tmp_path: Path) 
             publisher.publish(payload, sd)
             update = source(0)
             assert update is not None and update.version == 3 and update.nbytes == payload.total_bytes
-            engine = _FileEngine()
+            engine = _MemoryEngine()
             assert source.load(engine, update) == 0.5  # type: ignore[arg-type]
-            assert engine.loaded == [(update.path, 3)]
+            assert engine.loaded == [(payload.data, 3)]  # the published bytes, from memory: no file
+            assert update.path is None
             assert source(3) is None  # nothing newer
         finally:
             source.close()
