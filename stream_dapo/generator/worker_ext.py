@@ -3,12 +3,13 @@
 vLLM mixes this class into its worker class, so ``self`` below is the worker (CPU or GPU) and each
 method is callable from the engine with ``engine.collective_rpc("method", args=(...))``. The engine
 runs its worker in another process and msgpacks RPC arguments, so everything that crosses is a plain
-value (a file path, names, dtypes as strings, shapes as lists) or a CPU tensor, which vLLM's msgpack
-encoder sends as a raw frame.
+value: a file path, a shared-memory name, names, dtypes as strings, shapes as lists. Tensors never go
+through the RPC (vLLM decodes utility-call arguments without types, so a tensor would arrive as a
+list).
 
-The weights arrive as a file path (``update_weights_from_file``) or as the safetensors image itself,
-one uint8 tensor (``update_weights_from_buffer``), which vLLM's RPC moves as a zero-copy frame (or
-not at all with the engine core inline); the image is viewed in place, never written out.
+The weights arrive as a file path (``update_weights_from_file``) or as the name of a shared-memory
+segment the generator assembled the safetensors image in (``update_weights_from_shm``), which the
+worker maps and views in place: the image is never written out or copied through the RPC.
 
 Three facts about vLLM 0.32 shape the loading code:
 
@@ -81,20 +82,27 @@ class WeightUpdateExtension:
         logger.info("loaded %d tensors from %s in %.2f s", len(names), path, time.perf_counter() - start)
         return True
 
-    def update_weights_from_buffer(self, image: torch.Tensor) -> bool:
-        """Load a full safetensors image held in memory (a 1-d uint8 tensor) into the running model.
+    def update_weights_from_shm(self, name: str, nbytes: int) -> bool:
+        """Load a full safetensors image that the generator assembled in shared memory ``name``.
 
-        The tensors are views into ``image`` (``stream_dapo.weights.safetensors_view``): nothing is
-        written to disk or read back. Returns True, or raises, as ``update_weights_from_file``.
+        The tensors are views into the mapped pages (``stream_dapo.weights.safetensors_view``):
+        nothing is written to disk, read back or copied before the reload copies each tensor into
+        its parameter. Returns True, or raises, as ``update_weights_from_file``.
         """
+        import torch
+
+        from stream_dapo.weights.image import map_image
         from stream_dapo.weights.safetensors_view import tensors_from_buffer
 
         start = time.perf_counter()
-        tensors = tensors_from_buffer(image)
-        self._sd_reload(iter(tensors))
-        expected = next((t for name, t in tensors if name == _EMBED_NAME), None)
-        self._sd_verify_embedding(expected, f"the image in memory ({image.numel()} bytes)")
-        logger.info("loaded %d tensors from memory in %.2f s", len(tensors), time.perf_counter() - start)
+        with map_image(name, nbytes) as view:
+            tensors = tensors_from_buffer(torch.frombuffer(view, dtype=torch.uint8))
+            count = len(tensors)
+            self._sd_reload(iter(tensors))
+            expected = next((t for n, t in tensors if n == _EMBED_NAME), None)
+            self._sd_verify_embedding(expected, f"shared-memory image {name}")
+            del tensors, expected  # views of the mapping: released before it is unmapped
+        logger.info("loaded %d tensors from shared memory in %.2f s", count, time.perf_counter() - start)
         return True
 
     def weights_checksum(self) -> str:

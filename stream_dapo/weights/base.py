@@ -29,6 +29,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from stream_dapo.generator.engine import RolloutEngine
+    from stream_dapo.weights.image import WeightImage
 
 __all__ = [
     "ChecksumMismatch",
@@ -141,7 +142,7 @@ class WeightUpdate:
     nbytes: int
     """Bytes of the full version."""
     fetch_seconds: float = 0.0
-    data: bytearray | None = field(default=None, repr=False, compare=False)
+    data: WeightImage | None = field(default=None, repr=False, compare=False)
     wire_bytes: int | None = None
     """Bytes that crossed the network for it (deltas count their compressed size); None: nbytes."""
     published_at: float = 0.0
@@ -193,7 +194,7 @@ class WeightSource(Protocol):
 
 class FileSource:
     """What the ZeroMQ and shared-directory sources share: an update is verified safetensors bytes in
-    memory, which the engine loads from there (or, from tools, a verified local file)."""
+    shared memory, which the engine's worker maps and loads from (or, from tools, a verified file)."""
 
     first_version = 0
     latest_seen = -1
@@ -203,7 +204,7 @@ class FileSource:
 
     def load(self, engine: RolloutEngine, update: WeightUpdate) -> float:
         if update.data is not None:
-            return engine.update_weights_from_buffer(update.data, update.version)
+            return engine.update_weights_from_image(update.data, update.version)
         assert update.path is not None
         return engine.update_weights(update.path, update.version)
 

@@ -102,12 +102,14 @@ def apply_xor_delta(delta: bytes, base: memoryview | bytes, out: memoryview) -> 
 class HeldWeights:
     """A version a receiver holds in memory, the base for the next transfer.
 
-    ``data``: its safetensors bytes; ``digests``: its chunk digests at ``chunk_bytes``."""
+    ``data``: its safetensors bytes; ``digests``: its chunk digests at ``chunk_bytes``; ``owner``:
+    what keeps the memory behind ``data`` alive (a shared-memory image), if ``data`` is a view."""
 
     version: int
-    data: bytes | bytearray
+    data: bytes | bytearray | memoryview
     digests: list[bytes]
     chunk_bytes: int
+    owner: object = None
 
     @property
     def state_checksum(self) -> str:

@@ -31,6 +31,7 @@ from stream_dapo.weights.base import (
     sha256_file,
     weights_file_name,
 )
+from stream_dapo.weights.image import WeightImage
 
 __all__ = [
     "LATEST_FILE",
@@ -104,9 +105,9 @@ class SharedDirWeightSource(FileSource):
         found = read_shared_dir_image(self.directory, have)
         if found is None:
             return None
-        version, data = found
+        version, image = found
         self.latest_seen = version
-        return WeightUpdate(version, None, len(data), time.perf_counter() - start, data=data)
+        return WeightUpdate(version, None, image.nbytes, time.perf_counter() - start, data=image)
 
 
 def read_shared_dir(directory: str | os.PathLike[str], have_version: int) -> tuple[int, Path] | None:
@@ -122,26 +123,30 @@ def read_shared_dir(directory: str | os.PathLike[str], have_version: int) -> tup
 
 def read_shared_dir_image(
     directory: str | os.PathLike[str], have_version: int
-) -> tuple[int, bytearray] | None:
-    """As `read_shared_dir`, but the file's bytes, read once into memory and hashed as they are read."""
+) -> tuple[int, WeightImage] | None:
+    """As `read_shared_dir`, but the file's bytes, read once into shared memory (`weights.image`) and
+    hashed as they are read."""
     return _newest(Path(directory), have_version, _read_hashed)
 
 
 T = TypeVar("T")
 
 
-def _read_hashed(path: Path, block: int = 1 << 22) -> tuple[str, bytearray]:
-    """(sha256 hex, bytes) of ``path``, in one read."""
+def _read_hashed(path: Path, block: int = 1 << 22) -> tuple[str, WeightImage]:
+    """(sha256 hex, bytes in shared memory) of ``path``, in one read."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        data = bytearray(size)
-        view = memoryview(data)
+        if size == 0:
+            raise WeightsError(f"{path} is empty; the publisher writes whole files: delete it and republish")
+        data = WeightImage(size)
+        view = data.view
         got = 0
         while got < size and (n := f.readinto(view[got : got + block])):
             h.update(view[got : got + n])
             got += n
     if got != size:
+        data.close()
         raise WeightsError(
             f"{path} shrank while being read ({got} of {size} bytes): is something rewriting it?"
         )

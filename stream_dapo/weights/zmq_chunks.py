@@ -77,6 +77,7 @@ from stream_dapo.weights.delta import (
     state_checksum,
     xor_delta,
 )
+from stream_dapo.weights.image import WeightImage
 
 if TYPE_CHECKING:
     import prometheus_client
@@ -461,7 +462,12 @@ class ZmqWeightSource(FileSource):
         start = time.perf_counter()
         try:
             got = fetch_weights_stream(
-                self._ep(), have, self.timeout_s, base=self._held, window=self.window, retries=0
+                self._ep(),
+                have,
+                self.timeout_s,
+                base=self._held,
+                window=self.window,
+                retries=0,
             )
         except TransportTimeout:
             # A DEALER that timed out may still get late replies: start the next poll on a fresh socket.
@@ -472,7 +478,7 @@ class ZmqWeightSource(FileSource):
         self.latest_seen = got.version
         if got.data is None:
             return None
-        self._fetched = HeldWeights(got.version, got.data, got.digests, got.chunk_bytes)
+        self._fetched = HeldWeights(got.version, got.data.view, got.digests, got.chunk_bytes, owner=got.data)
         return WeightUpdate(
             got.version,
             None,
@@ -485,10 +491,9 @@ class ZmqWeightSource(FileSource):
 
     def load(self, engine: RolloutEngine, update: WeightUpdate) -> float:
         seconds = super().load(engine, update)
-        fetched = self._fetched
+        fetched, self._fetched = self._fetched, None
         if self.delta and fetched is not None and fetched.version == update.version:
-            self._held = fetched  # the base of the next transfer
-        self._fetched = None
+            self._held = fetched  # the base of the next transfer; the one before goes with its owner
         return seconds
 
     def close(self) -> None:
@@ -503,7 +508,8 @@ class StreamedVersion:
     the caller's, its bytes (checked) with the transfer's figures."""
 
     version: int
-    data: bytearray | None
+    data: WeightImage | None
+    """The version's bytes in shared memory (`weights.image`), checked; None: nothing new."""
     digests: list[bytes]
     chunk_bytes: int
     wire_bytes: int = 0
@@ -601,8 +607,8 @@ class _ChunkStream:
     ) -> None:
         self.ep, self.manifest, self.window = ep, manifest, window
         self.timeout_ms, self.retries = timeout_ms, retries
-        self.out = bytearray(manifest.total_bytes)
-        self.view = memoryview(self.out)
+        self.out = WeightImage(manifest.total_bytes)
+        self.view = self.out.view
         usable = (
             base is not None
             and len(base.data) == manifest.total_bytes
@@ -618,6 +624,21 @@ class _ChunkStream:
         self.counts: Counter[str] = Counter()
 
     def run(self) -> StreamedVersion | None:
+        """The checked version, or None when the server dropped it meanwhile; on any failure the
+        shared memory assembled so far is freed."""
+        try:
+            got = self._run()
+        except BaseException:
+            self.out.close()
+            raise
+        finally:
+            if self.base_view is not None:
+                self.base_view.release()
+        if got is None:
+            self.out.close()
+        return got
+
+    def _run(self) -> StreamedVersion | None:
         m = self.manifest
         for i in range(m.num_chunks):
             if self.base is not None and self.base.digests[i] == m.chunk_digests[i]:
@@ -699,33 +720,37 @@ class _ChunkStream:
             )
             return True
         lo, hi = self._span(index)
-        out = self.view[lo:hi]
-        try:
-            if body.encoding == "raw":
-                if len(body.data) != hi - lo:
-                    raise DeltaError(f"{len(body.data)} bytes, expected {hi - lo}")
-                out[:] = body.data
-            else:
-                if self.base_view is None or self.base is None or body.base_version != self.base.version:
-                    raise DeltaError(
-                        f"a delta against version {body.base_version}, which this generator did not ask for"
-                    )
-                apply_xor_delta(body.data, self.base_view[lo:hi], out)
-        except DeltaError as exc:
-            self._retry(index, raw_only, str(exc))
+        with self.view[lo:hi] as out:  # released at once: the image may be freed after a failure
+            problem = self._place(body, out, lo, hi)
+        if problem is not None:
+            self._retry(index, raw_only, problem)
             return True
-        digest = hashlib.sha256(out).digest()
-        if digest != self.manifest.chunk_digests[index]:
-            self._retry(
-                index,
-                raw_only,
-                f"sha256 {digest.hex()[:16]}..., announced {self.manifest.chunk_digests[index].hex()[:16]}...",
-            )
-            return True
-        self.digests[index] = digest
         self.counts["wire_bytes"] += len(body.data)
         self.counts["raw" if body.encoding == "raw" else "delta"] += 1
         return True
+
+    def _place(self, body: messages.Chunk, out: memoryview, lo: int, hi: int) -> str | None:
+        """Write chunk ``body`` into ``out`` and check its digest; the problem if it fails."""
+        try:
+            if body.encoding == "raw":
+                if len(body.data) != hi - lo:
+                    return f"{len(body.data)} bytes, expected {hi - lo}"
+                out[:] = body.data
+            else:
+                if self.base_view is None or self.base is None or body.base_version != self.base.version:
+                    return (
+                        f"a delta against version {body.base_version}, which this generator did not ask for"
+                    )
+                with self.base_view[lo:hi] as base:
+                    apply_xor_delta(body.data, base, out)
+        except DeltaError as exc:
+            return str(exc)
+        digest = hashlib.sha256(out).digest()
+        want = self.manifest.chunk_digests[body.index]
+        if digest != want:
+            return f"sha256 {digest.hex()[:16]}..., announced {want.hex()[:16]}..."
+        self.digests[body.index] = digest
+        return None
 
     def _retry(self, index: int, raw_only: bool, problem: str) -> None:
         """A chunk failed its check: ask once more, raw; a second failure discards the transfer."""

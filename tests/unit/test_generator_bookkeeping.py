@@ -738,8 +738,8 @@ def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_so
         version = 0
         image = b""
 
-        def update_weights_from_buffer(self, data: bytearray, version: int) -> float:
-            self.version, self.image = version, bytes(data)
+        def update_weights_from_image(self, image: Any, version: int) -> float:
+            self.version, self.image = version, bytes(image)
             return 0.0
 
     cfg = load_config(

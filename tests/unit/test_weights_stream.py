@@ -25,6 +25,7 @@ from stream_dapo.weights.delta import (
     state_checksum,
     xor_delta,
 )
+from stream_dapo.weights.image import WeightImage
 from stream_dapo.weights.safetensors_view import SafetensorsError, check_header, tensors_from_buffer
 from stream_dapo.weights.zmq_chunks import (
     StreamedVersion,
@@ -77,7 +78,7 @@ def fetch(
 
 def held(got: StreamedVersion) -> HeldWeights:
     assert got.data is not None
-    return HeldWeights(got.version, got.data, got.digests, got.chunk_bytes)
+    return HeldWeights(got.version, got.data.view, got.digests, got.chunk_bytes, owner=got.data)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -202,8 +203,8 @@ def test_the_source_keeps_what_it_loaded_as_the_next_base_and_follows_an_older_l
         def __init__(self) -> None:
             self.loaded: list[tuple[int, bytes]] = []
 
-        def update_weights_from_buffer(self, data: bytearray, version: int) -> float:
-            self.loaded.append((version, bytes(data)))
+        def update_weights_from_image(self, image: WeightImage, version: int) -> float:
+            self.loaded.append((version, bytes(image)))
             return 0.0
 
     engine = Engine()
