@@ -523,7 +523,7 @@ class RolloutEngine:
         """Swap to the weights in the shared-memory safetensors image ``image``, labelled ``version``;
         returns seconds. The worker maps the same pages (no copy through the RPC, no file). An image
         that is not usable is refused before the engine is paused (``ValueError``; the engine keeps
-        sampling from the old weights). The image's name is unlinked once the worker is done with it."""
+        sampling from the old weights)."""
         from stream_dapo.weights.safetensors_view import SafetensorsError, check_header
 
         try:
@@ -545,10 +545,7 @@ class RolloutEngine:
                 raise WeightUpdateError(f"workers did not confirm loading {what}: {results!r}")
             return version
 
-        try:
-            return self._swap(load, what)
-        finally:
-            image.unlink()
+        return self._swap(load, what)
 
     def join_nccl(self, host: str, port: int, world_size: int, rank_base: int) -> list[int]:
         """Join the learner's NCCL weight group (GPU only); returns the workers' ranks."""

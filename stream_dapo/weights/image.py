@@ -7,17 +7,21 @@ the version straight into a POSIX shared-memory segment (`WeightImage`); the RPC
 segment's name and size, and the worker maps the same pages (`map_image`) and loads the tensors as
 views into them. Nothing touches a disk and no byte is read twice.
 
-The name lives only until the load: the generator unlinks it as soon as the worker has mapped it
-(`WeightImage.unlink`), keeping its own mapping as the base of the next delta, so a crash leaves at
-most one segment behind. Shared memory comes from /dev/shm on Linux, which containers often keep
-small (Docker: 64 MB; the Kubernetes manifests mount an emptyDir of medium Memory there): a version
-that does not fit fails with a message naming the fix, before anything is allocated.
+A generator keeps at most three images: the version it holds (the base of the next delta), the one
+being fetched, and one spare (`WeightImage.recycle`): the next fetch of the same size reuses the
+spare's pages, which are already mapped (fresh shared memory costs a page fault per 4 KiB on first
+write, about as much time as the copy itself). Segments are registered with Python's resource
+tracker, which unlinks them when the generator exits, however it exits. Shared memory comes from
+/dev/shm on Linux, which containers often keep small (Docker: 64 MB; the Kubernetes manifests mount
+an emptyDir of medium Memory there): a version that does not fit fails with a message naming the
+fix, before anything is allocated.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
@@ -29,8 +33,37 @@ __all__ = ["SHM_DIR", "WeightImage", "map_image"]
 SHM_DIR = "/dev/shm"
 
 
+_spare: WeightImage | None = None
+_spare_lock = threading.Lock()
+
+
 class WeightImage:
-    """``nbytes`` of shared memory (``view``), named ``name`` until `unlink`."""
+    """``nbytes`` of shared memory (``view``), named ``name`` until `close`. `WeightImage.new`
+    reuses the spare image when its size matches."""
+
+    @classmethod
+    def new(cls, nbytes: int) -> WeightImage:
+        """An image of ``nbytes``: the spare one if it has that size (its old bytes still in it),
+        else a new one."""
+        global _spare
+        with _spare_lock:
+            spare, _spare = _spare, None
+        if spare is not None and spare.nbytes == nbytes and spare._shm is not None:
+            return spare
+        if spare is not None:
+            spare.close()
+        return cls(nbytes)
+
+    def recycle(self) -> None:
+        """Done with it: keep it as the spare for the next `new` of its size (or free it)."""
+        global _spare
+        if self._shm is None or not self._linked:
+            self.close()
+            return
+        with _spare_lock:
+            old, _spare = _spare, self
+        if old is not None and old is not self:
+            old.close()
 
     def __init__(self, nbytes: int) -> None:
         if nbytes <= 0:
@@ -39,7 +72,7 @@ class WeightImage:
         self._shm: SharedMemory | None = SharedMemory(create=True, size=nbytes)
         self.name = self._shm.name
         self.nbytes = nbytes
-        self.view: memoryview = self._shm.buf[:nbytes]
+        self.view: memoryview = memoryview(self._shm.buf)[:nbytes]
         self._linked = True
 
     def __len__(self) -> int:
@@ -86,7 +119,7 @@ def map_image(name: str, nbytes: int) -> Iterator[memoryview]:
     with contextlib.suppress(Exception):
         # Python < 3.13 registers every attach; undo it (3.13 has track=False for this).
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    view = shm.buf[:nbytes]
+    view = memoryview(shm.buf)[:nbytes]
     try:
         if len(view) != nbytes:
             raise WeightsError(

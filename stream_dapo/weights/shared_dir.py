@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from torch import Tensor
 
@@ -32,6 +32,9 @@ from stream_dapo.weights.base import (
     weights_file_name,
 )
 from stream_dapo.weights.image import WeightImage
+
+if TYPE_CHECKING:
+    from stream_dapo.generator.engine import RolloutEngine
 
 __all__ = [
     "LATEST_FILE",
@@ -109,6 +112,12 @@ class SharedDirWeightSource(FileSource):
         self.latest_seen = version
         return WeightUpdate(version, None, image.nbytes, time.perf_counter() - start, data=image)
 
+    def load(self, engine: RolloutEngine, update: WeightUpdate) -> float:
+        seconds = super().load(engine, update)
+        if update.data is not None:
+            update.data.recycle()  # loaded: its pages serve the next read
+        return seconds
+
 
 def read_shared_dir(directory: str | os.PathLike[str], have_version: int) -> tuple[int, Path] | None:
     """The newest verified weights file in a shared directory, if its version differs from ours.
@@ -139,7 +148,7 @@ def _read_hashed(path: Path, block: int = 1 << 22) -> tuple[str, WeightImage]:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise WeightsError(f"{path} is empty; the publisher writes whole files: delete it and republish")
-        data = WeightImage(size)
+        data = WeightImage.new(size)
         view = data.view
         got = 0
         while got < size and (n := f.readinto(view[got : got + block])):

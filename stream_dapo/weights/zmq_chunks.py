@@ -37,10 +37,12 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import zmq
 from torch import Tensor
 
@@ -99,6 +101,8 @@ log = logging.getLogger(__name__)
 REQUEST_MAX_BYTES = 64 * 1024
 """Queries and chunk requests are tiny; anything bigger sent to the weight server is rejected."""
 _CHUNK_OVERHEAD = 64 * 1024
+CHECK_THREADS = 2
+"""Helper threads a receiver places and hashes chunks on."""
 
 
 @dataclass(frozen=True)
@@ -493,7 +497,11 @@ class ZmqWeightSource(FileSource):
         seconds = super().load(engine, update)
         fetched, self._fetched = self._fetched, None
         if self.delta and fetched is not None and fetched.version == update.version:
-            self._held = fetched  # the base of the next transfer; the one before goes with its owner
+            old, self._held = self._held, fetched  # the base of the next transfer
+            if old is not None and isinstance(old.owner, WeightImage):
+                old.owner.recycle()  # its pages serve the next fetch
+        elif isinstance(update.data, WeightImage):
+            update.data.recycle()
         return seconds
 
     def close(self) -> None:
@@ -594,7 +602,11 @@ def fetch_weights_stream(
 
 
 class _ChunkStream:
-    """One version's transfer: ``window`` chunk requests in flight, each chunk checked on arrival."""
+    """One version's transfer: ``window`` chunk requests in flight, each chunk checked on arrival.
+
+    This thread sends requests and receives replies; placing a chunk (copy, or inflate and XOR) and
+    hashing it run on ``CHECK_THREADS`` helper threads (sha256, zlib and numpy release the GIL), so
+    the next chunks arrive while earlier ones are checked."""
 
     def __init__(
         self,
@@ -607,7 +619,7 @@ class _ChunkStream:
     ) -> None:
         self.ep, self.manifest, self.window = ep, manifest, window
         self.timeout_ms, self.retries = timeout_ms, retries
-        self.out = WeightImage(manifest.total_bytes)
+        self.out = WeightImage.new(manifest.total_bytes)
         self.view = self.out.view
         usable = (
             base is not None
@@ -622,6 +634,9 @@ class _ChunkStream:
         self.in_flight: dict[int, tuple[int, bool]] = {}
         """request id -> (chunk index, raw only)."""
         self.counts: Counter[str] = Counter()
+        self.placing: dict[Future[str | None], tuple[int, bool, int, bool]] = {}
+        """A chunk being placed and checked -> (index, raw only, wire bytes, was a delta)."""
+        self.pool = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="weights-check")
 
     def run(self) -> StreamedVersion | None:
         """The checked version, or None when the server dropped it meanwhile; on any failure the
@@ -629,9 +644,11 @@ class _ChunkStream:
         try:
             got = self._run()
         except BaseException:
+            self.pool.shutdown(wait=True, cancel_futures=True)
             self.out.close()
             raise
         finally:
+            self.pool.shutdown(wait=True)
             if self.base_view is not None:
                 self.base_view.release()
         if got is None:
@@ -649,9 +666,12 @@ class _ChunkStream:
             else:
                 self.todo.append((i, False))
         silent = 0
-        while self.todo or self.in_flight:
+        while self.todo or self.in_flight or self.placing:
             while self.todo and len(self.in_flight) < self.window:
                 self._ask(*self.todo.popleft())
+            self._harvest(block=not self.in_flight)
+            if not self.in_flight:
+                continue
             got = self.ep.recv(self.timeout_ms)
             if got is None:
                 silent += 1
@@ -719,23 +739,37 @@ class _ChunkStream:
                 index, raw_only, f"a {msg.type} that is not chunk {index} of version {self.manifest.version}"
             )
             return True
-        lo, hi = self._span(index)
-        with self.view[lo:hi] as out:  # released at once: the image may be freed after a failure
-            problem = self._place(body, out, lo, hi)
-        if problem is not None:
-            self._retry(index, raw_only, problem)
-            return True
-        self.counts["wire_bytes"] += len(body.data)
-        self.counts["raw" if body.encoding == "raw" else "delta"] += 1
+        future = self.pool.submit(self._place, body)
+        self.placing[future] = (index, raw_only, len(body.data), body.encoding != "raw")
         return True
 
-    def _place(self, body: messages.Chunk, out: memoryview, lo: int, hi: int) -> str | None:
-        """Write chunk ``body`` into ``out`` and check its digest; the problem if it fails."""
+    def _harvest(self, block: bool) -> None:
+        """Account for the chunks placed and checked (waiting for one when ``block``)."""
+        if not self.placing:
+            return
+        done, _ = wait(list(self.placing), timeout=None if block else 0, return_when=FIRST_COMPLETED)
+        for future in done:
+            index, raw_only, wire, delta = self.placing.pop(future)
+            problem = future.result()
+            if problem is not None:
+                self._retry(index, raw_only, problem)
+                continue
+            self.counts["wire_bytes"] += wire
+            self.counts["delta" if delta else "raw"] += 1
+
+    def _place(self, body: messages.Chunk) -> str | None:
+        """Write chunk ``body`` into the image and check its digest (a helper thread); the problem
+        if it fails."""
+        lo, hi = self._span(body.index)
+        with self.view[lo:hi] as out:  # released at once: the image may be freed after a failure
+            return self._place_into(body, out, lo, hi)
+
+    def _place_into(self, body: messages.Chunk, out: memoryview, lo: int, hi: int) -> str | None:
         try:
             if body.encoding == "raw":
                 if len(body.data) != hi - lo:
                     return f"{len(body.data)} bytes, expected {hi - lo}"
-                out[:] = body.data
+                np.copyto(np.frombuffer(out, dtype=np.uint8), np.frombuffer(body.data, dtype=np.uint8))
             else:
                 if self.base_view is None or self.base is None or body.base_version != self.base.version:
                     return (

@@ -291,9 +291,10 @@ def test_weights_handed_over_in_shared_memory_load_exactly_as_the_file_does(setu
     image.view[:] = data
     assert engine.update_weights_from_image(image, version=12) > 0 and engine.version == 12
     assert engine.weights_checksum() == from_file
-    # Loaded, the segment's name is gone (no file left behind); this process's mapping stays usable.
-    assert not (Path("/dev/shm") / image.name).exists() and bytes(image) == data
+    # The worker does not keep the segment: closed here, it is gone.
+    assert bytes(image) == data and (Path("/dev/shm") / image.name).exists()
     image.close()
+    assert not (Path("/dev/shm") / image.name).exists()
     long_prompt = prompts[3]
     engine.add_group(long_prompt)
     (group,) = _run_until_done(engine, 1)
