@@ -108,6 +108,12 @@ class GeneratorMetrics:
             "Bytes received / full size of the last version loaded (1: the whole image; weights.delta).",
             registry=registry,
         )
+        self.weights_behind = Gauge(
+            p + "weights_behind_versions",
+            "Newest version this generator's last weight poll saw published, minus the version it samples "
+            "from (0 while it keeps up; the learner-side view is in the StreamDapoGeneratorWeightsBehind alert).",
+            registry=registry,
+        )
         self.weight_publish_to_loaded_seconds = Histogram(
             p + "weight_publish_to_loaded_seconds",
             "From the learner publishing a version to this generator sampling from it (the learner's and "

@@ -726,6 +726,8 @@ class GeneratorService:
         mx.groups_in_flight.set(engine.num_in_flight)
         mx.unacked_groups.set(len(self.unacked))
         mx.policy_version.set(engine.version)
+        if self.weights is not None and self.weights.latest_seen >= 0:
+            mx.weights_behind.set(max(0, self.weights.latest_seen - engine.version))
         new_tokens = engine.tokens_generated - self._tokens_counted
         if new_tokens:
             mx.tokens.inc(new_tokens)

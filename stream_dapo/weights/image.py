@@ -72,7 +72,7 @@ class WeightImage:
         self._shm: SharedMemory | None = SharedMemory(create=True, size=nbytes)
         self.name = self._shm.name
         self.nbytes = nbytes
-        self.view: memoryview = memoryview(self._shm.buf)[:nbytes]
+        self.view: memoryview = _buffer(self._shm)[:nbytes]
         self._linked = True
 
     def __len__(self) -> int:
@@ -119,7 +119,7 @@ def map_image(name: str, nbytes: int) -> Iterator[memoryview]:
     with contextlib.suppress(Exception):
         # Python < 3.13 registers every attach; undo it (3.13 has track=False for this).
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    view = memoryview(shm.buf)[:nbytes]
+    view = _buffer(shm)[:nbytes]
     try:
         if len(view) != nbytes:
             raise WeightsError(
@@ -130,6 +130,12 @@ def map_image(name: str, nbytes: int) -> Iterator[memoryview]:
         with contextlib.suppress(BufferError):  # a tensor still holds the pages: the GC unmaps them later
             view.release()
             shm.close()
+
+
+def _buffer(shm: SharedMemory) -> memoryview:
+    if shm.buf is None:  # only after close()
+        raise WeightsError(f"shared-memory weight image {shm.name!r} is closed")
+    return memoryview(shm.buf)
 
 
 def _check_room(nbytes: int) -> None:

@@ -758,6 +758,10 @@ def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_so
         svc._load_initial_weights()
         assert svc.engine.version == 7
         assert svc.engine.image == payload.data  # type: ignore[attr-defined]
+        assert svc.weights is not None and svc.weights.latest_seen == 7
+        sample = svc.registry.get_sample_value
+        assert sample("stream_dapo_generator_weight_received_bytes_total") == payload.total_bytes
+        assert sample("stream_dapo_generator_weight_delta_ratio") == 1.0  # a whole file, no delta
         assert svc.registry.get_sample_value("stream_dapo_generator_policy_version") == 7
     finally:
         svc.engine = None
