@@ -406,3 +406,38 @@ def test_the_safetensors_view_gives_the_tensors_safetensors_loads_without_copyin
 def test_a_damaged_image_is_refused_naming_the_problem(image: bytes, problem: str) -> None:
     with pytest.raises(SafetensorsError, match=problem):
         check_header(image)
+
+
+def test_the_learner_counts_the_chunk_bytes_it_sends_by_encoding() -> None:
+    from prometheus_client import CollectorRegistry, Counter
+
+    registry = CollectorRegistry()
+    sent = Counter("sent_bytes", "chunk bytes sent", ["encoding"], registry=registry)
+    g = torch.Generator().manual_seed(8)
+    with WeightServer("tcp://127.0.0.1:*", chunk_bytes=CHUNK, sent_metric=sent) as server:
+        v1 = serialize_weights(state(8), 1)
+        server.publish(v1)
+        got = fetch(server.address, have=-1)
+        assert got is not None
+        assert registry.get_sample_value("sent_bytes_total", {"encoding": "raw"}) == v1.total_bytes
+        server.publish(serialize_weights(step(state(8), g), 2))
+        delta = fetch(server.address, have=1, base=held(got))
+        assert delta is not None and delta.delta_chunks > 0
+    raw_total = registry.get_sample_value("sent_bytes_total", {"encoding": "raw"})
+    xor_total = registry.get_sample_value("sent_bytes_total", {"encoding": "xor_zlib"})
+    assert xor_total == server.stats["delta_bytes"]
+    assert raw_total is not None and xor_total is not None
+    assert raw_total + xor_total == server.stats["bytes"] == v1.total_bytes + delta.wire_bytes
+
+
+def test_a_version_larger_than_the_free_shared_memory_is_refused_naming_the_fix() -> None:
+    import os
+
+    from stream_dapo.weights import WeightsError
+    from stream_dapo.weights.image import SHM_DIR
+
+    if not os.path.isdir(SHM_DIR):
+        pytest.skip("no /dev/shm on this OS")
+    st = os.statvfs(SHM_DIR)
+    with pytest.raises(WeightsError, match=r"does not fit in /dev/shm.*--shm-size.*sizeLimit"):
+        WeightImage(st.f_bavail * st.f_frsize + 1)
