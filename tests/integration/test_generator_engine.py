@@ -291,8 +291,11 @@ def test_weights_handed_over_in_shared_memory_load_exactly_as_the_file_does(setu
     image.view[:] = data
     assert engine.update_weights_from_image(image, version=12) > 0 and engine.version == 12
     assert engine.weights_checksum() == from_file
-    # The worker does not keep the segment: closed here, it is gone.
+    # The engine copied the weights out of the segment: overwriting it (the generator reuses it for
+    # the next version) changes nothing the engine samples from; closed here, the segment is gone.
     assert bytes(image) == data and (Path("/dev/shm") / image.name).exists()
+    image.view[:] = bytes(len(data))
+    assert engine.weights_checksum() == from_file
     image.close()
     assert not (Path("/dev/shm") / image.name).exists()
     long_prompt = prompts[3]
