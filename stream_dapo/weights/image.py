@@ -10,8 +10,9 @@ views into them. Nothing touches a disk and no byte is read twice.
 A generator keeps at most three images: the version it holds (the base of the next delta), the one
 being fetched, and one spare (`WeightImage.recycle`): the next fetch of the same size reuses the
 spare's pages, which are already mapped (fresh shared memory costs a page fault per 4 KiB on first
-write, about as much time as the copy itself). Segments are registered with Python's resource
-tracker, which unlinks them when the generator exits, however it exits. Shared memory comes from
+write, about as much time as the copy itself). Every image still open when the process exits is
+unlinked then (`atexit`; a launcher that stops a generator's whole process group would kill
+Python's resource tracker before it could), and the sources close theirs on `close()`. Shared memory comes from
 /dev/shm on Linux, which containers often keep small (Docker: 64 MB; the Kubernetes manifests mount
 an emptyDir of medium Memory there): a version that does not fit fails with a message naming the
 fix, before anything is allocated.
@@ -19,9 +20,11 @@ fix, before anything is allocated.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
@@ -35,6 +38,20 @@ SHM_DIR = "/dev/shm"
 
 _spare: WeightImage | None = None
 _spare_lock = threading.Lock()
+_open: weakref.WeakSet[WeightImage] = weakref.WeakSet()
+"""Images of this process not closed yet: unlinked at exit."""
+
+
+def close_all() -> None:
+    """Close every image of this process (and the spare); at exit, and from sources' `close()`."""
+    global _spare
+    with _spare_lock:
+        _spare = None
+    for image in list(_open):
+        image.close()
+
+
+atexit.register(close_all)
 
 
 class WeightImage:
@@ -74,6 +91,7 @@ class WeightImage:
         self.nbytes = nbytes
         self.view: memoryview = _buffer(self._shm)[:nbytes]
         self._linked = True
+        _open.add(self)
 
     def __len__(self) -> int:
         return self.nbytes

@@ -31,7 +31,7 @@ from stream_dapo.weights.base import (
     sha256_file,
     weights_file_name,
 )
-from stream_dapo.weights.image import WeightImage
+from stream_dapo.weights.image import WeightImage, close_all
 
 if TYPE_CHECKING:
     from stream_dapo.generator.engine import RolloutEngine
@@ -117,6 +117,9 @@ class SharedDirWeightSource(FileSource):
         if update.data is not None:
             update.data.recycle()  # loaded: its pages serve the next read
         return seconds
+
+    def close(self) -> None:
+        close_all()  # the spare image
 
 
 def read_shared_dir(directory: str | os.PathLike[str], have_version: int) -> tuple[int, Path] | None:

@@ -79,7 +79,7 @@ from stream_dapo.weights.delta import (
     state_checksum,
     xor_delta,
 )
-from stream_dapo.weights.image import WeightImage
+from stream_dapo.weights.image import WeightImage, close_all
 
 if TYPE_CHECKING:
     import prometheus_client
@@ -475,7 +475,7 @@ class ZmqWeightSource(FileSource):
             )
         except TransportTimeout:
             # A DEALER that timed out may still get late replies: start the next poll on a fresh socket.
-            self.close()
+            self._drop_endpoint()
             raise
         if got is None:
             return None
@@ -504,10 +504,16 @@ class ZmqWeightSource(FileSource):
             update.data.recycle()
         return seconds
 
-    def close(self) -> None:
+    def _drop_endpoint(self) -> None:
         if self._endpoint is not None:
             self._endpoint.close()
             self._endpoint = None
+
+    def close(self) -> None:
+        """Shut down: the socket, and every weight image of this process (held, fetched, spare)."""
+        self._drop_endpoint()
+        self._held = self._fetched = None
+        close_all()
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import hashlib
 import threading
 import zlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -441,3 +442,27 @@ def test_a_version_larger_than_the_free_shared_memory_is_refused_naming_the_fix(
     st = os.statvfs(SHM_DIR)
     with pytest.raises(WeightsError, match=r"does not fit in /dev/shm.*--shm-size.*sizeLimit"):
         WeightImage(st.f_bavail * st.f_frsize + 1)
+
+
+def test_images_left_open_are_unlinked_when_the_process_exits(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from stream_dapo.weights.image import SHM_DIR
+
+    if not os.path.isdir(SHM_DIR):
+        pytest.skip("no /dev/shm on this OS")
+    script = (
+        "from stream_dapo.weights.image import WeightImage\n"
+        "kept = WeightImage(4096)\n"
+        "spare = WeightImage(8192)\n"
+        "spare.recycle()\n"
+        "print(kept.name, spare.name)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True, env=env)
+    names = out.stdout.split()
+    assert len(names) == 2
+    for name in names:
+        assert not (Path(SHM_DIR) / name).exists(), f"{name} outlived its process"
