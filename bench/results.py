@@ -8,7 +8,7 @@ Sections (each a function in bench/ that returns a dict; this script only sequen
     learner        bench/perf/learner.py      DeepSpeed ZeRO 0/2/3 vs plain torch, trained tokens/s
     packing        bench/perf/learner.py      the packer's efficiency vs naive padding
     transport      bench/perf/transport.py    codec, loopback TCP, raw ZeroMQ, memcpy
-    weight_sync    bench/perf/weight_sync.py  publish + fetch, seconds per MB
+    weight_sync    bench/perf/weight_sync.py  file vs stream vs delta vs raw frames; into vLLM; changed bytes
     async_vs_sync  bench/perf/async_vs_sync.py  end-to-end samples/s of both modes
 
 Each section runs in its own Python process (vLLM, DeepSpeed's process group and torch's thread
@@ -364,41 +364,113 @@ def render_transport(d: dict[str, Any]) -> str:
     )
 
 
+_WS_PATHS = (
+    ("raw", "raw ZeroMQ frames (ceiling)"),
+    ("file", "file: one chunk at a time, temp file, read back"),
+    ("stream", "stream: window of 4, into shared memory"),
+    ("delta", "delta: stream against the held version"),
+)
+
+
+def _ws_cases(d: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    cases = [
+        (f"synthetic fp32, {fmt(c['payload_bytes'] / 1e6)} MB", c) for c in d.get("transfer", {}).values()
+    ]
+    if "vllm" in d:
+        v = d["vllm"]
+        cases.append(
+            (f"into vLLM, Qwen2 {fmt(v['parameters'] / 1e6)}M fp32, {fmt(v['payload_bytes'] / 1e6)} MB", v)
+        )
+    return cases
+
+
 def render_weight_sync(d: dict[str, Any]) -> str:
+    if "transfer" not in d and "vllm" not in d:
+        return "Measured before issue 38's rewrite; rerun `python -m bench.results --only weight_sync`.\n"
     rows = []
-    for key, label in (("tiny_model", "tiny model"), ("synthetic", "synthetic (4 MiB fp32 tensors)")):
-        c = d[key]
-        mb = c["payload_bytes"] / 1e6
-        for path, plabel in (("zmq", "ZeroMQ chunks"), ("shared_dir", "shared directory")):
-            total = _med(c["total_s_per_mb"][path])
+    for label, c in _ws_cases(d):
+        for path, plabel in _WS_PATHS:
+            sent = c["wire_bytes"].get(path)
             rows.append(
                 [
-                    f"{label}, {fmt(mb)} MB",
+                    label,
                     plabel,
-                    fmt(_med(c["serialize_s_per_mb"]) * 1e3),
-                    fmt(_med(c["transfer_s_per_mb"][path]) * 1e3),
-                    fmt(total * 1e3),
-                    fmt(_med(c["total_seconds"][path])),
-                    fmt(1 / total),
+                    fmt(_med(c["gb_per_s"][path])),
+                    _range(c["gb_per_s"][path]),
+                    fmt(_med(c["seconds"][path])),
+                    fmt(_med(sent) / 1e6) if sent else "",
+                    fmt_ratio(c["vs_raw"][path]) if path != "raw" else "1×",
                 ]
             )
     ratios = "; ".join(
-        f"{label}: ZeroMQ / shared directory {fmt_ratio(d[key]['zmq_vs_shared_dir'])}"
-        for key, label in (("tiny_model", "tiny model"), ("synthetic", "synthetic"))
+        f"{label}: stream / file {fmt_ratio(c['stream_vs_file'])}, delta / stream {fmt_ratio(c['delta_vs_stream'])}"
+        for label, c in _ws_cases(d)
     )
-    return (
-        f"One version published and fetched per repeat, {d['repeats']} interleaved repeats per path; "
-        f"ZeroMQ chunks of {fmt(d['chunk_bytes'] >> 20)} MiB over loopback TCP.\n\n"
+    out = (
+        f"One version published per repeat and taken by each path; repeats interleaved (order rotated), "
+        f"the learner's `WeightServer` in its own process, chunks of {fmt(d['chunk_bytes'] >> 20)} MiB over "
+        f"loopback TCP, window {d['window']}. Seconds run from the publish call (the server hashes every chunk) "
+        "to the version checked in the receiver's memory, or, into vLLM, to the engine sampling from it. Each "
+        "version moves 1% of the elements of a fixed fp32 state by ~1e-3 relative (two versions differ in ~2% "
+        "of the elements). The raw line moves the same number of chunk-sized frames by PUSH/PULL from another "
+        "process, no protocol: the wire's ceiling in the same run.\n\n"
         + markdown_table(
-            ["state dict", "path", "serialize ms/MB", "transfer ms/MB", "total ms/MB", "total s", "MB/s"],
+            ["state", "path", "GB/s", "min–max", "seconds", "MB sent", "vs raw (paired)"],
             rows,
             "llrrrrr",
         )
-        + f"\nTime ratios (lower is faster): {ratios}.\n\n"
-        "serialize: safetensors bytes + sha256 (`serialize_weights`); ZeroMQ: `WeightServer.publish` + "
-        "`fetch_weights_zmq` (chunk requests, sha256 check, temp file + rename); shared directory: "
-        "`SharedDirPublisher.publish` (write, fsync, rename, LATEST) + `read_shared_dir` (sha256 check). "
-        "Loading into the vLLM engine is not included.\n"
+        + f"\nRatios of GB/s, paired per repeat: {ratios}.\n"
+    )
+    if "vllm" in d:
+        loads = d["vllm"]["engine_load_seconds"]
+        out += (
+            f"\nThe engine's share (pause, reload, spot check, resume): from the file {fmt(_med(loads['file']))} s, "
+            f"from shared memory {fmt(_med(loads['image']))} s (medians).\n"
+        )
+    changed = d.get("changed", {})
+    crow = []
+    for key, label in (
+        ("smollm2_135m_gsm", "SmolLM2-135M, GSM-Symbolic run"),
+        ("tiny_cpu", "tiny recipe run"),
+    ):
+        if key not in changed:
+            continue
+        for dtype in ("fp32", "bf16"):
+            for r in changed[key][dtype]:
+                crow.append(
+                    [
+                        label,
+                        dtype,
+                        f"{r['from']} → {r['to']}",
+                        fmt(r["bytes"] / 1e6),
+                        f"{100 * r['changed_byte_fraction']:.1f}%",
+                        f"{100 * r['sent_fraction']:.1f}%",
+                        f"{r['chunks']['reused']} / {r['chunks']['delta']} / {r['chunks']['raw']}",
+                    ]
+                )
+    if crow:
+        out += (
+            "\nChanged bytes between consecutive versions of real runs (as published, fp32, and cast to bf16 "
+            "as a bf16 learner would publish them), and what a delta transfer sent (the real server and "
+            "receiver, the previous version held as the base):\n\n"
+            + markdown_table(
+                [
+                    "run",
+                    "dtype",
+                    "versions",
+                    "MB",
+                    "bytes changed",
+                    "bytes sent",
+                    "chunks reused / delta / raw",
+                ],
+                crow,
+                "lllrrrr",
+            )
+        )
+    return out + (
+        "\nNot shown: more than one receiver (the learner's egress still grows with the number of generators; "
+        "fan-out is not built), a real network (loopback has no bandwidth limit, where deltas pay most), GPU "
+        "engines (NCCL is unchanged), and the long-CoT recipe (its model is not built on this machine).\n"
     )
 
 
@@ -698,12 +770,13 @@ def headline_rows(sections: dict[str, Any]) -> list[list[str]]:
             f"{fmt(big['response_tokens'])}-token groups over loopback, codec (vs memcpy)",
             f"{fmt(_med(big['loopback']['codec']['gb_per_s']))} GB/s ({fmt_ratio(big['loopback']['codec_vs_memcpy'])})",
         )
-    if "weight_sync" in sections:
-        d = sections["weight_sync"]["data"]["synthetic"]
+    if "weight_sync" in sections and "vllm" in sections["weight_sync"]["data"]:
+        v = sections["weight_sync"]["data"]["vllm"]
         add(
             "weight_sync",
-            f"weight sync of {fmt(d['payload_bytes'] / 1e6)} MB over ZeroMQ, publish + fetch",
-            f"{fmt(_med(d['total_s_per_mb']['zmq']) * 1e3)} ms/MB ({fmt(_med(d['total_seconds']['zmq']))} s)",
+            f"weight sync of {fmt(v['payload_bytes'] / 1e6)} MB into vLLM, streamed vs file (vs raw frames)",
+            f"{fmt(_med(v['gb_per_s']['stream']))} vs {fmt(_med(v['gb_per_s']['file']))} GB/s "
+            f"({fmt_ratio(v['stream_vs_file'])}; {fmt_ratio(v['vs_raw']['stream'])} of raw)",
         )
     if "async_vs_sync" in sections:
         d = sections["async_vs_sync"]["data"]
@@ -864,21 +937,20 @@ def plot_transport(d: dict[str, Any], ax: Any) -> None:
 
 
 def plot_weight_sync(d: dict[str, Any], ax: Any) -> None:
-    width = 0.35
-    cases = ("tiny_model", "synthetic")
-    for i, (path, label) in enumerate((("zmq", "ZeroMQ"), ("shared_dir", "shared dir"))):
-        values = [_med(d[c]["total_s_per_mb"][path]) * 1e3 for c in cases]
-        ax.bar([x + (i - 0.5) * width for x in range(2)], values, width, label=label)
+    cases = _ws_cases(d)
+    width = 0.8 / len(_WS_PATHS)
+    for i, (path, _label) in enumerate(_WS_PATHS):
+        values = [_med(c["gb_per_s"][path]) for _, c in cases]
+        ax.bar([x + (i - 1.5) * width for x in range(len(cases))], values, width, label=path)
     ax.set_xticks(
-        range(2),
-        [
-            f"tiny ({fmt(d['tiny_model']['payload_bytes'] / 1e6)} MB)",
-            f"synthetic ({fmt(d['synthetic']['payload_bytes'] / 1e6)} MB)",
-        ],
+        range(len(cases)),
+        [label.split(",")[0] + f" ({fmt(c['payload_bytes'] / 1e6)} MB)" for label, c in cases],
     )
-    ax.set_ylabel("ms per MB (publish + fetch)")
-    ax.legend(fontsize=8)
-    ax.set_title("Weight sync")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("GB/s (publish to checked / loaded)")
+    ax.legend(fontsize=7)
+    ax.set_title("Weight sync by path")
 
 
 def plot_async_vs_sync(d: dict[str, Any], ax: Any) -> None:

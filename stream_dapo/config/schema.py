@@ -486,6 +486,17 @@ class WeightsConfig(_Section):
     """Directory for method=shared_dir (default: run.out_dir/weights)."""
     chunk_bytes: int = Field(4 * 1024 * 1024, ge=4096)
     """Chunk size of the ZeroMQ weight transfer."""
+    fetch_window: int = Field(4, ge=1, le=64)
+    """Chunk requests a generator keeps in flight to the learner's weight server (method zmq): the
+    next chunks travel while one is checked. 1 is one request at a time."""
+    delta: bool = True
+    """Method zmq: send each version as a delta against the one a generator holds. Chunks whose
+    sha256 matches that version's are not sent at all, the others go as zlib'd XOR against it where
+    that is smaller; the assembled state is checked against the full-state checksum either way. A
+    generator without a usable base (a late joiner, a resumed learner's other lineage, a base the
+    learner no longer keeps) gets the full image. Costs each generator one more copy of the weights
+    in host memory (the base) and the learner the XOR + zlib of each changed chunk, once per
+    version. Measured in docs/RESULTS.md (weight sync)."""
 
 
 class TransportConfig(_Section):

@@ -22,6 +22,7 @@ from stream_dapo.core.presets import preset_overrides
 from stream_dapo.tools.ablate.render import render_markdown, to_json
 from stream_dapo.tools.ablate.settings import (
     _NEUTRAL_SETTINGS,
+    _UNCOMPARED_KEYS,
     _UNCOMPARED_SECTIONS,
     CELL_RECORD,
     CURVE_METRICS,
@@ -57,6 +58,8 @@ def config_fingerprint(cfg: Config, model_key: str | None) -> str:
     data = cfg.model_dump(mode="json")
     for section in _UNCOMPARED_SECTIONS:
         data.pop(section, None)
+    for section, key in _UNCOMPARED_KEYS:
+        data.get(section, {}).pop(key, None)
     data["run"].pop("out_dir", None)
     for (section, key), neutral in _NEUTRAL_SETTINGS.items():
         values = data.get(section)
