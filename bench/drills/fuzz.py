@@ -1289,6 +1289,7 @@ class _NoWeights:
 
     first_version = 0
     startup = "look"
+    latest_seen = -1
 
     def __call__(self, have: int) -> None:
         return None

@@ -220,7 +220,9 @@ def _push_sender(data_address: str, control_address: str, frame_bytes: int) -> N
     data = ctx.socket(zmq.PUSH)
     data.connect(data_address)
     frame = zmq.Frame(bytes(frame_bytes))
-    while control.poll(TIMEOUT_MS) and (count := int(control.recv())) > 0:
+    # No timeout on the control socket: between two raw rounds the caller may spend minutes on the
+    # paths it compares (a busy machine, vLLM); it ends this process with 0, or as its daemon child.
+    while (count := int(control.recv())) > 0:
         for _ in range(count):
             data.send(frame, copy=False)
     control.close(linger=0)
@@ -237,7 +239,7 @@ def bench_push_pull(frame_bytes: int, count: int, repeats: int) -> dict[str, Any
     control = ctx.socket(zmq.PUSH)
     control.bind("tcp://127.0.0.1:*")
     addresses = (data.getsockopt_string(zmq.LAST_ENDPOINT), control.getsockopt_string(zmq.LAST_ENDPOINT))
-    proc = mp.get_context("spawn").Process(target=_push_sender, args=(*addresses, frame_bytes))
+    proc = mp.get_context("spawn").Process(target=_push_sender, args=(*addresses, frame_bytes), daemon=True)
     proc.start()
     try:
 
