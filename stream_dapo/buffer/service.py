@@ -32,12 +32,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from stream_dapo.buffer.journal import Journal, JournalError
+from stream_dapo.buffer.journal import CompactionMark, Journal, JournalError
 from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
 from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.config import Config
@@ -113,6 +114,9 @@ class BufferService:
         self._stop = threading.Event()
         self.metrics_server: Any = None
         self.rollouts = RolloutTally()
+        self._compactor = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compactor")
+        self._compaction: tuple[futures.Future[int], CompactionMark, float] | None = None
+        """The background compaction under way: its snapshot write, its mark, when it started."""
         try:
             self.buffer = self._restore(policy, clock)
             self._bind_sockets()
@@ -366,7 +370,9 @@ class BufferService:
         return m.Credit(granted, self.buffer.learner_version)
 
     def _on_groups(self, body: m.Groups, rid: int | None) -> m.Ack:
-        result = self.buffer.add_groups(body.generator_id, body.groups, body.filtered_total)
+        result = self.buffer.add_groups(
+            body.generator_id, body.groups, body.filtered_total, body.holder, body.acked_below
+        )
         self.buffer.report_in_flight(body.generator_id, body.in_flight_versions)
         if body.rollouts is not None:
             self.rollouts.observe(body.generator_id, body.rollouts)
@@ -452,12 +458,44 @@ class BufferService:
             )
 
     def _maybe_compact(self) -> None:
+        """Every buffer.persist_every_s, compact without stalling the loop: the state's records are
+        taken here (a shallow copy: the groups are immutable), the snapshot is encoded, written and
+        fsynced on the compactor thread while this loop goes on journaling, and the journal frames
+        it covers are dropped here once it is in place (`Journal.begin_compaction`). A failed
+        write raises here, at the next step, as a synchronous one would have."""
+        if self._compaction is not None:
+            future, mark, t0 = self._compaction
+            if not future.done():
+                return
+            self._compaction = None
+            size = future.result()
+            self.journal.finish_compaction(mark)
+            elapsed = time.perf_counter() - t0
+            self.metrics.persist_seconds.observe(elapsed)
+            log.debug(
+                "snapshot %s: %d bytes in %.3f s (in the background)",
+                self.journal.snapshot_path,
+                size,
+                elapsed,
+            )
+            return
         due = time.monotonic() - self._last_compaction >= self.cfg.buffer.persist_every_s
         if due and self.journal.records_since_compaction:
-            self.persist()
+            self._last_compaction = time.monotonic()
+            t0 = time.perf_counter()
+            mark = self.journal.begin_compaction()
+            records = list(self.buffer.snapshot_records())
+            self._compaction = (self._compactor.submit(self.journal.write_snapshot, records, mark), mark, t0)
+
+    def _wait_for_compaction(self) -> None:
+        """Let a background compaction finish (or fail) before the next one or before closing."""
+        if self._compaction is not None:
+            futures.wait([self._compaction[0]])
+            self._maybe_compact()
 
     def persist(self) -> None:
-        """Compact the journal into a fresh snapshot now."""
+        """Compact the journal into a fresh snapshot now (after any background one)."""
+        self._wait_for_compaction()
         t0 = time.perf_counter()
         size = self.journal.compact(self.buffer.snapshot_records())
         elapsed = time.perf_counter() - t0
@@ -544,6 +582,7 @@ class BufferService:
                 self._auth and self._auth.stop,
                 self._ctx and self._ctx.term,
                 self.metrics_server and self.metrics_server.stop,
+                lambda: self._compactor.shutdown(wait=True),  # a snapshot still being written
                 self.journal.close,
             )
             log.info("buffer closed%s", " (state persisted)" if persisted else "")

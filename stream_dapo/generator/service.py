@@ -656,8 +656,9 @@ class GeneratorService:
             if outcome.group is None:
                 self.credits.redeem_without_group()
             else:
-                self._send_groups([outcome.group])
-                self.unacked.sent(outcome.group, time.monotonic())
+                group = self.unacked.number(outcome.group)
+                self.unacked.sent(group, time.monotonic())
+                self._send_groups([group])
                 self.metrics.groups_sent.inc()
         if self.credits.filtered_total != self._filtered_sent:
             self._send_groups([])
@@ -670,6 +671,8 @@ class GeneratorService:
                 filtered_total=self.credits.filtered_total,
                 rollouts=m.Rollouts(**self._rollouts),
                 in_flight_versions=list(self._snapshot_in_flight()),
+                holder=self.holder,
+                acked_below=self.unacked.acked_below,
             )
         )
         self._filtered_sent = self.credits.filtered_total
