@@ -289,6 +289,9 @@ class ReplayBuffer:
         self._max_staleness_served: int | None = None
         self.learner_version = 0
         self.committed_through = 0
+        self.run_config: dict[str, Any] | None = None
+        """The settings the state was built under, as the service recorded them (`record_config`;
+        persisted; None in state files from before it did): opaque here, compared by the service."""
         # Groups served so far at learner version _pos_version: a rollout batch fetched in several
         # requests keeps counting positions, so the gate knows when each group will be trained.
         self._pos_version = -1
@@ -809,6 +812,15 @@ class ReplayBuffer:
         self._log({"kind": "reject_message", "reason": reason, "count": n})
         self._apply_rejected(self._rejected_messages, reason, n)
 
+    def record_config(self, settings: dict[str, Any]) -> None:
+        """Store the settings this buffer runs with (the service compares them on its next start)."""
+        if settings != self.run_config:
+            self._log({"kind": "config", "settings": dict(settings)})
+            self._apply_config(dict(settings))
+
+    def _apply_config(self, settings: dict[str, Any]) -> None:
+        self.run_config = settings
+
     def _note_version(self, v: int) -> None:
         if v != self.learner_version:
             self._log({"kind": "version", "learner_version": v})
@@ -953,6 +965,7 @@ class ReplayBuffer:
             "last_lease": None if self._last_lease is None else [self._last_lease[0], self._last_lease[1]],
             "last_commit_request_id": self._last_commit_rid,
             "last_grants": [[gen, rid, n] for gen, (rid, n) in self._last_grant.items()],
+            "config": self.run_config,
             # Per generator id, oldest holder first: [generator, holder, below, ids, seqs].
             "senders": [
                 [gen, holder, sender.below, list(sender.ids), list(sender.ids.values())]
@@ -994,6 +1007,8 @@ class ReplayBuffer:
         rid = r.get("last_commit_request_id")
         self._last_commit_rid = None if rid is None else int(rid)
         self._last_grant = {str(gen): (int(rid), int(n)) for gen, rid, n in r.get("last_grants", [])}
+        config = r.get("config")
+        self.run_config = None if config is None else dict(config)
         self._senders = {}
         for gen, holder, below, ids, seqs in r.get("senders", []):
             if len(ids) != len(seqs):
@@ -1171,6 +1186,7 @@ _REPLAY: dict[str, Callable[[ReplayBuffer, Record], None]] = {
         int(r["learner_version"]), list(r["done"]), list(r["reused"]), int(r["unknown"]), r.get("request_id")
     ),
     "retry": lambda b, r: b._apply_retry(),
+    "config": lambda b, r: b._apply_config(dict(r["settings"])),
     "requeue": lambda b, r: b._apply_requeue(int(r["learner_version"]), int(r["committed_through"])),
     "version": lambda b, r: b._apply_version(int(r["learner_version"])),
     # snapshot records: the whole state

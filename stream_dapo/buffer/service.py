@@ -42,6 +42,15 @@ from stream_dapo.buffer.journal import CompactionMark, Journal, JournalError
 from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
 from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.config import Config
+from stream_dapo.errors import ConfigError
+from stream_dapo.learner.resume import (
+    BUFFER_SETTINGS,
+    FIXED_FOR_BUFFER,
+    buffer_refusal,
+    config_changes,
+    settings_of,
+    split_changes,
+)
 from stream_dapo.runtime.metrics import BufferMetrics, final_metrics_path, start_metrics, write_final_metrics
 from stream_dapo.runtime.ports import endpoint_port, write_bound_ports, zmq_listen
 from stream_dapo.runtime.service_runner import release
@@ -172,6 +181,7 @@ class BufferService:
                 f"cannot restore the buffer from {self.journal.snapshot_path} and its journal: {exc}. Move both "
                 "aside to start empty (their groups are then lost)"
             ) from exc
+        self._check_config(buffer)
         report = self.journal.report
         if report.snapshot_records or report.journal_records:
             s = buffer.stats()
@@ -185,6 +195,29 @@ class BufferService:
                 report.journal_records,
             )
         return buffer
+
+    def _check_config(self, buffer: ReplayBuffer) -> None:
+        """Compare the settings stored with the state (`resume.BUFFER_SETTINGS`) with this start's:
+        a change of one the stored groups depend on is refused (ConfigError: exit 2, naming key, old
+        and new value and the way out), any other is applied and logged; then store this start's."""
+        current = settings_of(self.cfg.model_dump(mode="json"), BUFFER_SETTINGS)
+        stored = buffer.run_config
+        if stored is not None:
+            applied, refused = split_changes(config_changes(stored, current), FIXED_FOR_BUFFER)
+            if refused:
+                state = f"{self.journal.snapshot_path} (and its .journal)"
+                raise ConfigError(buffer_refusal(refused, state))
+            if applied:
+                log.info(
+                    "configuration changed since the buffer's state was written; applied: %s",
+                    "; ".join(str(c) for c in applied),
+                )
+        elif buffer.stored:
+            log.info(
+                "the buffer's state files do not say what configuration they were written with; storing this one"
+            )
+        buffer.record_config(current)
+        self.journal.sync()
 
     def _bind_sockets(self) -> None:
         t = self.cfg.transport
@@ -354,6 +387,9 @@ class BufferService:
     # ---------------------------------------------------------------------------------- handlers
 
     def _on_hello(self, body: m.Hello, rid: int | None) -> m.Credit:
+        self._check_sampling(
+            f"generator {body.generator_id} ({body.holder or 'no holder named'})", body.sampling
+        )
         version = self.buffer.generator_hello(body.generator_id, body.holder)
         self.rollouts.restart(body.generator_id)
         self._hellos.warn(
@@ -391,7 +427,29 @@ class BufferService:
             )
         return m.Lease(credits, expired, self.buffer.learner_version)
 
+    def _check_sampling(self, who: str, theirs: m.Sampling | None) -> None:
+        """Refuse a peer that samples (or computes log-probs) with other settings than this buffer's
+        config, and so than the learner's, which passed the same check: its groups' behaviour
+        log-probs would describe another distribution than the one the learner trains, and nothing
+        but a drifting gauge would show it. An older peer that does not say (None) is let in."""
+        if theirs is None:
+            return
+        ours = m.Sampling.of(self.cfg.generator)
+        differ = [
+            f"generator.{name} = {getattr(theirs, name)!r} there, {getattr(ours, name)!r} here"
+            for name in m.Sampling.KEYS
+            if getattr(theirs, name) != getattr(ours, name)
+        ]
+        if differ:
+            raise SamplingMismatch(
+                f"{who} samples with other settings than the buffer and the learner: {'; '.join(differ)}. "
+                "Behaviour log-probs must describe the distribution the learner trains: give every service "
+                "the same generator.temperature, top_p, top_k and min_p (one config file, or the same --set), "
+                "then restart it"
+            )
+
     def _on_learner_hello(self, body: m.LearnerHello, rid: int | None) -> m.Empty:
+        self._check_sampling("the learner", body.sampling)
         n = self.buffer.learner_hello(body.learner_version, body.committed_through)
         log.info(
             "learner connected at version %d (committed through %d): %d leased groups back to the front",
@@ -605,6 +663,12 @@ class BufferService:
             path.write_text(json.dumps(self.stats(), indent=2, sort_keys=True) + "\n")
         except OSError as exc:
             log.warning("cannot write %s: %s", path, exc.strerror)
+
+
+class SamplingMismatch(BufferInputError):
+    """A generator or learner whose sampling settings differ from the buffer's (`_check_sampling`)."""
+
+    reason = "sampling_mismatch"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -299,6 +299,8 @@ class GeneratorService:
                 reply = self._hello()
                 break
             except RemoteError as exc:
+                if exc.reason == "sampling_mismatch":
+                    raise StartupError(f"the buffer refused this generator: {exc.detail}") from None
                 if exc.reason != "generator_id_taken":
                     raise
                 now = time.monotonic()
@@ -320,7 +322,7 @@ class GeneratorService:
         try:
             return request(
                 self.buffer,
-                m.Hello(self.generator_id, 0, self.holder),
+                m.Hello(self.generator_id, 0, self.holder, m.Sampling.of(self.cfg.generator)),
                 timeout_ms=int(t.timeout_s * 1000),
                 retries=0,
                 accept=lambda msg: msg.type == m.CREDIT,

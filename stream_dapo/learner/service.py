@@ -334,7 +334,7 @@ class LearnerService:
         v = self.learner.version
         t = self.cfg.transport
         try:
-            self._request(m.LearnerHello(v, v), attempts=3)
+            self._request(m.LearnerHello(v, v, m.Sampling.of(self.cfg.generator)), attempts=3)
         except TransportTimeout as exc:
             raise PeerUnavailable(
                 f"{exc} The learner needs the buffer at {t.buffer_address('batches')}: start `stream-dapo buffer` "

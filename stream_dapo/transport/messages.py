@@ -474,14 +474,35 @@ ROLLOUT_FIELDS: tuple[str, ...] = Rollouts.__struct_fields__
 # generator -> buffer
 
 
+class Sampling(Wire):
+    """The sampling settings of training rollouts (generator.temperature, top_p, top_k, min_p): the
+    generators sample with them and the learner computes its log-probs with them, so every service
+    must run with the same ones; each says its own in its hello and the buffer refuses a mismatch."""
+
+    temperature: FiniteFloat
+    top_p: FiniteFloat
+    top_k: Count
+    min_p: FiniteFloat
+
+    KEYS: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k", "min_p")
+
+    @classmethod
+    def of(cls, settings: Any) -> Sampling:
+        """From anything with these four attributes (the config's `generator` section)."""
+        return cls(*(getattr(settings, key) for key in cls.KEYS))
+
+
 class Hello(Body, omit_defaults=True):
     """`holder` (left out when empty): the process that says hello (host, pid, a random token). A
-    generator id belongs to one live process; the buffer refuses a hello from another one."""
+    generator id belongs to one live process; the buffer refuses a hello from another one.
+    `sampling` (left out by older generators): the generator's sampling settings; the buffer refuses
+    a hello whose settings differ from its own (and so from the learner's, see `LearnerHello`)."""
 
     TYPE = "hello"
     generator_id: Id
     policy_version: Version
     holder: Detail = ""
+    sampling: Sampling | None = None
 
 
 class CreditRequest(Body):
@@ -565,13 +586,15 @@ class Ack(Body):
 # learner -> buffer
 
 
-class LearnerHello(Body):
+class LearnerHello(Body, omit_defaults=True):
     """`committed_through`: the last version whose groups are in a checkpoint; the buffer requeues
-    groups it leased to the learner after that."""
+    groups it leased to the learner after that. `sampling` (left out by older learners): the
+    learner's sampling settings; the buffer refuses a hello whose settings differ from its own."""
 
     TYPE = "learner_hello"
     learner_version: Version
     committed_through: Version
+    sampling: Sampling | None = None
 
 
 class BatchRequest(Body):
