@@ -91,7 +91,10 @@ if TYPE_CHECKING:
     from stream_dapo.generator.engine import RolloutEngine
     from stream_dapo.verifier import VerifierPool
 
-__all__ = ["GeneratorService", "StartupError",]
+__all__ = [
+    "GeneratorService",
+    "StartupError",
+]
 
 log = logging.getLogger("stream_dapo.generator")
 
@@ -310,7 +313,9 @@ class GeneratorService:
                 if now - refused_since > patience_s:
                     raise StartupError(f"the buffer refused this generator: {exc.detail}") from None
                 if self._stop.wait(self.cfg.generator.heartbeat_s):
-                    raise StoppedBeforeStart(f"stopped while waiting for {self.generator_id} to be free") from None
+                    raise StoppedBeforeStart(
+                        f"stopped while waiting for {self.generator_id} to be free"
+                    ) from None
         log.info(
             "buffer at %s answered (learner version %d)", self.buffer_address, reply.body.learner_version
         )
@@ -338,7 +343,7 @@ class GeneratorService:
     def _load_prompts(self) -> PromptStream:
         from transformers import AutoTokenizer
 
-        from stream_dapo.data.dataset import load_prompts
+        from stream_dapo.data.dataset import LazyPrompts
         from stream_dapo.data.synthetic import ensure_synthetic_data
 
         data = self.cfg.data
@@ -350,7 +355,13 @@ class GeneratorService:
                 f"data.train_path = {path} does not exist; point it at a .parquet or .jsonl file"
             )
         tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
-        items, _stats = load_prompts(path, tokenizer, self.cfg.model.max_prompt_len)
+
+        def progress(rows: int, fraction: float) -> None:
+            self.health.beat()  # a huge file takes a while: live (not ready) meanwhile
+            log.info("indexing the prompts of %s: %d rows, %.0f%% of the file", path, rows, 100 * fraction)
+
+        # Indexed in one pass, tokenized as served: this generator tokenizes only its shard's prompts.
+        items = LazyPrompts(path, tokenizer, self.cfg.model.max_prompt_len, progress=progress)
         layout = ShardLayout.of(
             str(path), len(items), data.seed, self.cfg.generator.num_generators, self.index
         )
@@ -407,7 +418,9 @@ class GeneratorService:
                 return self.watcher.take()
             except WeightsError as exc:
                 if not warned:
-                    log.warning("%s; waiting for the learner to publish a good version (not ready meanwhile)", exc)
+                    log.warning(
+                        "%s; waiting for the learner to publish a good version (not ready meanwhile)", exc
+                    )
                     warned = True
                 self.health.beat()  # waiting on purpose: /livez passes, /readyz fails until then
                 self._stop.wait(self.cfg.generator.weight_poll_s)
