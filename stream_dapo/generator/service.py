@@ -89,6 +89,7 @@ from stream_dapo.weights.factory import make_source, shared_dir_path
 if TYPE_CHECKING:
     from stream_dapo.data.dataset import PromptItem, PromptStream
     from stream_dapo.generator.engine import RolloutEngine
+    from stream_dapo.generator.vllm_utils import CoreClaims
     from stream_dapo.verifier import VerifierPool
 
 __all__ = [
@@ -207,6 +208,8 @@ class GeneratorService:
         self.metrics = GeneratorMetrics(self.registry)
         self.health = Health()
         self.metrics_server: MetricsServer | None = None
+        self._cores: CoreClaims | None = None
+        """The CPU cores this generator's engine is bound to, claimed on this host (`_claim_cores`)."""
 
     # ------------------------------------------------------------------------------ start-up
 
@@ -378,8 +381,24 @@ class GeneratorService:
     def _start_engine(self) -> None:
         from stream_dapo.generator.engine import RolloutEngine
 
+        self._claim_cores()
         self.engine = RolloutEngine.start(self.cfg, index=self.index)
         self.metrics.engine_start_seconds.set(self.engine.startup_seconds)
+
+    def _claim_cores(self) -> None:
+        """On the CPU: claim the cores the engine's threads will be bound to, and say so loudly when
+        another engine on this host holds one of them (it would start after minutes, silently)."""
+        from stream_dapo.generator.vllm_utils import CoreClaims, bound_cores, cpu_thread_env, is_cpu_platform
+
+        if not is_cpu_platform():
+            return
+        bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or cpu_thread_env(
+            self.cfg.generator, index=self.index
+        ).get("VLLM_CPU_OMP_THREADS_BIND", "")
+        self._cores = CoreClaims(bound_cores(bind), f"{self.generator_id} ({self.holder})")
+        if self._cores.conflicts:
+            log.warning("%s", self._cores.describe(self.generator_id, bind))
+            self.health.detail["core_conflicts"] = [core for core, _ in self._cores.conflicts]
 
     @property
     def _engine(self) -> RolloutEngine:
@@ -811,6 +830,7 @@ class GeneratorService:
             self._monitor.close(linger=0)
         release(
             self.buffer and self.buffer.close,
+            self._cores and self._cores.close,
             lambda: self._ctx.destroy(linger=0),
             self.metrics_server and self.metrics_server.stop,
         )
