@@ -157,9 +157,12 @@ class CoreClaims:
         self.conflicts: list[tuple[int, str]] = []
         """(core, what its holder wrote) for every bound core another live process holds."""
         self._held: list[IO[str]] = []
-        self.directory.mkdir(parents=True, exist_ok=True)
         for core in cores:
-            f = open(self.directory / f"core-{core}.lock", "a+")  # noqa: SIM115 (held until close)
+            try:  # best effort: a directory this user may not write (another user's) checks nothing
+                self.directory.mkdir(parents=True, exist_ok=True)
+                f = open(self.directory / f"core-{core}.lock", "a+")  # noqa: SIM115 (held until close)
+            except OSError:
+                continue
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:

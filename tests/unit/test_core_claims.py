@@ -55,3 +55,11 @@ def test_the_generator_warns_before_starting_its_engine_on_a_taken_core(
     finally:
         generator.close()
         other.close()
+
+
+def test_a_lock_directory_that_cannot_be_written_checks_nothing_and_stops_nothing(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    claims = CoreClaims([0], "generator-0", blocker / "cores")  # not a directory: cannot be created
+    assert claims.conflicts == []
+    claims.close()
