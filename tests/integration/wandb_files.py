@@ -53,18 +53,19 @@ def records(path: Path) -> Iterator[Any]:
 
 
 def finished_records(path: Path, deadline_s: float = 120.0) -> list[Any]:
-    """The file's records once it ends with the run's `exit` record. `run.finish()` can return
-    while W&B's core process still holds the tail of the log in its write buffer (seen under load:
-    a file with no `run` record yet), so this waits for the event that closes the log, not for a
-    time; the deadline only turns a run that never finishes into a clear failure."""
+    """The file's records once it holds both the `run` record and the `exit` record that closes the
+    log. `run.finish()` can return while W&B's core process still holds the tail of the log in its
+    write buffer (seen under load: a file with no `run` record yet), so this waits for the records
+    the readers need, not for a time; the deadline only turns a run that never finishes into a
+    clear failure."""
     give_up = time.monotonic() + deadline_s
     while True:
         try:
-            found = list(records(path)) if path.stat().st_size > len(HEADER) else []
+            found = list(records(path)) if path.is_file() and path.stat().st_size > len(HEADER) else []
         except Exception:  # a chunk still being written: read again
             found = []
         kinds = [r.WhichOneof("record_type") for r in found]
-        if "exit" in kinds:
+        if "exit" in kinds and "run" in kinds:
             return found
         assert time.monotonic() < give_up, f"{path} has no exit record after {deadline_s} s: {kinds}"
         time.sleep(0.1)
@@ -73,11 +74,13 @@ def finished_records(path: Path, deadline_s: float = 120.0) -> list[Any]:
 def read_offline_run(run_dir: Path) -> dict[str, Any]:
     """{'history': [{key: value, '_step': step}], 'config': {key: value}, 'tags': [...], 'name': ...}
     of the one `run-*.wandb` file in `run_dir` (an `offline-run-*` folder), once W&B has closed it."""
-    (path,) = sorted(run_dir.glob("run-*.wandb"))
+    (path,) = sorted(run_dir.glob("run-*.wandb")) or [
+        run_dir / f"run-{run_dir.name.rsplit('-', 1)[-1]}.wandb"
+    ]
     history: list[dict[str, Any]] = []
     config: dict[str, Any] = {}
     run: dict[str, Any] = {}
-    for record in finished_records(path):
+    for record in finished_records(path):  # waits for the file too, if W&B has not created it yet
         kind = record.WhichOneof("record_type")
         if kind == "history":
             row = {
@@ -91,6 +94,7 @@ def read_offline_run(run_dir: Path) -> dict[str, Any]:
                 config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
         elif kind == "run":
             run = {
+                "id": record.run.run_id,
                 "name": record.run.display_name,
                 "project": record.run.project,
                 "tags": list(record.run.tags),
