@@ -598,7 +598,9 @@ class ReplayBuffer:
         for reason, n in reasons.items():
             self._log({"kind": "reject_groups", "reason": reason, "count": n})
             self._apply_rejected(self._rejected_groups, reason, n)
-        redeemed = len(result.accepted) + len(result.rejected)
+        # A retired sender's credits went back when its lease ran out: its groups redeem none (they
+        # would take the credits of the id's current holder).
+        redeemed = len(result.accepted) + len(result.rejected) - reasons.get("retired_sender", 0)
         if redeemed:
             self._redeem(generator_id, redeemed)
         return result

@@ -581,6 +581,7 @@ class BufferService:
         mt.learner_version.set(s["learner_version"])
         mt.oldest_waiting.set(s["oldest_waiting_age_s"])
         mt.journal_bytes.set(s["journal_bytes"])
+        mt.seen_ids.set(s["seen_ids"])
         mt.in_flight_reported.set(s["in_flight_reported"])
         for key, counter in (
             ("accepted", mt.groups_accepted),

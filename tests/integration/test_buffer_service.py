@@ -792,6 +792,7 @@ def test_numbered_groups_are_forgotten_past_their_horizon_and_background_snapsho
                 == []
             )
             assert svc.stats()["seen_ids"] == 2
+            assert metric(scrape(svc.metrics_port)[1], "stream_dapo_buffer_seen_ids") == 2
     with service_in_thread(cfg) as svc:
         with Peers(svc.bound_ports) as peers:
             resend = peers.ask(peers.gen, m.Groups("gen-0", sent, holder="proc-A", acked_below=10))

@@ -139,10 +139,12 @@ def test_a_holder_retired_by_its_successors_is_refused_and_recent_ones_still_ded
         buf.generator_hello("gen-0", holder)
         buf.add_groups("gen-0", [make_group(f"{holder}-0", seq=0)], holder=holder)
     train(buf, len(holders))
+    assert buf.grant_credits("gen-0", 3) == 3  # to H4, the id's holder now
     # H0 lost the id to four successors: the buffer no longer knows what it sent.
     assert buf.add_groups("gen-0", [make_group("H0-1", seq=1)], holder="H0").rejected == [
         ("H0-1", "retired_sender")
     ]
+    assert buf.credits_of("gen-0") == 3  # the retired sender's group took none of H4's credits
     # H1 is still one of the last four: its resend is a duplicate, its new group welcome.
     result = buf.add_groups("gen-0", [make_group("H1-0", seq=0), make_group("H1-1", seq=1)], holder="H1")
     assert (result.duplicates, result.accepted) == (["H1-0"], ["H1-1"])
