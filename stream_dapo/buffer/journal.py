@@ -21,6 +21,14 @@ garbled frame at the end of the journal; `load()` stops there, logs a warning wi
 of bytes skipped, and truncates the file so that new frames follow the last good one. A damaged
 snapshot is different (it was fsynced before the rename): that is an error naming the file.
 
+Compaction off the caller's thread: `begin_compaction` marks where a snapshot ends (its last
+sequence number and the journal's size then), `write_snapshot` writes it on any thread (it touches
+only the snapshot's files) while the owner goes on appending, and `finish_compaction` drops the
+covered frames by copying the newer ones into a fresh journal, locked, fsynced and renamed over the
+old one. A crash at any point leaves files that `load()` restores: before the snapshot's rename the
+old snapshot and the whole journal, after it the new snapshot and a journal whose covered frames are
+skipped. `compact` does the three in one call.
+
 Format versions: 1 (up to commit 289e6bd) used one-letter record keys ("k", "g", "t", "v", ...);
 2 spells them out ("kind", "group", "accepted_at", "learner_version", ...). Files of version 1 still
 load: `load()` renames their keys (`migrate_record`) and compacts at once, so the directory then

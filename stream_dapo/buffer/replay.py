@@ -67,7 +67,8 @@ class GroupState(enum.Enum):
     LEASED = "leased"
     """Served to the learner, not yet in one of its checkpoints."""
     COMMITTED = "committed"
-    """In a learner checkpoint (or dropped as stale): only the id is kept, to drop resends."""
+    """In a learner checkpoint (or dropped as stale): only the id is kept, to drop resends, and only
+    while its sender may still resend it (see `_Sender`); then the group is forgotten entirely."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -253,6 +254,11 @@ class ReplayBuffer:
         serve(v=4, max_groups=2)         a, b LEASED again, trained at version 4
         commit(v=6, [a, b])              a, b COMMITTED (only their ids are kept)
         add_groups("gen-0", [a])         a is a duplicate: acknowledged again, stored once
+
+    Ids kept: a generator process numbers its groups (`Group.seq`) and says in every groups message
+    below which number everything was acknowledged to it (`acked_below`): ids below are forgotten (a
+    resend numbered below is a duplicate by construction), so the ids kept stay near the groups not
+    yet acknowledged, however long the run. Unnumbered groups (older generators) keep their ids.
 
     Every state change is one record handed to `persistence`; `restore` replays them.
     """
