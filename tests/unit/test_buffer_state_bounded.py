@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stream_dapo.buffer.journal import Journal
+from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.replay import SENDERS_PER_GENERATOR, GroupState, ReplayBuffer
 from stream_dapo.generator.credits import UnackedGroups
 from stream_dapo.transport.messages import Group, Sample
@@ -233,4 +233,21 @@ def test_dedup_is_exact_over_lost_acks_resends_and_buffer_restarts(tmp_path: Pat
     assert len(accepted) == len(set(accepted))
     numbered = unacked.number(make_group("last")).seq
     assert numbered is not None and len(accepted) == numbered  # every group this process numbered
+    journal.close()
+
+
+def test_the_rewritten_journal_is_still_locked_against_a_second_buffer(tmp_path: Path) -> None:
+    path = tmp_path / "state.msgpack"
+    buf, journal = open_buffer(path)
+    buf.generator_hello("gen-0", "A")
+    mark = journal.begin_compaction()
+    records = list(buf.snapshot_records())
+    buf.add_groups("gen-0", [make_group("g0", seq=0)], holder="A")  # appended meanwhile: a tail to copy
+    journal.write_snapshot(records, mark)
+    journal.finish_compaction(mark)
+    with pytest.raises(JournalError, match="locked by another process"):
+        Journal(path).load()
+    journal.close()
+    again, journal = open_buffer(path)
+    assert again.waiting_ids() == ["g0"]
     journal.close()
