@@ -74,13 +74,15 @@ def finished_records(path: Path, deadline_s: float = 120.0) -> list[Any]:
 def read_offline_run(run_dir: Path) -> dict[str, Any]:
     """{'history': [{key: value, '_step': step}], 'config': {key: value}, 'tags': [...], 'name': ...}
     of the one `run-*.wandb` file in `run_dir` (an `offline-run-*` folder), once W&B has closed it."""
-    (path,) = sorted(run_dir.glob("run-*.wandb")) or [
-        run_dir / f"run-{run_dir.name.rsplit('-', 1)[-1]}.wandb"
-    ]
+    give_up = time.monotonic() + 120.0
+    while not (found := sorted(run_dir.glob("run-*.wandb"))):  # W&B's service may not have created it yet
+        assert time.monotonic() < give_up, f"no run-*.wandb file in {run_dir} after 120 s"
+        time.sleep(0.1)
+    (path,) = found
     history: list[dict[str, Any]] = []
     config: dict[str, Any] = {}
     run: dict[str, Any] = {}
-    for record in finished_records(path):  # waits for the file too, if W&B has not created it yet
+    for record in finished_records(path):
         kind = record.WhichOneof("record_type")
         if kind == "history":
             row = {
