@@ -527,7 +527,9 @@ class BufferService:
                 return
             self._compaction = None
             size = future.result()
-            self.journal.finish_compaction(mark)
+            old = self.journal.finish_compaction(mark, rotate=True)
+            if old is not None:  # closing it frees the old journal's blocks: not on this loop
+                self._compactor.submit(old.close)
             elapsed = time.perf_counter() - t0
             self.metrics.persist_seconds.observe(elapsed)
             log.debug(

@@ -188,7 +188,9 @@ def test_background_compaction_keeps_what_was_journaled_while_the_snapshot_was_w
 
     journal.write_snapshot(records, mark)
     same(restored())  # crash before the journal is rewritten: the covered frames are skipped
-    journal.finish_compaction(mark)
+    old = journal.finish_compaction(mark, rotate=True)  # as the service does
+    assert old is not None
+    old.close()  # the service closes it on its compactor thread
     assert journal.records_since_compaction == 6  # the accept x1, duplicate, horizon, credit, lease, commit
     same(restored())
     buf.add_groups("gen-0", [make_group("g5", seq=5)], holder="A", acked_below=1)
@@ -244,7 +246,9 @@ def test_the_rewritten_journal_is_still_locked_against_a_second_buffer(tmp_path:
     records = list(buf.snapshot_records())
     buf.add_groups("gen-0", [make_group("g0", seq=0)], holder="A")  # appended meanwhile: a tail to copy
     journal.write_snapshot(records, mark)
-    journal.finish_compaction(mark)
+    old = journal.finish_compaction(mark, rotate=True)  # as the service does
+    assert old is not None
+    old.close()  # the service closes it on its compactor thread
     with pytest.raises(JournalError, match="locked by another process"):
         Journal(path).load()
     journal.close()
