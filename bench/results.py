@@ -1,15 +1,15 @@
 """Run the benchmarks and write docs/RESULTS.md, docs/results/results.json and docs/results/*.png.
 
-    python bench/results.py [--quick] [--only NAME,...] [--out DIR] [--render-only]
+    python -m bench.results [--quick] [--only NAME,...] [--out DIR] [--render-only]
 
 Sections (each a function in bench/ that returns a dict; this script only sequences and renders):
 
-    generation     bench/generation.py   vLLM (the project's RolloutEngine) vs transformers generate
-    learner        bench/learner.py      DeepSpeed ZeRO 0/2/3 vs plain torch, trained tokens/s
-    packing        bench/learner.py      the packer's efficiency vs naive padding
-    transport      bench/transport.py    codec, loopback TCP, raw ZeroMQ, memcpy
-    weight_sync    bench/weight_sync.py  publish + fetch, seconds per MB
-    async_vs_sync  bench/async_vs_sync.py  end-to-end samples/s of both modes
+    generation     bench/perf/generation.py   vLLM (the project's RolloutEngine) vs transformers generate
+    learner        bench/perf/learner.py      DeepSpeed ZeRO 0/2/3 vs plain torch, trained tokens/s
+    packing        bench/perf/learner.py      the packer's efficiency vs naive padding
+    transport      bench/perf/transport.py    codec, loopback TCP, raw ZeroMQ, memcpy
+    weight_sync    bench/perf/weight_sync.py  file vs stream vs delta vs raw frames; into vLLM; changed bytes
+    async_vs_sync  bench/perf/async_vs_sync.py  end-to-end samples/s of both modes
 
 Each section runs in its own Python process (vLLM, DeepSpeed's process group and torch's thread
 settings do not leak between sections), and its result is merged into OUT/results/results.json as
@@ -19,7 +19,7 @@ So `--only transport` reruns one section and keeps the others' numbers, and `--r
 re-renders the page from saved numbers. `--quick` runs every section at smoke-test sizes; its
 numbers are marked as such on the page.
 
-Hold the machine while measuring: `flock /tmp/stream-dapo-cpu.lock python bench/results.py`.
+Hold the machine while measuring: `flock /tmp/stream-dapo-cpu.lock python -m bench.results`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -39,8 +38,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from bench.report import fmt, fmt_ratio, machine_info, markdown_table  # noqa: E402
 
@@ -53,26 +50,26 @@ class Section:
     module: str
     function: str
     script: str
-    """The standalone command of the same measurement."""
+    """The standalone command of the same measurement (`python -m <script>`)."""
 
 
 SECTIONS: dict[str, Section] = {
     "generation": Section(
-        "Generator: vLLM vs transformers", "bench.generation", "measure_generation", "bench/generation.py"
+        "Generator: vLLM vs transformers", "bench.perf.generation", "measure_generation", "bench.perf.generation"
     ),
     "learner": Section(
         "Learner: DeepSpeed ZeRO vs plain torch",
-        "bench.learner",
+        "bench.perf.learner",
         "measure_learner",
-        "bench/learner.py --only learner",
+        "bench.perf.learner --only learner",
     ),
     "packing": Section(
-        "Packing efficiency", "bench.learner", "measure_packing", "bench/learner.py --only packing"
+        "Packing efficiency", "bench.perf.learner", "measure_packing", "bench.perf.learner --only packing"
     ),
-    "transport": Section("Transport", "bench.transport", "measure_transport", "bench/transport.py --json"),
-    "weight_sync": Section("Weight sync", "bench.weight_sync", "measure_weight_sync", "bench/weight_sync.py"),
+    "transport": Section("Transport", "bench.perf.transport", "measure_transport", "bench.perf.transport --json"),
+    "weight_sync": Section("Weight sync", "bench.perf.weight_sync", "measure_weight_sync", "bench.perf.weight_sync"),
     "async_vs_sync": Section(
-        "Async vs sync, end to end", "bench.async_vs_sync", "measure_async_vs_sync", "bench/async_vs_sync.py"
+        "Async vs sync, end to end", "bench.perf.async_vs_sync", "measure_async_vs_sync", "bench.perf.async_vs_sync"
     ),
 }
 
@@ -83,16 +80,16 @@ SECTIONS: dict[str, Section] = {
 
 
 def section_command(name: str, quick: bool) -> str:
-    return f"python bench/results.py --only {name}" + (" --quick" if quick else "")
+    return f"python -m bench.results --only {name}" + (" --quick" if quick else "")
 
 
 def standalone_command(name: str, quick: bool) -> str:
     """The section's own script with the sizes `run_child` uses."""
     if name == "async_vs_sync":
-        return f"python {SECTIONS[name].script} " + (
+        return f"python -m {SECTIONS[name].script} " + (
             "--steps 2 --repeats 1" if quick else "--steps 40 --repeats 2"
         )
-    return f"python {SECTIONS[name].script}" + (" --quick" if quick else "")
+    return f"python -m {SECTIONS[name].script}" + (" --quick" if quick else "")
 
 
 def run_child(name: str, quick: bool) -> dict[str, Any]:
@@ -113,7 +110,7 @@ def run_section(name: str, quick: bool, log_dir: Path) -> dict[str, Any]:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         out = Path(tmp) / "result.json"
-        argv = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--child-out", str(out)]
+        argv = [sys.executable, "-m", "bench.results", "--child", name, "--child-out", str(out)]
         if quick:
             argv.append("--quick")
         # A section is a world of its own: never inherit a parent's torch.distributed variables
@@ -367,41 +364,113 @@ def render_transport(d: dict[str, Any]) -> str:
     )
 
 
+_WS_PATHS = (
+    ("raw", "raw ZeroMQ frames (ceiling)"),
+    ("file", "file: one chunk at a time, temp file, read back"),
+    ("stream", "stream: window of 4, into shared memory"),
+    ("delta", "delta: stream against the held version"),
+)
+
+
+def _ws_cases(d: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    cases = [
+        (f"synthetic fp32, {fmt(c['payload_bytes'] / 1e6)} MB", c) for c in d.get("transfer", {}).values()
+    ]
+    if "vllm" in d:
+        v = d["vllm"]
+        cases.append(
+            (f"into vLLM, Qwen2 {fmt(v['parameters'] / 1e6)}M fp32, {fmt(v['payload_bytes'] / 1e6)} MB", v)
+        )
+    return cases
+
+
 def render_weight_sync(d: dict[str, Any]) -> str:
+    if "transfer" not in d and "vllm" not in d:
+        return "Measured before issue 38's rewrite; rerun `python -m bench.results --only weight_sync`.\n"
     rows = []
-    for key, label in (("tiny_model", "tiny model"), ("synthetic", "synthetic (4 MiB fp32 tensors)")):
-        c = d[key]
-        mb = c["payload_bytes"] / 1e6
-        for path, plabel in (("zmq", "ZeroMQ chunks"), ("shared_dir", "shared directory")):
-            total = _med(c["total_s_per_mb"][path])
+    for label, c in _ws_cases(d):
+        for path, plabel in _WS_PATHS:
+            sent = c["wire_bytes"].get(path)
             rows.append(
                 [
-                    f"{label}, {fmt(mb)} MB",
+                    label,
                     plabel,
-                    fmt(_med(c["serialize_s_per_mb"]) * 1e3),
-                    fmt(_med(c["transfer_s_per_mb"][path]) * 1e3),
-                    fmt(total * 1e3),
-                    fmt(_med(c["total_seconds"][path])),
-                    fmt(1 / total),
+                    fmt(_med(c["gb_per_s"][path])),
+                    _range(c["gb_per_s"][path]),
+                    fmt(_med(c["seconds"][path])),
+                    fmt(_med(sent) / 1e6) if sent else "",
+                    fmt_ratio(c["vs_raw"][path]) if path != "raw" else "1×",
                 ]
             )
     ratios = "; ".join(
-        f"{label}: ZeroMQ / shared directory {fmt_ratio(d[key]['zmq_vs_shared_dir'])}"
-        for key, label in (("tiny_model", "tiny model"), ("synthetic", "synthetic"))
+        f"{label}: stream / file {fmt_ratio(c['stream_vs_file'])}, delta / stream {fmt_ratio(c['delta_vs_stream'])}"
+        for label, c in _ws_cases(d)
     )
-    return (
-        f"One version published and fetched per repeat, {d['repeats']} interleaved repeats per path; "
-        f"ZeroMQ chunks of {fmt(d['chunk_bytes'] >> 20)} MiB over loopback TCP.\n\n"
+    out = (
+        f"One version published per repeat and taken by each path; repeats interleaved (order rotated), "
+        f"the learner's `WeightServer` in its own process, chunks of {fmt(d['chunk_bytes'] >> 20)} MiB over "
+        f"loopback TCP, window {d['window']}. Seconds run from the publish call (the server hashes every chunk) "
+        "to the version checked in the receiver's memory, or, into vLLM, to the engine sampling from it. Each "
+        "version moves 1% of the elements of a fixed fp32 state by ~1e-3 relative (two versions differ in ~2% "
+        "of the elements). The raw line moves the same number of chunk-sized frames by PUSH/PULL from another "
+        "process, no protocol: the wire's ceiling in the same run.\n\n"
         + markdown_table(
-            ["state dict", "path", "serialize ms/MB", "transfer ms/MB", "total ms/MB", "total s", "MB/s"],
+            ["state", "path", "GB/s", "min–max", "seconds", "MB sent", "vs raw (paired)"],
             rows,
             "llrrrrr",
         )
-        + f"\nTime ratios (lower is faster): {ratios}.\n\n"
-        "serialize: safetensors bytes + sha256 (`serialize_weights`); ZeroMQ: `WeightServer.publish` + "
-        "`fetch_weights_zmq` (chunk requests, sha256 check, temp file + rename); shared directory: "
-        "`SharedDirPublisher.publish` (write, fsync, rename, LATEST) + `read_shared_dir` (sha256 check). "
-        "Loading into the vLLM engine is not included.\n"
+        + f"\nRatios of GB/s, paired per repeat: {ratios}.\n"
+    )
+    if "vllm" in d:
+        loads = d["vllm"]["engine_load_seconds"]
+        out += (
+            f"\nThe engine's share (pause, reload, spot check, resume): from the file {fmt(_med(loads['file']))} s, "
+            f"from shared memory {fmt(_med(loads['image']))} s (medians).\n"
+        )
+    changed = d.get("changed", {})
+    crow = []
+    for key, label in (
+        ("smollm2_135m_gsm", "SmolLM2-135M, GSM-Symbolic run"),
+        ("tiny_cpu", "tiny recipe run"),
+    ):
+        if key not in changed:
+            continue
+        for dtype in ("fp32", "bf16"):
+            for r in changed[key][dtype]:
+                crow.append(
+                    [
+                        label,
+                        dtype,
+                        f"{r['from']} → {r['to']}",
+                        fmt(r["bytes"] / 1e6),
+                        f"{100 * r['changed_byte_fraction']:.1f}%",
+                        f"{100 * r['sent_fraction']:.1f}%",
+                        f"{r['chunks']['reused']} / {r['chunks']['delta']} / {r['chunks']['raw']}",
+                    ]
+                )
+    if crow:
+        out += (
+            "\nChanged bytes between consecutive versions of real runs (as published, fp32, and cast to bf16 "
+            "as a bf16 learner would publish them), and what a delta transfer sent (the real server and "
+            "receiver, the previous version held as the base):\n\n"
+            + markdown_table(
+                [
+                    "run",
+                    "dtype",
+                    "versions",
+                    "MB",
+                    "bytes changed",
+                    "bytes sent",
+                    "chunks reused / delta / raw",
+                ],
+                crow,
+                "lllrrrr",
+            )
+        )
+    return out + (
+        "\nNot shown: more than one receiver (the learner's egress still grows with the number of generators; "
+        "fan-out is not built), a real network (loopback has no bandwidth limit, where deltas pay most), GPU "
+        "engines (NCCL is unchanged), and the long-CoT recipe (its model is not built on this machine).\n"
     )
 
 
@@ -422,8 +491,8 @@ def render_async_vs_sync(d: dict[str, Any]) -> str:
 def time_to_target_row(results_dir: Path) -> str:
     """The status row under the async-vs-sync section: where its time-to-target figures are."""
     row = (
-        "| time to a target eval accuracy, async vs sync | tiny-cpu: one seed (`python bench/async_sync_ttt.py`, "
-        "under Other tools below)"
+        "| time to a target eval accuracy, async vs sync | tiny-cpu: one seed (`python -m bench.studies.async_sync_ttt`, "
+        "[its page](async_sync_ttt.md))"
     )
     path = results_dir / "async_sync_ttt_longcot.json"
     try:
@@ -431,8 +500,7 @@ def time_to_target_row(results_dir: Path) -> str:
         ratio = d["over_seeds"]["ratio_sync_over_async"]
         row += (
             f"; long-CoT recipe: {ratio['n']} seeds, sync/async {ratio['mean']:.2f} ± {ratio['std']:.2f} to "
-            f"+{round(100 * d['target_delta'])} points (`{results_dir.name}/{path.name}`, in the long "
-            "chain-of-thought section below)"
+            f"+{round(100 * d['target_delta'])} points (`{path.name}`, [the long chain-of-thought page](longcot.md))"
         )
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not measured yet, or an older file: the tiny-cpu figure alone
@@ -491,16 +559,6 @@ def json_tables(obj: dict[str, Any]) -> str:
     return out
 
 
-def _relink(markdown: str, prefix: str) -> str:
-    """Make relative link and image targets of an included page relative to RESULTS.md."""
-    return re.sub(r"\]\((?!https?:|/|#)([^)]+)\)", lambda m: f"]({prefix}{m.group(1)})", markdown)
-
-
-def _demote(markdown: str) -> str:
-    """Headings three levels down, so an included page nests under its ### heading."""
-    return re.sub(r"^(#{1,3}) ", lambda m: "###" + m.group(1) + " ", markdown, flags=re.M)
-
-
 EXTERNAL = (
     (
         "Ablation (the paper's Table 1 ladder)",
@@ -540,101 +598,101 @@ EXTERNAL = (
     (
         "The staleness bound's length bias, and holding the learner for groups in flight",
         "length_bias.json",
-        "python bench/length_bias.py RUN_DIR ... --json docs/results/length_bias.json (its page, "
+        "python -m bench.studies.length_bias RUN_DIR ... --json docs/results/length_bias.json (its page, "
         "length_bias.md, names the runs)",
     ),
     (
         "Async vs sync: time to a target eval accuracy",
         "async_sync_ttt.json",
-        "python bench/async_sync_ttt.py --out docs/results/async_sync_ttt.json",
+        "python -m bench.studies.async_sync_ttt --out docs/results/async_sync_ttt.json",
     ),
-    ("TRL peer comparison", "peer_trl.json", "python bench/peer_trl.py --out docs/results/peer_trl.json"),
+    ("TRL peer comparison", "peer_trl.json", "python -m bench.studies.peer_trl --out docs/results/peer_trl.json"),
     (
         "TRL peer comparison on the long-CoT recipe, seed 0",
         "peer_trl_longcot.json",
-        "python bench/peer_trl.py --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
+        "python -m bench.studies.peer_trl --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
         "--target-delta 0.05 --seed 0 --out docs/results/peer_trl_longcot.json",
     ),
     (
         "TRL peer comparison on the long-CoT recipe, seed 1",
         "peer_trl_longcot_seed1.json",
-        "python bench/peer_trl.py --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
+        "python -m bench.studies.peer_trl --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
         "--target-delta 0.05 --seed 1 --out docs/results/peer_trl_longcot_seed1.json",
     ),
     (
         "TRL peer comparison on the long-CoT recipe, seed 2",
         "peer_trl_longcot_seed2.json",
-        "python bench/peer_trl.py --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
+        "python -m bench.studies.peer_trl --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
         "--target-delta 0.05 --seed 2 --out docs/results/peer_trl_longcot_seed2.json",
     ),
-    ("Fault drill", "drill.json", "python bench/drill.py --json docs/results/drill.json"),
+    ("Fault drill", "drill.json", "python -m bench.drills.drill --json docs/results/drill.json"),
     (
         "Elastic generator fleet drill",
         "drill_elastic.json",
-        "python bench/drill.py --elastic --json docs/results/drill_elastic.json",
+        "python -m bench.drills.drill --elastic --json docs/results/drill_elastic.json",
     ),
-    ("Protocol fuzzer", "fuzz.json", "python bench/fuzz.py --json docs/results/fuzz.json"),
+    ("Protocol fuzzer", "fuzz.json", "python -m bench.drills.fuzz --json docs/results/fuzz.json"),
     (
         "Message codec choice: the hand-rolled validator (289e6bd) vs msgspec Structs vs pydantic models",
         "codec_choice.json",
-        "python bench/codec_choice.py --json docs/results/codec_choice.json, in each tree measured "
+        "python -m bench.perf.codec_choice --json docs/results/codec_choice.json, in each tree measured "
         "(its docstring says how the 289e6bd rows were made)",
     ),
     (
         "Verifier hostile inputs under the pool",
         "verifier_hostile.json",
-        "python bench/verifier_hostile.py --json docs/results/verifier_hostile.json",
+        "python -m bench.drills.verifier_hostile --json docs/results/verifier_hostile.json",
     ),
     (
         "Verifier agreement with graded verdicts",
         "verifier_agreement.json",
-        "python bench/verifier_agreement.py --json docs/results/verifier_agreement.json",
+        "python -m bench.studies.verifier_agreement --json docs/results/verifier_agreement.json",
     ),
     (
         "Behaviour log-probs: μ vs π_prox at identical weights (float32 vs bfloat16, sampling settings)",
         "logprob_precision.json",
-        "python bench/logprob_precision.py --json docs/results/logprob_precision.json",
+        "python -m bench.perf.logprob_precision --json docs/results/logprob_precision.json",
     ),
     (
-        "Learner memory at long context (bench/learner_memory.py)",
+        "Learner memory at long context (bench/perf/learner_memory.py)",
         "learner_memory.json",
-        "flock /tmp/stream-dapo-cpu.lock python bench/learner_memory.py",
+        "flock /tmp/stream-dapo-cpu.lock python -m bench.perf.learner_memory",
     ),
     (
         "Long chain-of-thought (configs/tiny-longcot-cpu.toml)",
         "longcot.md",
-        "python bench/longcot.py, bench/async_vs_sync.py --config configs/tiny-longcot-cpu.toml, "
-        "bench/gradient_snr.py and bench/plan_vs_run.py (each figure names its command and JSON)",
+        "python -m bench.studies.longcot, bench/perf/async_vs_sync.py --config configs/tiny-longcot-cpu.toml, "
+        "bench/studies/gradient_snr.py and bench/studies/plan_vs_run.py (each figure names its command and JSON)",
     ),
 )
 
 
-def render_external(results_dir: Path) -> str:
-    """The sections written by other commands. A JSON section whose folder holds a page of the same
-    name (`verifier_agreement.json` and `verifier_agreement.md`) shows that page, which says what the
-    figures mean and names its JSON and command; one without shows the JSON as tables."""
-    out = ""
-    for title, rel, command in EXTERNAL:
-        out += f"### {title}\n\n"
-        path = results_dir / rel
-        if not path.is_file():
-            out += f"Not yet run: `{command}`\n\n"
-            continue
-        prose = path.with_suffix(".md")
-        if rel.endswith(".json") and prose.is_file():
-            prefix = f"{results_dir.name}/{Path(rel).parent.as_posix()}/".replace("/./", "/")
-            out += _demote(_relink(prose.read_text(), prefix)).strip() + "\n\n"
-            continue
-        out += f"From `{results_dir.name}/{rel}`, written by `{command}`.\n\n"
-        if rel.endswith(".md"):
-            prefix = f"{results_dir.name}/{Path(rel).parent.as_posix()}/"
-            out += _demote(_relink(path.read_text(), prefix)).strip() + "\n\n"
-        else:
-            try:
-                out += json_tables(json.loads(path.read_text())) + "\n"
-            except (json.JSONDecodeError, AttributeError) as exc:
-                out += f"Could not read {rel}: {exc}\n\n"
-    return out
+GENERATED = "<!-- written by `python -m bench.results`: edit bench/results.py or the result's JSON, not this page -->\n"
+"""The first line of every page this script writes; a Markdown file without it is a page of its own."""
+
+
+def external_page(title: str, rel: str, command: str, results_dir: Path) -> tuple[str | None, str | None]:
+    """(the page of one external result, relative to results_dir; the text to write there, or None when
+    the result keeps a page of its own). A result written as Markdown, or as JSON beside a Markdown
+    page of the same name, is its own page; a JSON-only result gets one rendered here from its tables.
+    (None, None) when it has not been run."""
+    path = results_dir / rel
+    if not path.is_file():
+        return None, None
+    if rel.endswith(".md"):
+        return rel, None
+    prose = path.with_suffix(".md")
+    if prose.is_file() and not prose.read_text().startswith(GENERATED):
+        return prose.relative_to(results_dir).as_posix(), None
+    try:
+        tables = json_tables(json.loads(path.read_text()))
+    except (json.JSONDecodeError, AttributeError) as exc:
+        tables = f"Could not read {rel}: {exc}\n"
+    text = GENERATED + (
+        f"# {title}\n\n[All results](../RESULTS.md)\n\nFrom `{rel}`, written by `{command}`; this page is "
+        "rendered from it by `python -m bench.results --render-only`.\n\n" + tables
+    )
+    return Path(rel).with_suffix(".md").as_posix(), text.rstrip() + "\n"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -680,7 +738,7 @@ def headline_rows(sections: dict[str, Any]) -> list[list[str]]:
 
     def add(name: str, figure: str, value: str) -> None:
         quick = " (quick)" if sections[name].get("quick") else ""
-        rows.append([figure, value + quick, f"[{SECTIONS[name].title}](#{_anchor(name)})"])
+        rows.append([figure, value + quick, f"[{SECTIONS[name].title}](results/{name}.md)"])
 
     if "generation" in sections:
         d = sections["generation"]["data"]
@@ -712,12 +770,13 @@ def headline_rows(sections: dict[str, Any]) -> list[list[str]]:
             f"{fmt(big['response_tokens'])}-token groups over loopback, codec (vs memcpy)",
             f"{fmt(_med(big['loopback']['codec']['gb_per_s']))} GB/s ({fmt_ratio(big['loopback']['codec_vs_memcpy'])})",
         )
-    if "weight_sync" in sections:
-        d = sections["weight_sync"]["data"]["synthetic"]
+    if "weight_sync" in sections and "vllm" in sections["weight_sync"]["data"]:
+        v = sections["weight_sync"]["data"]["vllm"]
         add(
             "weight_sync",
-            f"weight sync of {fmt(d['payload_bytes'] / 1e6)} MB over ZeroMQ, publish + fetch",
-            f"{fmt(_med(d['total_s_per_mb']['zmq']) * 1e3)} ms/MB ({fmt(_med(d['total_seconds']['zmq']))} s)",
+            f"weight sync of {fmt(v['payload_bytes'] / 1e6)} MB into vLLM, streamed vs file (vs raw frames)",
+            f"{fmt(_med(v['gb_per_s']['stream']))} vs {fmt(_med(v['gb_per_s']['file']))} GB/s "
+            f"({fmt_ratio(v['stream_vs_file'])}; {fmt_ratio(v['vs_raw']['stream'])} of raw)",
         )
     if "async_vs_sync" in sections:
         d = sections["async_vs_sync"]["data"]
@@ -725,17 +784,54 @@ def headline_rows(sections: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def _anchor(name: str) -> str:
-    return f"section-{name.replace('_', '-')}"
+def measured_span(sections: dict[str, Any]) -> str:
+    """When the saved sections were measured (from the data, so a re-render writes the same page)."""
+    dates = sorted(str(e["finished_at"])[:10] for e in sections.values() if e.get("finished_at"))
+    if not dates:
+        return "nothing measured yet"
+    return f"measured {dates[0]}" if dates[0] == dates[-1] else f"measured {dates[0]} to {dates[-1]}"
 
 
-def render_page(sections: dict[str, Any], results_dir: Path, plots: dict[str, str]) -> str:
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    parts = [
+def render_section_page(name: str, entry: dict[str, Any] | None, results_dir: Path, plot: str | None) -> str:
+    title = SECTIONS[name].title
+    parts = [GENERATED, f"# {title}\n\n[All results](../RESULTS.md)\n\n"]
+    if entry is None:
+        parts.append(f"Not yet run: `{section_command(name, False)}`\n")
+    else:
+        parts.append(_header(name, entry))
+        parts.append(RENDERERS[name](entry["data"]))
+        if plot is not None:
+            parts.append(f"\n![{title}]({plot})\n")
+    if name == "async_vs_sync":
+        parts.append("\n| figure | status |\n| :-- | :-- |\n" + time_to_target_row(results_dir))
+    return "".join(parts).rstrip() + "\n"
+
+
+def render_pages(sections: dict[str, Any], results_dir: Path, plots: dict[str, str]) -> dict[str, str]:
+    """Every page bench/results.py writes: results/<section>.md per measured section, results/<name>.md
+    per external JSON result without a page of its own, and RESULTS.md (path relative to the docs
+    folder -> text). Each figure is stated on one page; RESULTS.md holds the headlines and links."""
+    rel = results_dir.name
+    pages: dict[str, str] = {}
+    for name in SECTIONS:
+        pages[f"{rel}/{name}.md"] = render_section_page(name, sections.get(name), results_dir, plots.get(name))
+    index_rows: list[list[str]] = []
+    for title, source, command in EXTERNAL:
+        page, text = external_page(title, source, command, results_dir)
+        if page is None:
+            index_rows.append([title, f"not yet run: `{command}`"])
+            continue
+        if text is not None:
+            pages[f"{rel}/{page}"] = text
+        index_rows.append([title, f"[{rel}/{page}]({rel}/{page})"])
+    header = [
+        GENERATED,
         "# Results\n\n",
-        f"Written by `python bench/results.py` on {now} from `{results_dir.name}/{RESULTS_JSON}` (every "
-        "number below, with each repeat). Rerun one section with `--only NAME` (the others keep their "
-        "saved numbers) or re-render from the saved numbers with `--render-only`.\n\n",
+        f"An index: each result has its own page under `{rel}/`, written by the command it names; each figure "
+        f"is stated on its page. The throughput sections below were written by `python -m bench.results` "
+        f"({measured_span(sections)}) from `{rel}/{RESULTS_JSON}`, which keeps every repeat. Rerun one with "
+        "`--only NAME` (the others keep their saved numbers); `--render-only` rewrites every page from the "
+        "saved numbers, and a test checks that it reproduces the committed pages.\n\n",
         "How to read the figures: each is the **median over repeats**; each comparison is a **ratio "
         "measured side by side in one run**: the repeats of A and B interleave (order rotated every "
         "repeat) and the ratio is the median of the per-repeat ratios. Min–max columns show the "
@@ -747,24 +843,21 @@ def render_page(sections: dict[str, Any], results_dir: Path, plots: dict[str, st
         "\n## Headlines\n\n",
     ]
     rows = headline_rows(sections)
-    parts.append(
-        markdown_table(["figure", "value", "section"], rows, "lll") if rows else "Nothing measured yet.\n"
+    header.append(
+        markdown_table(["figure", "value", "page"], rows, "lll") if rows else "Nothing measured yet.\n"
     )
-    for number, name in enumerate(SECTIONS, start=1):
-        parts.append(f'\n<a id="{_anchor(name)}"></a>\n\n## {number}. {SECTIONS[name].title}\n\n')
-        entry = sections.get(name)
-        if entry is None:
-            parts.append(f"Not yet run: `{section_command(name, False)}`\n")
-        else:
-            parts.append(_header(name, entry))
-            parts.append(RENDERERS[name](entry["data"]))
-            if name in plots:
-                parts.append(f"\n![{SECTIONS[name].title}]({plots[name]})\n")
-        if name == "async_vs_sync":
-            parts.append("\n| figure | status |\n| :-- | :-- |\n" + time_to_target_row(results_dir))
-    parts.append(f"\n## {len(SECTIONS) + 1}. Other tools\n\n")
-    parts.append(render_external(results_dir))
-    return "".join(parts).rstrip() + "\n"
+    header.append("\n## Throughput, one page per part\n\n")
+    header.append(
+        markdown_table(
+            ["part", "page"],
+            [[SECTIONS[n].title, f"[{rel}/{n}.md]({rel}/{n}.md)"] for n in SECTIONS],
+            "ll",
+        )
+    )
+    header.append("\n## Studies, drills and tools\n\n")
+    header.append(markdown_table(["result", "page"], index_rows, "ll"))
+    pages["RESULTS.md"] = "".join(header).rstrip() + "\n"
+    return pages
 
 
 # --------------------------------------------------------------------------------------------------
@@ -844,21 +937,20 @@ def plot_transport(d: dict[str, Any], ax: Any) -> None:
 
 
 def plot_weight_sync(d: dict[str, Any], ax: Any) -> None:
-    width = 0.35
-    cases = ("tiny_model", "synthetic")
-    for i, (path, label) in enumerate((("zmq", "ZeroMQ"), ("shared_dir", "shared dir"))):
-        values = [_med(d[c]["total_s_per_mb"][path]) * 1e3 for c in cases]
-        ax.bar([x + (i - 0.5) * width for x in range(2)], values, width, label=label)
+    cases = _ws_cases(d)
+    width = 0.8 / len(_WS_PATHS)
+    for i, (path, _label) in enumerate(_WS_PATHS):
+        values = [_med(c["gb_per_s"][path]) for _, c in cases]
+        ax.bar([x + (i - 1.5) * width for x in range(len(cases))], values, width, label=path)
     ax.set_xticks(
-        range(2),
-        [
-            f"tiny ({fmt(d['tiny_model']['payload_bytes'] / 1e6)} MB)",
-            f"synthetic ({fmt(d['synthetic']['payload_bytes'] / 1e6)} MB)",
-        ],
+        range(len(cases)),
+        [label.split(",")[0] + f" ({fmt(c['payload_bytes'] / 1e6)} MB)" for label, c in cases],
     )
-    ax.set_ylabel("ms per MB (publish + fetch)")
-    ax.legend(fontsize=8)
-    ax.set_title("Weight sync")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("GB/s (publish to checked / loaded)")
+    ax.legend(fontsize=7)
+    ax.set_title("Weight sync by path")
 
 
 def plot_async_vs_sync(d: dict[str, Any], ax: Any) -> None:
@@ -880,7 +972,7 @@ PLOTS: dict[str, Callable[[dict[str, Any], Any], None]] = {
 
 
 def write_plots(sections: dict[str, Any], results_dir: Path) -> dict[str, str]:
-    """One PNG per measured section; returns section -> path relative to the page. Needs the bench
+    """One PNG per measured section; returns section -> path relative to its page. Needs the bench
     extra's matplotlib; without it the page has no plots (and says so on stderr)."""
     try:
         import matplotlib
@@ -899,7 +991,7 @@ def write_plots(sections: dict[str, Any], results_dir: Path) -> dict[str, str]:
         fig.tight_layout()
         fig.savefig(results_dir / f"{name}.png", dpi=110)
         plt.close(fig)
-        out[name] = f"{results_dir.name}/{name}.png"
+        out[name] = f"{name}.png"
     return out
 
 
@@ -908,13 +1000,17 @@ def write_plots(sections: dict[str, Any], results_dir: Path) -> dict[str, str]:
 # --------------------------------------------------------------------------------------------------
 
 
-def render(out: Path, sections: dict[str, Any]) -> Path:
+def render(out: Path, sections: dict[str, Any], plots: bool = True) -> Path:
+    """Write every page (and, with `plots`, the sections' PNGs) under `out`; returns RESULTS.md."""
     results_dir = out / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(sections, results_dir)
-    page = out / "RESULTS.md"
-    page.write_text(render_page(sections, results_dir, plots))
-    return page
+    if plots:
+        drawn = write_plots(sections, results_dir)
+    else:  # the pages link the PNGs that are there
+        drawn = {name: f"{name}.png" for name in sections if (results_dir / f"{name}.png").is_file()}
+    for rel, text in render_pages(sections, results_dir, drawn).items():
+        (out / rel).write_text(text)
+    return out / "RESULTS.md"
 
 
 def parse_only(value: str | None) -> list[str]:
@@ -935,6 +1031,7 @@ def main() -> int:
     parser.add_argument("--only", default=None, help=f"comma-separated sections: {','.join(SECTIONS)}")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="page directory (default: docs)")
     parser.add_argument("--render-only", action="store_true", help="re-render from OUT/results/results.json")
+    parser.add_argument("--no-plots", action="store_true", help="leave the PNGs as they are (pages only)")
     parser.add_argument("--child", choices=list(SECTIONS), help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -959,7 +1056,7 @@ def main() -> int:
             save_results(json_path, sections)
             print(f"[results] {name} done in {sections[name]['wall_seconds']} s", flush=True)
     save_results(json_path, sections)
-    page = render(out, sections)
+    page = render(out, sections, plots=not args.no_plots)
     print(f"[results] wrote {page} and {json_path}")
     if failed:
         print(

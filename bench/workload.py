@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import sys
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,8 +19,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from stream_dapo.config import Config, load_config  # noqa: E402
 from stream_dapo.transport.messages import Group, Sample  # noqa: E402

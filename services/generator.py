@@ -1,6 +1,8 @@
 """Entry point of the generator service: `python services/generator.py --config FILE [--set k=v ...]`.
 
-Equivalent to `stream-dapo generator ...`; systemd units and Kubernetes manifests call this file.
+The same as `stream-dapo generator ...` (the console script the systemd units and Kubernetes manifests run):
+for a checkout without the console script on PATH. tests/integration/test_services_entry_points.py
+checks that the two stay one.
 """
 
 import sys

@@ -1,6 +1,8 @@
 """Entry point of the learner service: `python services/learner.py --config FILE [--set k=v ...]`.
 
-Equivalent to `stream-dapo learner ...`; systemd units and Kubernetes manifests call this file.
+The same as `stream-dapo learner ...` (the console script the systemd units and Kubernetes manifests run):
+for a checkout without the console script on PATH. tests/integration/test_services_entry_points.py
+checks that the two stay one.
 """
 
 import sys

@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="A|gpu|cpu",
         help=(
             "how a replica's tokens/s grows with the groups it holds: tokens/s ~ groups^A, 0 <= A <= 1 "
-            f"({names}; default gpu). Measure it with bench/engine_scaling.py"
+            f"({names}; default gpu). Measure it with bench/perf/engine_scaling.py"
         ),
     )
     src.add_argument(

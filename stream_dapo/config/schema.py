@@ -345,7 +345,7 @@ class GeneratorConfig(_Section):
     generator's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), scheduling between model steps. On
     CPU generators that share cores with a learner, the separate engine core spins a core of its
     own: on the long-CoT recipe's engine, separate took 1.98 cores for 3,367 tokens/s and inline
-    1.02 cores for 3,461 (bench/engine_process.py, docs/results/longcot.md)."""
+    1.02 cores for 3,461 (bench/perf/engine_process.py, docs/results/longcot.md)."""
     weight_poll_s: float = Field(0.5, gt=0.0)
     """How often the generator asks for a newer weight version."""
     kv_on_update: Literal["recompute", "keep", "between-groups"] = "recompute"
@@ -355,7 +355,7 @@ class GeneratorConfig(_Section):
     and keep the old-weight KV (no recompute; later tokens attend to KV the old weights made).
     "between-groups": start no new group while an update waits, swap once the in-flight groups
     finished (every sample one version; the engine runs emptier while the slowest sample ends).
-    Measured on the long-CoT recipe by bench/kv_on_update.py (docs/operations.md)."""
+    Measured on the long-CoT recipe by bench/studies/kv_on_update.py (docs/operations.md)."""
     heartbeat_s: float = Field(5.0, gt=0.0)
     """How often a generator tells the buffer it is alive (keeps its credit lease, see
     buffer.generator_lease_s; a buffer that stops answering makes /readyz fail)."""
@@ -486,6 +486,17 @@ class WeightsConfig(_Section):
     """Directory for method=shared_dir (default: run.out_dir/weights)."""
     chunk_bytes: int = Field(4 * 1024 * 1024, ge=4096)
     """Chunk size of the ZeroMQ weight transfer."""
+    fetch_window: int = Field(4, ge=1, le=64)
+    """Chunk requests a generator keeps in flight to the learner's weight server (method zmq): the
+    next chunks travel while one is checked. 1 is one request at a time."""
+    delta: bool = True
+    """Method zmq: send each version as a delta against the one a generator holds. Chunks whose
+    sha256 matches that version's are not sent at all, the others go as zlib'd XOR against it where
+    that is smaller; the assembled state is checked against the full-state checksum either way. A
+    generator without a usable base (a late joiner, a resumed learner's other lineage, a base the
+    learner no longer keeps) gets the full image. Costs each generator one more copy of the weights
+    in host memory (the base) and the learner the XOR + zlib of each changed chunk, once per
+    version. Measured in docs/RESULTS.md (weight sync)."""
 
 
 class TransportConfig(_Section):
@@ -598,7 +609,7 @@ class WarmupConfig(_Section):
     """Eval-split prompts on which the warm-up reports pass@1 (greedy and temperature 1.0)."""
     threads: int = Field(2, ge=1)
     """Torch intra-op threads of the warm-up, at every step. The weights depend on it (two threads
-    split some reductions differently from one: `bench/warmup_determinism.py`), so it is part of the
+    split some reductions differently from one: `bench/studies/warmup_determinism.py`), so it is part of the
     cache key when it is not 2. OpenMP threads spin at barriers: next to another busy process, two
     threads on two cores run several times slower than one, so set 1 on a shared machine."""
     track_every: int = Field(0, ge=0)

@@ -18,8 +18,9 @@ Weight update protocol (``update_weights``), each step a helper with a timeout:
 
 1. pause: ``sleep(level=0, mode="keep")`` stops scheduling and waits for the running step to end;
    requests stay in the engine with their KV cache.
-2. load: ``collective_rpc("update_weights_from_file")`` reloads in place and spot-checks
-   (``worker_ext``).
+2. load: ``collective_rpc("update_weights_from_shm")`` (the checked image in shared memory, which the
+   worker maps: no file, no copy through the RPC; ``stream_dapo.weights.image``) or
+   ``"update_weights_from_file"`` reloads in place and spot-checks (``worker_ext``).
 3. label: ``set_weight_version(str(version))``: later tokens carry the new version.
 4. invalidate KV: ``kv_on_update="recompute"`` (default) calls ``reset_prefix_cache(
    reset_running_requests=True)``: running requests are preempted and recompute their KV with the new
@@ -61,6 +62,7 @@ from stream_dapo.generator.worker_ext import WORKER_EXTENSION
 
 if TYPE_CHECKING:
     from stream_dapo.config import Config
+    from stream_dapo.weights.image import WeightImage
 
 __all__ = [
     "KvOnUpdate",
@@ -516,6 +518,34 @@ class RolloutEngine:
             return version
 
         return self._swap(load, f"{path} (version {version})")
+
+    def update_weights_from_image(self, image: WeightImage, version: int) -> float:
+        """Swap to the weights in the shared-memory safetensors image ``image``, labelled ``version``;
+        returns seconds. The worker maps the same pages (no copy through the RPC, no file). An image
+        that is not usable is refused before the engine is paused (``ValueError``; the engine keeps
+        sampling from the old weights)."""
+        from stream_dapo.weights.safetensors_view import SafetensorsError, check_header
+
+        try:
+            check_header(image.view)
+        except SafetensorsError as exc:
+            raise ValueError(
+                f"weights version {version} is not a usable safetensors image ({exc}); refusing it"
+            ) from exc
+        what = f"shared memory (version {version}, {image.nbytes} bytes)"
+
+        def load() -> int:
+            results = self._call(
+                "load",
+                lambda: self._engine.collective_rpc(
+                    "update_weights_from_shm", timeout=self.rpc_timeout_s, args=(image.name, image.nbytes)
+                ),
+            )
+            if not results or not all(r is True for r in results):
+                raise WeightUpdateError(f"workers did not confirm loading {what}: {results!r}")
+            return version
+
+        return self._swap(load, what)
 
     def join_nccl(self, host: str, port: int, world_size: int, rank_base: int) -> list[int]:
         """Join the learner's NCCL weight group (GPU only); returns the workers' ranks."""

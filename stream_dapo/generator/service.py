@@ -137,7 +137,7 @@ class GeneratorService:
     Collaborators not given are built by ``start()`` from the config: the vLLM ``engine``, the
     ``verifier`` pool, the ``prompts`` stream (this generator's shard, position kept across
     restarts) and the ``weights`` source of ``weights.method``. Tests and benchmarks inject
-    their own (``bench/fuzz.py`` runs the service on a stand-in engine).
+    their own (``bench/drills/fuzz.py`` runs the service on a stand-in engine).
     """
 
     def __init__(
@@ -531,8 +531,14 @@ class GeneratorService:
         engine = self._engine
         assert self.weights is not None
         seconds = self.weights.load(engine, update)
-        self.metrics.weight_sync_seconds.observe(update.fetch_seconds + seconds)
-        self.metrics.weight_sync_bytes.inc(update.nbytes)
+        mx = self.metrics
+        mx.weight_sync_seconds.observe(update.fetch_seconds + seconds)
+        mx.weight_sync_bytes.inc(update.nbytes)
+        wire = update.nbytes if update.wire_bytes is None else update.wire_bytes
+        mx.weight_received_bytes.inc(wire)
+        mx.weight_delta_ratio.set(wire / update.nbytes if update.nbytes else 1.0)
+        if update.published_at > 0:
+            mx.weight_publish_to_loaded_seconds.observe(max(0.0, time.time() - update.published_at))
         self.metrics.policy_version.set(engine.version)
         self.health.detail["policy_version"] = engine.version
         log.info(
@@ -754,6 +760,8 @@ class GeneratorService:
         mx.groups_in_flight.set(engine.num_in_flight)
         mx.unacked_groups.set(len(self.unacked))
         mx.policy_version.set(engine.version)
+        if self.weights is not None and self.weights.latest_seen >= 0:
+            mx.weights_behind.set(max(0, self.weights.latest_seen - engine.version))
         new_tokens = engine.tokens_generated - self._tokens_counted
         if new_tokens:
             mx.tokens.inc(new_tokens)

@@ -23,9 +23,9 @@ class WeightWatcher(BackgroundThread):
     """Polls for weights other than ``have`` every ``poll_s`` on a daemon thread.
 
     ``take()`` returns the newest version found since the last call (older undelivered ones are
-    superseded). Until the taker calls ``loaded()`` the watcher fetches nothing: a fetch prunes old
-    files from the cache, and with a learner that publishes faster than a load takes it pruned the
-    very file being loaded (the engine then stopped, paused, on a missing file). Poll errors (learner
+    superseded). Until the taker calls ``loaded()`` the watcher fetches nothing: a version being
+    loaded must stay as it is (a fetch used to prune the file being loaded), and each fetch holds a
+    whole version in memory, so fetching during a load would hold one more. Poll errors (learner
     restarting, a checksum mismatch) are logged and retried at the next poll; they never stop the
     generator.
     """

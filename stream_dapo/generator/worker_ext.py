@@ -3,7 +3,13 @@
 vLLM mixes this class into its worker class, so ``self`` below is the worker (CPU or GPU) and each
 method is callable from the engine with ``engine.collective_rpc("method", args=(...))``. The engine
 runs its worker in another process and msgpacks RPC arguments, so everything that crosses is a plain
-value: a file path, names, dtypes as strings, shapes as lists. Tensors never go through the RPC.
+value: a file path, a shared-memory name, names, dtypes as strings, shapes as lists. Tensors never go
+through the RPC (vLLM decodes utility-call arguments without types, so a tensor would arrive as a
+list).
+
+The weights arrive as a file path (``update_weights_from_file``) or as the name of a shared-memory
+segment the generator assembled the safetensors image in (``update_weights_from_shm``), which the
+worker maps and views in place: the image is never written out or copied through the RPC.
 
 Three facts about vLLM 0.32 shape the loading code:
 
@@ -74,6 +80,29 @@ class WeightUpdateExtension:
             expected = f.get_tensor(_EMBED_NAME) if _EMBED_NAME in names else None
         self._sd_verify_embedding(expected, path)
         logger.info("loaded %d tensors from %s in %.2f s", len(names), path, time.perf_counter() - start)
+        return True
+
+    def update_weights_from_shm(self, name: str, nbytes: int) -> bool:
+        """Load a full safetensors image that the generator assembled in shared memory ``name``.
+
+        The tensors are views into the mapped pages (``stream_dapo.weights.safetensors_view``):
+        nothing is written to disk, read back or copied before the reload copies each tensor into
+        its parameter. Returns True, or raises, as ``update_weights_from_file``.
+        """
+        import torch
+
+        from stream_dapo.weights.image import map_image
+        from stream_dapo.weights.safetensors_view import tensors_from_buffer
+
+        start = time.perf_counter()
+        with map_image(name, nbytes) as view:
+            tensors = tensors_from_buffer(torch.frombuffer(view, dtype=torch.uint8))
+            count = len(tensors)
+            self._sd_reload(iter(tensors))
+            expected = next((t for n, t in tensors if n == _EMBED_NAME), None)
+            self._sd_verify_embedding(expected, f"shared-memory image {name}")
+            del tensors, expected  # views of the mapping: released before it is unmapped
+        logger.info("loaded %d tensors from shared memory in %.2f s", count, time.perf_counter() - start)
         return True
 
     def weights_checksum(self) -> str:

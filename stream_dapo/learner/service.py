@@ -277,6 +277,7 @@ class LearnerService:
             self.cfg,
             rejected_metric=self.metrics.messages_rejected,
             refused_metric=self.metrics.connections_refused,
+            sent_metric=self.metrics.weight_sent_bytes,
         )
         client = curve_client(t.curve_dir)
         self._buffer = open_endpoint(

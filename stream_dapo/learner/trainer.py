@@ -411,7 +411,7 @@ class Learner:
     Construct it on every rank (collective). ``model`` overrides loading ``cfg.model.path`` (tests
     pass a freshly built model); ``source_dir`` is where ``export_hf`` copies tokenizer files from
     (default ``cfg.model.path``). ``make_engine(model, cfg)`` replaces DeepSpeed with another engine
-    offering the slice of ``DeepSpeedEngine`` the step uses (``bench/learner.py``'s plain torch one):
+    offering the slice of ``DeepSpeedEngine`` the step uses (``bench/perf/learner.py``'s plain torch one):
     it then runs in this one process, without a process group, at ``zero_stage`` -1.
     """
 

@@ -94,7 +94,33 @@ class GeneratorMetrics:
             buckets=SECONDS_BUCKETS,
             registry=registry,
         )
-        self.weight_sync_bytes = Counter(p + "weight_sync_bytes", "Weight bytes received.", registry=registry)
+        self.weight_sync_bytes = Counter(
+            p + "weight_sync_bytes", "Bytes of the weight versions loaded (full size).", registry=registry
+        )
+        self.weight_received_bytes = Counter(
+            p + "weight_received_bytes",
+            "Weight bytes that crossed the network for the versions loaded (a delta counts its compressed "
+            "size; chunks the held version already had count nothing).",
+            registry=registry,
+        )
+        self.weight_delta_ratio = Gauge(
+            p + "weight_delta_ratio",
+            "Bytes received / full size of the last version loaded (1: the whole image; weights.delta).",
+            registry=registry,
+        )
+        self.weights_behind = Gauge(
+            p + "weights_behind_versions",
+            "Newest version this generator's last weight poll saw published, minus the version it samples "
+            "from (0 while it keeps up; the learner-side view is in the StreamDapoGeneratorWeightsBehind alert).",
+            registry=registry,
+        )
+        self.weight_publish_to_loaded_seconds = Histogram(
+            p + "weight_publish_to_loaded_seconds",
+            "From the learner publishing a version to this generator sampling from it (the learner's and "
+            "this host's wall clocks: skew between hosts shows here).",
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
         self.tokens_per_second = Gauge(
             p + "tokens_per_second", "Generated tokens per second (recent).", registry=registry
         )
@@ -316,6 +342,13 @@ class LearnerMetrics:
         )
         self.weight_sync_bytes = Counter(
             p + "weight_sync_bytes", "Weight bytes published.", registry=registry
+        )
+        self.weight_sent_bytes = Counter(
+            p + "weight_sent_bytes",
+            "Chunk bytes the weight server sent to generators (weights.method zmq), by encoding: raw chunks, "
+            "or xor_zlib deltas against a version the generator holds.",
+            ["encoding"],
+            registry=registry,
         )
         self.connections_refused = Counter(
             p + "connections_refused",

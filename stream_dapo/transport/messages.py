@@ -87,6 +87,10 @@ Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Version = Annotated[int, msgspec.Meta(ge=0)]
 InFlightVersions = Annotated[list[Version], msgspec.Meta(max_length=MAX_IN_FLIGHT_REPORTED)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
+BaseVersion = Annotated[int, msgspec.Meta(ge=-1)]
+"""A weight version, or -1 for none."""
+Digest = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
+"""A sha256 digest (raw bytes)."""
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 Detail = Annotated[str, msgspec.Meta(max_length=8192)]
 Tally = Annotated[int, msgspec.Meta(ge=0, le=MAX_FILTERED_TOTAL)]
@@ -639,9 +643,16 @@ class WeightsQuery(Body):
     have_version: Version
 
 
-class WeightsManifest(Body):
+class WeightsManifest(Body, omit_defaults=True):
     """`checksum`: sha256 hex of the full payload; build with `WeightsManifest.of` to derive
-    `num_chunks`."""
+    `num_chunks`.
+
+    Optional (left out when empty, so older peers' bytes are unchanged): `chunk_digests`, the sha256
+    of each chunk of the payload (32 bytes each, `num_chunks` of them), which lets a receiver check
+    each chunk as it arrives and skip the chunks its base version already holds; `state_checksum`,
+    sha256 hex of the concatenated chunk digests, the checksum of the full state a receiver checks
+    after assembling it (from its own digests of what it assembled); `published_at`: the learner's
+    wall clock (unix seconds) when the version was published (publish -> loaded, per generator)."""
 
     TYPE = "weights_manifest"
     version: Version
@@ -649,34 +660,83 @@ class WeightsManifest(Body):
     total_bytes: Count
     chunk_bytes: Annotated[int, msgspec.Meta(ge=1)]
     num_chunks: Count
-    format: Literal["safetensors"] = "safetensors"
+    # A factory, not a plain default: omit_defaults leaves factory defaults on the wire, so the
+    # field is always sent, as it was before the optional fields below existed.
+    format: Literal["safetensors"] = msgspec.field(default_factory=lambda: "safetensors")
+    chunk_digests: list[Digest] = []
+    state_checksum: Annotated[str, msgspec.Meta(pattern="^([0-9a-f]{64})?$")] = ""
+    published_at: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
 
     @classmethod
-    def of(cls, version: int, checksum: str, total_bytes: int, chunk_bytes: int) -> WeightsManifest:
+    def of(
+        cls,
+        version: int,
+        checksum: str,
+        total_bytes: int,
+        chunk_bytes: int,
+        *,
+        chunk_digests: list[bytes] | None = None,
+        state_checksum: str = "",
+        published_at: float = 0.0,
+    ) -> WeightsManifest:
         num_chunks = -(-total_bytes // chunk_bytes) if chunk_bytes > 0 else 0
-        return cls(version, checksum, total_bytes, chunk_bytes, num_chunks)
+        return cls(
+            version,
+            checksum,
+            total_bytes,
+            chunk_bytes,
+            num_chunks,
+            chunk_digests=list(chunk_digests or []),
+            state_checksum=state_checksum,
+            published_at=published_at,
+        )
 
     def _cross_check(self) -> str | None:
         want = -(-self.total_bytes // self.chunk_bytes)
         if self.num_chunks != want:
             return f"num_chunks must be ceil(total_bytes / chunk_bytes) = {want}, got {self.num_chunks}"
+        if self.chunk_digests and len(self.chunk_digests) != self.num_chunks:
+            return f"chunk_digests must hold one digest per chunk ({self.num_chunks}), got {len(self.chunk_digests)}"
+        if bool(self.chunk_digests) != bool(self.state_checksum):
+            return "chunk_digests and state_checksum come together (both or neither)"
         return None
 
 
-class ChunkRequest(Body):
+class ChunkRequest(Body, omit_defaults=True):
+    """`base_version` / `base_checksum` (optional): the version the asker holds and that version's
+    `state_checksum`; the server may then answer with a delta against it (`Chunk.encoding`). The
+    checksum names the base's content, so a base from another lineage (the learner resumed from an
+    older checkpoint and reused the version number) is never mistaken for the server's."""
+
     TYPE = "chunk_request"
     version: Version
     index: Count
+    base_version: BaseVersion = -1
+    base_checksum: Annotated[str, msgspec.Meta(pattern="^([0-9a-f]{64})?$")] = ""
+
+    def _cross_check(self) -> str | None:
+        if (self.base_version >= 0) != bool(self.base_checksum):
+            return "base_version and base_checksum come together (both or neither)"
+        return None
 
 
-class Chunk(Body):
+class Chunk(Body, omit_defaults=True):
     """`data`: bytes, or a bytearray / memoryview slice of one large buffer when sending (weight
-    chunks); always bytes when decoded."""
+    chunks); always bytes when decoded. `encoding` (optional, "raw" when left out): "raw", the
+    chunk's bytes; "xor_zlib", zlib of the chunk XOR the same chunk of `base_version` (which the
+    asker named in its request)."""
 
     TYPE = "chunk"
     version: Version
     index: Count
     data: bytes
+    encoding: Literal["raw", "xor_zlib"] = "raw"
+    base_version: BaseVersion = -1
+
+    def _cross_check(self) -> str | None:
+        if (self.encoding == "raw") != (self.base_version < 0):
+            return 'a "xor_zlib" chunk names its base_version, a "raw" one none'
+        return None
 
 
 class NotAvailable(Body):

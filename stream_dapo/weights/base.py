@@ -20,12 +20,17 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 from torch import Tensor
+
+from stream_dapo.weights.errors import ChecksumMismatch, WeightsError
+
+if TYPE_CHECKING:
+    from stream_dapo.weights.image import WeightImage
 
 __all__ = [
     "ChecksumMismatch",
@@ -40,14 +45,6 @@ __all__ = [
     "sha256_file",
     "weights_file_name",
 ]
-
-
-class WeightsError(RuntimeError):
-    """Weights could not be obtained; the message says why and what to check."""
-
-
-class ChecksumMismatch(WeightsError):
-    """The bytes received do not hash to the announced checksum; they were discarded."""
 
 
 def weights_file_name(version: int) -> str:
@@ -131,12 +128,19 @@ def _persistent_buffers(module: torch.nn.Module) -> Iterable[tuple[str, Tensor]]
 
 @dataclass(frozen=True)
 class WeightUpdate:
-    """A newer weight version ready to load: a verified local file, or (NCCL) a broadcast to take."""
+    """A newer weight version ready to load: its verified safetensors bytes in memory (``data``), a
+    verified local file (``path``), or (NCCL, both None) a broadcast to take."""
 
     version: int
     path: Path | None
     nbytes: int
+    """Bytes of the full version."""
     fetch_seconds: float = 0.0
+    data: WeightImage | None = field(default=None, repr=False, compare=False)
+    wire_bytes: int | None = None
+    """Bytes that crossed the network for it (deltas count their compressed size); None: nbytes."""
+    published_at: float = 0.0
+    """The learner's wall clock when it published the version (unix seconds); 0: unknown."""
 
 
 class WeightPublisher(Protocol):
@@ -162,6 +166,10 @@ class WeightTarget(Protocol):
         """Swap to the weights in the safetensors file `path`, labelled `version`; returns seconds."""
         ...
 
+    def update_weights_from_image(self, image: WeightImage, version: int) -> float:
+        """Swap to the verified safetensors bytes in shared memory `image`, labelled `version`."""
+        ...
+
     def join_nccl(self, host: str, port: int, world_size: int, rank_base: int) -> list[int]:
         """Join the learner's NCCL weight group; returns the workers' ranks."""
         ...
@@ -180,6 +188,9 @@ class WeightSource(Protocol):
     startup: Literal["look", "answer", "announcement"]
     """How long a starting generator waits for the learner: one look (nothing published means start
     from the initial model), until the weight server answers, or until a version is announced."""
+    latest_seen: int
+    """The newest version the last poll saw published (-1 before any): how far behind the loaded
+    weights are is ``latest_seen - loaded``."""
 
     def join(self, engine: WeightTarget) -> None:
         """Start-up work with the engine before the first poll (NCCL: join the weight group)."""
@@ -197,14 +208,18 @@ class WeightSource(Protocol):
 
 
 class FileSource:
-    """What the file-based sources share: an update is a verified local file, loaded from disk."""
+    """What the ZeroMQ and shared-directory sources share: an update is verified safetensors bytes in
+    shared memory, which the engine's worker maps and loads from (or, from tools, a verified file)."""
 
     first_version = 0
+    latest_seen = -1
 
     def join(self, engine: WeightTarget) -> None:
         pass
 
     def load(self, engine: WeightTarget, update: WeightUpdate) -> float:
+        if update.data is not None:
+            return engine.update_weights_from_image(update.data, update.version)
         assert update.path is not None
         return engine.update_weights(update.path, update.version)
 

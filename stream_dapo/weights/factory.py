@@ -37,11 +37,13 @@ def make_publisher(
     cfg: Config,
     rejected_metric: prometheus_client.Counter | None = None,
     refused_metric: prometheus_client.Counter | None = None,
+    sent_metric: prometheus_client.Counter | None = None,
 ) -> WeightPublisher:
     """The learner's publisher for weights.method, started (a taken port fails here, naming it).
     `rejected_metric` counts requests the ZeroMQ weight server refuses, by reason; `refused_metric`
-    (labels socket, reason) the connections whose Curve handshake failed."""
-    return _PUBLISHERS[cfg.weights.method](cfg, rejected_metric, refused_metric)
+    (labels socket, reason) the connections whose Curve handshake failed; `sent_metric` (label
+    encoding) the chunk bytes the weight server sent."""
+    return _PUBLISHERS[cfg.weights.method](cfg, rejected_metric, refused_metric, sent_metric)
 
 
 def make_source(cfg: Config, index: int) -> WeightSource:
@@ -58,6 +60,7 @@ def _weight_server(
     cfg: Config,
     rejected_metric: prometheus_client.Counter | None,
     refused_metric: prometheus_client.Counter | None = None,
+    sent_metric: prometheus_client.Counter | None = None,
 ) -> WeightServer:
     from stream_dapo.weights.zmq_chunks import WeightServer
 
@@ -73,6 +76,8 @@ def _weight_server(
         hwm=t.hwm,
         rejected_metric=rejected_metric,
         refused_metric=refused_metric,
+        sent_metric=sent_metric,
+        delta=cfg.weights.delta,
     )
     try:
         return server.start()
@@ -84,6 +89,7 @@ def _nccl_publisher(
     cfg: Config,
     rejected_metric: prometheus_client.Counter | None,
     refused_metric: prometheus_client.Counter | None = None,
+    _sent: prometheus_client.Counter | None = None,
 ) -> WeightPublisher:
     from stream_dapo.weights.nccl import NcclPublisher, NcclWeightSender, nccl_group_spec
 
@@ -98,7 +104,10 @@ def _nccl_publisher(
 
 
 def _shared_dir_publisher(
-    cfg: Config, _rejected: prometheus_client.Counter | None, _refused: prometheus_client.Counter | None = None
+    cfg: Config,
+    _rejected: prometheus_client.Counter | None,
+    _refused: prometheus_client.Counter | None = None,
+    _sent: prometheus_client.Counter | None = None,
 ) -> WeightPublisher:
     from stream_dapo.weights.shared_dir import SharedDirPublisher
 
@@ -108,10 +117,11 @@ def _shared_dir_publisher(
 def _zmq_source(cfg: Config, index: int) -> WeightSource:
     from stream_dapo.weights.zmq_chunks import ZmqWeightSource
 
-    t = cfg.transport
-    cache = Path(cfg.run.out_dir) / "weights-cache" / f"generator-{index}"
+    t, w = cfg.transport, cfg.weights
     require_bound("transport.weights_port", t.weights_port, "learner")
-    return ZmqWeightSource(t.weights_address(), t.timeout_s, cache, curve_client(t.curve_dir))
+    return ZmqWeightSource(
+        t.weights_address(), t.timeout_s, curve_client(t.curve_dir), window=w.fetch_window, delta=w.delta
+    )
 
 
 def _nccl_source(cfg: Config, index: int) -> WeightSource:
@@ -136,7 +146,16 @@ def _shared_dir_source(cfg: Config, _index: int) -> WeightSource:
 
 
 _PUBLISHERS: dict[
-    str, Callable[[Config, prometheus_client.Counter | None, prometheus_client.Counter | None], WeightPublisher]
+    str,
+    Callable[
+        [
+            Config,
+            prometheus_client.Counter | None,
+            prometheus_client.Counter | None,
+            prometheus_client.Counter | None,
+        ],
+        WeightPublisher,
+    ],
 ] = {
     "zmq": _weight_server,
     "shared_dir": _shared_dir_publisher,

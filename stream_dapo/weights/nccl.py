@@ -29,7 +29,6 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -281,7 +280,7 @@ class NcclAnnouncementSource(ZmqWeightSource):
         rank_base: int,
         receive_timeout_s: float,
     ) -> None:
-        super().__init__(address, timeout_s, Path(), curve)
+        super().__init__(address, timeout_s, curve, delta=False)
         self.spec = spec
         self.rank_base = rank_base
         self.receive_timeout_s = receive_timeout_s
@@ -303,6 +302,8 @@ class NcclAnnouncementSource(ZmqWeightSource):
             accept=lambda msg: msg.type in (messages.WEIGHTS_MANIFEST, messages.NOT_AVAILABLE),
         )
         manifest = reply.body
+        if isinstance(manifest, messages.WeightsManifest):
+            self.latest_seen = manifest.version
         if not isinstance(manifest, messages.WeightsManifest) or manifest.version == have:
             return None
         return WeightUpdate(manifest.version, None, manifest.total_bytes)

@@ -4,18 +4,20 @@
 The publisher writes ``v{version:08d}.safetensors`` to a temporary name, renames it into place,
 then replaces ``LATEST`` (json: version, checksum, file, total_bytes) the same way and prunes all
 but the newest ``keep`` versions. Readers see a whole file or none, and load one only after its
-sha256 matched LATEST's checksum.
+sha256 matched LATEST's checksum. A generator reads the file once, into memory, hashing it as it
+reads (`read_shared_dir_image`), and its engine loads the tensors from that memory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from torch import Tensor
 
@@ -25,12 +27,20 @@ from stream_dapo.weights.base import (
     FileSource,
     WeightsError,
     WeightsPayload,
+    WeightTarget,
     WeightUpdate,
     sha256_file,
     weights_file_name,
 )
+from stream_dapo.weights.image import WeightImage, close_all
 
-__all__ = ["LATEST_FILE", "SharedDirPublisher", "SharedDirWeightSource", "read_shared_dir"]
+__all__ = [
+    "LATEST_FILE",
+    "SharedDirPublisher",
+    "SharedDirWeightSource",
+    "read_shared_dir",
+    "read_shared_dir_image",
+]
 
 LATEST_FILE = "LATEST"
 
@@ -83,7 +93,8 @@ class SharedDirPublisher:
 
 
 class SharedDirWeightSource(FileSource):
-    """Reads the newest verified ``v*.safetensors`` named by ``LATEST`` in a shared directory."""
+    """Reads the newest verified ``v*.safetensors`` named by ``LATEST`` into memory, once (hashed as
+    it is read); the engine loads the tensors from there, without reading the file again."""
 
     startup: Literal["look", "answer", "announcement"] = "look"
 
@@ -92,11 +103,21 @@ class SharedDirWeightSource(FileSource):
 
     def __call__(self, have: int) -> WeightUpdate | None:
         start = time.perf_counter()
-        found = read_shared_dir(self.directory, have)
+        found = read_shared_dir_image(self.directory, have)
         if found is None:
             return None
-        version, path = found
-        return WeightUpdate(version, path, path.stat().st_size, time.perf_counter() - start)
+        version, image = found
+        self.latest_seen = version
+        return WeightUpdate(version, None, image.nbytes, time.perf_counter() - start, data=image)
+
+    def load(self, engine: WeightTarget, update: WeightUpdate) -> float:
+        seconds = super().load(engine, update)
+        if update.data is not None:
+            update.data.recycle()  # loaded: its pages serve the next read
+        return seconds
+
+    def close(self) -> None:
+        close_all()  # the spare image
 
 
 def read_shared_dir(directory: str | os.PathLike[str], have_version: int) -> tuple[int, Path] | None:
@@ -107,7 +128,42 @@ def read_shared_dir(directory: str | os.PathLike[str], have_version: int) -> tup
     Raises:
         ChecksumMismatch: the file named by LATEST does not hash to its checksum.
     """
-    root = Path(directory)
+    return _newest(Path(directory), have_version, lambda path: (sha256_file(path), path))
+
+
+def read_shared_dir_image(
+    directory: str | os.PathLike[str], have_version: int
+) -> tuple[int, WeightImage] | None:
+    """As `read_shared_dir`, but the file's bytes, read once into shared memory (`weights.image`) and
+    hashed as they are read."""
+    return _newest(Path(directory), have_version, _read_hashed)
+
+
+T = TypeVar("T")
+
+
+def _read_hashed(path: Path, block: int = 1 << 22) -> tuple[str, WeightImage]:
+    """(sha256 hex, bytes in shared memory) of ``path``, in one read."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise WeightsError(f"{path} is empty; the publisher writes whole files: delete it and republish")
+        data = WeightImage.new(size)
+        view = data.view
+        got = 0
+        while got < size and (n := f.readinto(view[got : got + block])):
+            h.update(view[got : got + n])
+            got += n
+    if got != size:
+        data.close()
+        raise WeightsError(
+            f"{path} shrank while being read ({got} of {size} bytes): is something rewriting it?"
+        )
+    return h.hexdigest(), data
+
+
+def _newest(root: Path, have_version: int, read: Callable[[Path], tuple[str, T]]) -> tuple[int, T] | None:
     for _attempt in range(3):
         latest = root / LATEST_FILE
         try:
@@ -124,14 +180,14 @@ def read_shared_dir(directory: str | os.PathLike[str], have_version: int) -> tup
             return None
         path = root / str(info.get("file", weights_file_name(version)))
         try:
-            actual = sha256_file(path)
+            actual, got = read(path)
         except FileNotFoundError:
             continue  # pruned between reading LATEST and opening the file: a newer LATEST is there
         if actual != info["checksum"]:
             raise ChecksumMismatch(
                 f"{path} has sha256 {actual[:16]}..., LATEST says {str(info['checksum'])[:16]}...; not loading it"
             )
-        return version, path
+        return version, got
     raise WeightsError(
         f"{root}: the file LATEST names keeps disappearing; is a publisher pruning too eagerly?"
     )

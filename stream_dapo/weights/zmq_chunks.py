@@ -1,20 +1,30 @@
 """Weights chunked over ZeroMQ, both ends: the learner's `WeightServer` and a generator's
-`ZmqWeightSource` (`fetch_weights_zmq`). Works everywhere; the CPU default (``weights.method = "zmq"``).
+`ZmqWeightSource` (`fetch_weights_stream`). Works everywhere; the CPU default (``weights.method = "zmq"``).
 
 `WeightServer` serves the published versions from a background thread with its own ROUTER socket,
 so generators fetch while the learner trains. Protocol (generator DEALER -> this ROUTER)::
 
     weights_query{have_version}  -> weights_manifest{version, checksum, total_bytes, chunk_bytes,
-                                                     num_chunks, format}    (the current version)
+                                        num_chunks, format, chunk_digests, state_checksum,
+                                        published_at}                        (the current version)
                                  -> not_available{reason="no_weights_yet"}  (nothing published)
-    chunk_request{version, index} -> chunk{version, index, data}
+    chunk_request{version, index[, base_version, base_checksum]}
+                                 -> chunk{version, index, data[, encoding="xor_zlib", base_version]}
                                  -> not_available{reason="version_gone"}   (pruned: ask again)
 
 The manifest always describes the current version, whatever ``have_version`` says; the client
 compares (``have_version`` is informational, so a late joiner needs no special value). The last
-``keep`` versions stay servable, so a fetch that straddles a publication still completes. A
-download is written to a temporary file and renamed into place only when its sha256 matches the
-manifest, so a generator never loads a torn or corrupted copy.
+``keep`` versions stay servable, so a fetch that straddles a publication still completes.
+
+The generator's path (`fetch_weights_stream`) keeps ``window`` chunk requests in flight, checks each
+chunk against its digest as it arrives, assembles the version in memory and checks the full-state
+checksum; the engine then loads the tensors from that memory (no file). Chunks whose digest equals
+the same chunk of the version the generator holds are not asked for at all; the others are asked
+for with that version as a base, and the server answers with a zlib'd XOR delta where that is
+smaller (`delta`), computed once per (version, base, chunk) and cached for every generator. A
+chunk that fails its digest is asked for again, raw; failing twice discards the whole transfer
+(the next poll starts over). `fetch_weights_zmq` is the older path, kept for the benchmark's
+baseline and for tools: one chunk at a time into a temporary file, renamed when its sha256 matches.
 """
 
 from __future__ import annotations
@@ -25,11 +35,14 @@ import os
 import tempfile
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import zmq
 from torch import Tensor
 
@@ -43,7 +56,9 @@ from stream_dapo.transport.sockets import (
     CurveKeys,
     Endpoint,
     PeerUnreachable,
+    RemoteError,
     TransportTimeout,
+    new_request_id,
     open_endpoint,
     request,
 )
@@ -52,18 +67,32 @@ from stream_dapo.weights.base import (
     FileSource,
     WeightsError,
     WeightsPayload,
+    WeightTarget,
     WeightUpdate,
     weights_file_name,
 )
+from stream_dapo.weights.delta import (
+    DeltaError,
+    HeldWeights,
+    apply_xor_delta,
+    chunk_digests,
+    chunk_span,
+    state_checksum,
+    xor_delta,
+)
+from stream_dapo.weights.image import WeightImage, close_all
 
 if TYPE_CHECKING:
     import prometheus_client
 
+
 __all__ = [
     "REQUEST_MAX_BYTES",
+    "StreamedVersion",
     "WeightServer",
     "ZmqWeightSource",
     "connect_weight_server",
+    "fetch_weights_stream",
     "fetch_weights_zmq",
 ]
 
@@ -72,6 +101,18 @@ log = logging.getLogger(__name__)
 REQUEST_MAX_BYTES = 64 * 1024
 """Queries and chunk requests are tiny; anything bigger sent to the weight server is rejected."""
 _CHUNK_OVERHEAD = 64 * 1024
+CHECK_THREADS = 2
+"""Helper threads a receiver places and hashes chunks on."""
+
+
+@dataclass(frozen=True)
+class _Published:
+    """One servable version: the payload, its chunk digests and full-state checksum, when it came."""
+
+    payload: WeightsPayload
+    digests: list[bytes]
+    state_checksum: str
+    published_at: float
 
 
 # --------------------------------------------------------------------------------------------------
@@ -86,7 +127,8 @@ class WeightServer:
     see `address`). The socket is created and bound in `start` (so a port clash fails there, in the
     caller) and used only by the serving thread afterwards. ``rejected_metric``, a Prometheus counter
     with a ``reason`` label (the learner's ``messages_rejected``), counts refused requests as
-    `rejected` does.
+    `rejected` does; ``sent_metric`` (label ``encoding``: raw, xor_zlib) the chunk bytes sent.
+    ``delta``: answer requests that name a base with XOR deltas where they are smaller.
     """
 
     def __init__(
@@ -102,6 +144,8 @@ class WeightServer:
         rejected_metric: prometheus_client.Counter | None = None,
         use_fd: int | None = None,
         refused_metric: prometheus_client.Counter | None = None,
+        sent_metric: prometheus_client.Counter | None = None,
+        delta: bool = True,
     ) -> None:
         if not 4096 <= chunk_bytes <= WEIGHTS_MAX_BYTES - _CHUNK_OVERHEAD:
             raise ValueError(
@@ -123,7 +167,10 @@ class WeightServer:
             )
         self.hwm = hwm
         self.poll_ms = max(10, poll_ms)
-        self._payloads: OrderedDict[int, WeightsPayload] = OrderedDict()
+        self.delta = delta
+        self._payloads: OrderedDict[int, _Published] = OrderedDict()
+        self._deltas: dict[tuple[int, int], dict[int, bytes | None]] = {}
+        """(version, base) -> chunk index -> its delta, or None where raw is smaller (serving thread only)."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -132,11 +179,13 @@ class WeightServer:
         self._auth: Any = None
         self.address = bind
         self.stats: Counter[str] = Counter()
-        """queries, manifests, chunks, bytes, not_available, errors (served by the thread)."""
+        """queries, manifests, chunks, bytes (chunk data sent), delta_chunks, delta_bytes,
+        not_available, errors (served by the thread)."""
         self.rejected: Counter[str] = Counter()
         """Requests refused, by reason: undecodable ones (the codec's reasons, answered with `error` by
         the endpoint), `unexpected_type` and `bad_chunk_index`."""
         self._rejected_metric = rejected_metric
+        self._sent_metric = sent_metric
         self._refused_metric = refused_metric
         """Labels socket, reason: connections whose Curve handshake failed (`RefusedConnections`)."""
         self._refused: RefusedConnections | None = None
@@ -168,7 +217,9 @@ class WeightServer:
             self._refused = RefusedConnections(
                 self._endpoint.socket,
                 "weights",
-                lambda reason: metric.labels(socket="weights", reason=reason).inc() if metric is not None else None,
+                lambda reason: (
+                    metric.labels(socket="weights", reason=reason).inc() if metric is not None else None
+                ),
                 log,
             )
         self._thread = threading.Thread(target=self._serve, name="weight-server", daemon=True)
@@ -206,7 +257,11 @@ class WeightServer:
         return {"transport.weights_port": endpoint_port(self.address)}
 
     def publish(self, payload: WeightsPayload, state_dict: Mapping[str, Tensor] | None = None) -> None:
-        """Make ``payload`` the current version; older ones beyond ``keep`` stop being served."""
+        """Make ``payload`` the current version; older ones beyond ``keep`` stop being served.
+
+        Hashes every chunk first (one pass over the payload, in the caller's thread)."""
+        digests = chunk_digests(payload.data, self.chunk_bytes)
+        published = _Published(payload, digests, state_checksum(digests), time.time())
         with self._lock:
             if self._payloads and payload.version < next(reversed(self._payloads)):
                 log.warning(
@@ -215,7 +270,7 @@ class WeightServer:
                     next(reversed(self._payloads)),
                 )
                 self._payloads.clear()
-            self._payloads[payload.version] = payload
+            self._payloads[payload.version] = published
             self._payloads.move_to_end(payload.version)
             while len(self._payloads) > self.keep:
                 self._payloads.popitem(last=False)
@@ -225,11 +280,11 @@ class WeightServer:
         with self._lock:
             return next(reversed(self._payloads)) if self._payloads else None
 
-    def _current(self) -> WeightsPayload | None:
+    def _current(self) -> _Published | None:
         with self._lock:
             return self._payloads[next(reversed(self._payloads))] if self._payloads else None
 
-    def _get(self, version: int) -> WeightsPayload | None:
+    def _get(self, version: int) -> _Published | None:
         with self._lock:
             return self._payloads.get(version)
 
@@ -266,7 +321,7 @@ class WeightServer:
         if isinstance(body, messages.WeightsQuery):
             return self._answer_query(body.have_version)
         if isinstance(body, messages.ChunkRequest):
-            return self._answer_chunk(body.version, body.index)
+            return self._answer_chunk(body)
         return self._refuse(
             "unexpected_type", f"the weight server answers weights_query and chunk_request, not {msg.type}"
         )
@@ -296,26 +351,68 @@ class WeightServer:
             self.stats["not_available"] += 1
             return messages.NotAvailable(have_version, 0, "no_weights_yet")
         self.stats["manifests"] += 1
+        payload = current.payload
         return messages.WeightsManifest.of(
-            current.version, current.checksum, current.total_bytes, self.chunk_bytes
+            payload.version,
+            payload.checksum,
+            payload.total_bytes,
+            self.chunk_bytes,
+            chunk_digests=current.digests,
+            state_checksum=current.state_checksum,
+            published_at=current.published_at,
         )
 
-    def _answer_chunk(self, version: int, index: int) -> messages.Body:
-        payload = self._get(version)
-        if payload is None:
+    def _answer_chunk(self, ask: messages.ChunkRequest) -> messages.Body:
+        version, index = ask.version, ask.index
+        published = self._get(version)
+        if published is None:
             self.stats["not_available"] += 1
             current = self.current_version
             return messages.NotAvailable(version, current if current is not None else 0, "version_gone")
-        num_chunks = -(-payload.total_bytes // self.chunk_bytes)
+        payload = published.payload
+        num_chunks = len(published.digests)
         if index >= num_chunks:
             return self._refuse(
                 "bad_chunk_index", f"version {version} has {num_chunks} chunks, asked for {index}"
             )
-        lo = index * self.chunk_bytes
-        data = memoryview(payload.data)[lo : lo + self.chunk_bytes]
+        lo, hi = chunk_span(index, self.chunk_bytes, payload.total_bytes)
         self.stats["chunks"] += 1
-        self.stats["bytes"] += len(data)
+        delta = self._delta(published, ask, lo, hi)
+        if delta is not None:
+            self._count_sent("xor_zlib", len(delta))
+            self.stats["delta_chunks"] += 1
+            self.stats["delta_bytes"] += len(delta)
+            return messages.Chunk(version, index, delta, "xor_zlib", ask.base_version)
+        data = memoryview(payload.data)[lo:hi]
+        self._count_sent("raw", len(data))
         return messages.Chunk(version, index, data)  # type: ignore[arg-type]  # a view, sent uncopied
+
+    def _count_sent(self, encoding: str, n: int) -> None:
+        self.stats["bytes"] += n
+        if self._sent_metric is not None:
+            self._sent_metric.labels(encoding=encoding).inc(n)
+
+    def _delta(self, published: _Published, ask: messages.ChunkRequest, lo: int, hi: int) -> bytes | None:
+        """The chunk as a delta against the asker's base, if the base is servable here (same content,
+        same size) and the delta is smaller; cached for the next asker with that base."""
+        if not self.delta or ask.base_version < 0 or ask.base_version == ask.version:
+            return None
+        base = self._get(ask.base_version)
+        if (
+            base is None
+            or base.state_checksum != ask.base_checksum
+            or base.payload.total_bytes != published.payload.total_bytes
+        ):
+            return None
+        with self._lock:
+            servable = set(self._payloads)
+        for key in [k for k in self._deltas if k[0] not in servable or k[1] not in servable]:
+            del self._deltas[key]
+        cache = self._deltas.setdefault((ask.version, ask.base_version), {})
+        if ask.index not in cache:
+            new, old = memoryview(published.payload.data), memoryview(base.payload.data)
+            cache[ask.index] = xor_delta(new[lo:hi], old[lo:hi])
+        return cache[ask.index]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -337,16 +434,28 @@ def connect_weight_server(address: str, curve: CurveKeys | None = None) -> Endpo
 
 
 class ZmqWeightSource(FileSource):
-    """Downloads newer versions from the learner's weight server into ``dest_dir`` (verified)."""
+    """Streams newer versions from the learner's weight server into memory (`fetch_weights_stream`);
+    the engine loads them from there.
+
+    With ``delta`` it keeps the version last loaded (one copy of the weights in this process's
+    memory) as the base of the next transfer."""
 
     startup: Literal["look", "answer", "announcement"] = "answer"
 
-    def __init__(self, address: str, timeout_s: float, dest_dir: Path, curve: CurveKeys | None) -> None:
+    def __init__(
+        self, address: str, timeout_s: float, curve: CurveKeys | None, *, window: int = 4, delta: bool = True
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"weights.fetch_window must be >= 1, got {window}")
         self.address = address
         self.timeout_s = timeout_s
-        self.dest_dir = dest_dir
         self.curve = curve
+        self.window = window
+        self.delta = delta
+        self.latest_seen = -1
         self._endpoint: Endpoint | None = None
+        self._held: HeldWeights | None = None
+        self._fetched: HeldWeights | None = None
 
     def _ep(self) -> Endpoint:
         if self._endpoint is None:
@@ -356,21 +465,346 @@ class ZmqWeightSource(FileSource):
     def __call__(self, have: int) -> WeightUpdate | None:
         start = time.perf_counter()
         try:
-            version, path = fetch_weights_zmq(
-                self._ep(), have, self.timeout_s, dest_dir=self.dest_dir, retries=0
+            got = fetch_weights_stream(
+                self._ep(),
+                have,
+                self.timeout_s,
+                base=self._held,
+                window=self.window,
+                retries=0,
             )
         except TransportTimeout:
-            # A DEALER that timed out may still get the late reply: start the next poll on a fresh socket.
-            self.close()
+            # A DEALER that timed out may still get late replies: start the next poll on a fresh socket.
+            self._drop_endpoint()
             raise
-        if path is None:
+        if got is None:
             return None
-        return WeightUpdate(version, path, path.stat().st_size, time.perf_counter() - start)
+        self.latest_seen = got.version
+        if got.data is None:
+            return None
+        self._fetched = HeldWeights(got.version, got.data.view, got.digests, got.chunk_bytes, owner=got.data)
+        return WeightUpdate(
+            got.version,
+            None,
+            len(got.data),
+            time.perf_counter() - start,
+            data=got.data,
+            wire_bytes=got.wire_bytes,
+            published_at=got.published_at,
+        )
 
-    def close(self) -> None:
+    def load(self, engine: WeightTarget, update: WeightUpdate) -> float:
+        seconds = super().load(engine, update)
+        fetched, self._fetched = self._fetched, None
+        if self.delta and fetched is not None and fetched.version == update.version:
+            old, self._held = self._held, fetched  # the base of the next transfer
+            if old is not None and isinstance(old.owner, WeightImage):
+                old.owner.recycle()  # its pages serve the next fetch
+        elif isinstance(update.data, WeightImage):
+            update.data.recycle()
+        return seconds
+
+    def _drop_endpoint(self) -> None:
         if self._endpoint is not None:
             self._endpoint.close()
             self._endpoint = None
+
+    def close(self) -> None:
+        """Shut down: the socket, and every weight image of this process (held, fetched, spare)."""
+        self._drop_endpoint()
+        self._held = self._fetched = None
+        close_all()
+
+
+@dataclass(frozen=True)
+class StreamedVersion:
+    """What `fetch_weights_stream` found: the server's current version and, when it differs from
+    the caller's, its bytes (checked) with the transfer's figures."""
+
+    version: int
+    data: WeightImage | None
+    """The version's bytes in shared memory (`weights.image`), checked; None: nothing new."""
+    digests: list[bytes]
+    chunk_bytes: int
+    wire_bytes: int = 0
+    """Chunk data received (deltas count their compressed size)."""
+    reused_chunks: int = 0
+    """Chunks copied from the base because their digest matched (not asked for)."""
+    delta_chunks: int = 0
+    raw_chunks: int = 0
+    retried_chunks: int = 0
+    """Chunks that failed their digest once and were asked for again, raw."""
+    published_at: float = 0.0
+
+
+def fetch_weights_stream(
+    ep: Endpoint,
+    have_version: int,
+    timeout: float = 30.0,
+    *,
+    base: HeldWeights | None = None,
+    window: int = 4,
+    retries: int = 2,
+) -> StreamedVersion | None:
+    """Ask the learner's weight server for its current version and stream it into memory if it
+    differs from ``have_version``.
+
+    Args:
+        ep: a connected DEALER `Endpoint` to the weight server (`connect_weight_server`).
+        have_version: the version the caller holds, -1 for none.
+        timeout: seconds to wait for any reply before the requests in flight are sent again.
+        base: a version the caller holds in memory; chunks equal to its chunks are copied from it,
+            the others are asked for as deltas against it. None: every chunk comes whole.
+        window: chunk requests kept in flight.
+        retries: how many times requests in flight are sent again after ``timeout`` of silence.
+
+    Returns:
+        None when the server has published nothing yet; a `StreamedVersion` with ``data`` None
+        when its version equals ``have_version``; else with the checked bytes.
+
+    Raises:
+        ChecksumMismatch: a chunk failed its digest twice, or the full state did not match
+            (nothing is kept).
+        TransportTimeout: the server did not answer (is the learner running at that address?).
+        WeightsError: the version kept disappearing mid-transfer (publications faster than fetches),
+            or the server is too old to send chunk digests.
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    timeout_ms = max(1, int(timeout * 1000))
+    query = messages.WeightsQuery(max(have_version, 0))  # see _fetch: 0 stands in for "nothing"
+    for _attempt in range(3):
+        reply = request(
+            ep,
+            query,
+            timeout_ms=timeout_ms,
+            retries=retries,
+            accept=lambda m: m.type in (messages.WEIGHTS_MANIFEST, messages.NOT_AVAILABLE),
+        )
+        if reply.type == messages.NOT_AVAILABLE:
+            return None
+        manifest: messages.WeightsManifest = reply.body
+        if manifest.version == have_version:
+            return StreamedVersion(manifest.version, None, [], manifest.chunk_bytes)
+        if not manifest.chunk_digests:
+            raise WeightsError(
+                f"the weight server at {ep.address} sends no chunk digests: it runs an older stream-dapo than "
+                "this generator; run the same version on the learner and the generators"
+            )
+        if have_version > manifest.version:
+            log.warning(
+                "learner serves version %d, older than ours (%d): following it",
+                manifest.version,
+                have_version,
+            )
+        got = _ChunkStream(ep, manifest, base, window, timeout_ms, retries).run()
+        if got is not None:
+            return got
+        log.info("version %d was superseded while streaming; asking again", manifest.version)
+    raise WeightsError(
+        "the weight server replaced its version during three transfers in a row; raise learner.sync_every "
+        "or weights.chunk_bytes, or check the link to the learner"
+    )
+
+
+class _ChunkStream:
+    """One version's transfer: ``window`` chunk requests in flight, each chunk checked on arrival.
+
+    This thread sends requests and receives replies; placing a chunk (copy, or inflate and XOR) and
+    hashing it run on ``CHECK_THREADS`` helper threads (sha256, zlib and numpy release the GIL), so
+    the next chunks arrive while earlier ones are checked."""
+
+    def __init__(
+        self,
+        ep: Endpoint,
+        manifest: messages.WeightsManifest,
+        base: HeldWeights | None,
+        window: int,
+        timeout_ms: int,
+        retries: int,
+    ) -> None:
+        self.ep, self.manifest, self.window = ep, manifest, window
+        self.timeout_ms, self.retries = timeout_ms, retries
+        self.out = WeightImage.new(manifest.total_bytes)
+        self.view = self.out.view
+        usable = (
+            base is not None
+            and len(base.data) == manifest.total_bytes
+            and base.chunk_bytes == manifest.chunk_bytes
+        )
+        self.base = base if usable else None
+        self.base_view = memoryview(base.data) if base is not None and usable else None
+        self.digests: list[bytes] = [b""] * manifest.num_chunks
+        self.todo: deque[tuple[int, bool]] = deque()
+        """(chunk index, raw only) still to ask for."""
+        self.in_flight: dict[int, tuple[int, bool]] = {}
+        """request id -> (chunk index, raw only)."""
+        self.counts: Counter[str] = Counter()
+        self.placing: dict[Future[str | None], tuple[int, bool, int, bool]] = {}
+        """A chunk being placed and checked -> (index, raw only, wire bytes, was a delta)."""
+        self.pool = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="weights-check")
+
+    def run(self) -> StreamedVersion | None:
+        """The checked version, or None when the server dropped it meanwhile; on any failure the
+        shared memory assembled so far is freed."""
+        try:
+            got = self._run()
+        except BaseException:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.out.close()
+            raise
+        finally:
+            self.pool.shutdown(wait=True)
+            if self.base_view is not None:
+                self.base_view.release()
+        if got is None:
+            self.out.close()
+        return got
+
+    def _run(self) -> StreamedVersion | None:
+        m = self.manifest
+        for i in range(m.num_chunks):
+            if self.base is not None and self.base.digests[i] == m.chunk_digests[i]:
+                lo, hi = self._span(i)
+                self.view[lo:hi] = self.base_view[lo:hi]  # type: ignore[index]
+                self.digests[i] = m.chunk_digests[i]
+                self.counts["reused"] += 1
+            else:
+                self.todo.append((i, False))
+        silent = 0
+        while self.todo or self.in_flight or self.placing:
+            while self.todo and len(self.in_flight) < self.window:
+                self._ask(*self.todo.popleft())
+            self._harvest(block=not self.in_flight)
+            if not self.in_flight:
+                continue
+            got = self.ep.recv(self.timeout_ms)
+            if got is None:
+                silent += 1
+                if silent > self.retries:
+                    raise TransportTimeout(
+                        f"no chunk of weights version {m.version} from {self.ep.address} within "
+                        f"{self.timeout_ms} ms ({silent} time(s)): is the learner running at {self.ep.address}?"
+                    )
+                self.todo.extendleft(reversed(list(self.in_flight.values())))
+                self.in_flight.clear()  # late replies to these ids are dropped as unknown
+                continue
+            silent = 0
+            if not self._take(got[1]):
+                return None
+        if state_checksum(self.digests) != m.state_checksum:
+            raise ChecksumMismatch(
+                f"weights version {m.version}: the assembled state's checksum does not match the announced "
+                f"{m.state_checksum[:16]}...; discarded. A corrupting link or a buggy publisher: the next "
+                "poll retries"
+            )
+        return StreamedVersion(
+            m.version,
+            self.out,
+            self.digests,
+            m.chunk_bytes,
+            wire_bytes=self.counts["wire_bytes"],
+            reused_chunks=self.counts["reused"],
+            delta_chunks=self.counts["delta"],
+            raw_chunks=self.counts["raw"],
+            retried_chunks=self.counts["retried"],
+            published_at=m.published_at,
+        )
+
+    def _span(self, index: int) -> tuple[int, int]:
+        return chunk_span(index, self.manifest.chunk_bytes, self.manifest.total_bytes)
+
+    def _ask(self, index: int, raw_only: bool) -> None:
+        rid = new_request_id()
+        if self.base is None or raw_only:
+            ask = messages.ChunkRequest(self.manifest.version, index)
+        else:
+            ask = messages.ChunkRequest(
+                self.manifest.version, index, self.base.version, self.base.state_checksum
+            )
+        self.ep.send(ask, request_id=rid)
+        self.in_flight[rid] = (index, raw_only)
+
+    def _take(self, msg: Message) -> bool:
+        """Place one reply; False when the version is gone from the server."""
+        if msg.type == messages.ERROR:
+            raise RemoteError(msg.body.reason, msg.body.detail, self.ep.address)
+        asked = self.in_flight.pop(msg.request_id, None) if msg.request_id is not None else None
+        if asked is None:
+            self.ep.discarded += 1  # a late reply to a request sent again since
+            return True
+        if msg.type == messages.NOT_AVAILABLE:
+            return False
+        index, raw_only = asked
+        body = msg.body
+        if not isinstance(body, messages.Chunk) or (body.version, body.index) != (
+            self.manifest.version,
+            index,
+        ):
+            self._retry(
+                index, raw_only, f"a {msg.type} that is not chunk {index} of version {self.manifest.version}"
+            )
+            return True
+        future = self.pool.submit(self._place, body)
+        self.placing[future] = (index, raw_only, len(body.data), body.encoding != "raw")
+        return True
+
+    def _harvest(self, block: bool) -> None:
+        """Account for the chunks placed and checked (waiting for one when ``block``)."""
+        if not self.placing:
+            return
+        done, _ = wait(list(self.placing), timeout=None if block else 0, return_when=FIRST_COMPLETED)
+        for future in done:
+            index, raw_only, wire, delta = self.placing.pop(future)
+            problem = future.result()
+            if problem is not None:
+                self._retry(index, raw_only, problem)
+                continue
+            self.counts["wire_bytes"] += wire
+            self.counts["delta" if delta else "raw"] += 1
+
+    def _place(self, body: messages.Chunk) -> str | None:
+        """Write chunk ``body`` into the image and check its digest (a helper thread); the problem
+        if it fails."""
+        lo, hi = self._span(body.index)
+        with self.view[lo:hi] as out:  # released at once: the image may be freed after a failure
+            return self._place_into(body, out, lo, hi)
+
+    def _place_into(self, body: messages.Chunk, out: memoryview, lo: int, hi: int) -> str | None:
+        try:
+            if body.encoding == "raw":
+                if len(body.data) != hi - lo:
+                    return f"{len(body.data)} bytes, expected {hi - lo}"
+                np.copyto(np.frombuffer(out, dtype=np.uint8), np.frombuffer(body.data, dtype=np.uint8))
+            else:
+                if self.base_view is None or self.base is None or body.base_version != self.base.version:
+                    return (
+                        f"a delta against version {body.base_version}, which this generator did not ask for"
+                    )
+                with self.base_view[lo:hi] as base:
+                    apply_xor_delta(body.data, base, out)
+        except DeltaError as exc:
+            return str(exc)
+        digest = hashlib.sha256(out).digest()
+        want = self.manifest.chunk_digests[body.index]
+        if digest != want:
+            return f"sha256 {digest.hex()[:16]}..., announced {want.hex()[:16]}..."
+        self.digests[body.index] = digest
+        return None
+
+    def _retry(self, index: int, raw_only: bool, problem: str) -> None:
+        """A chunk failed its check: ask once more, raw; a second failure discards the transfer."""
+        version = self.manifest.version
+        if raw_only:
+            raise ChecksumMismatch(
+                f"weights version {version}: chunk {index} failed its check twice ({problem}); the transfer is "
+                "discarded. A corrupting link or a buggy publisher: the next poll retries"
+            )
+        log.warning(
+            "weights version %d: chunk %d failed its check (%s); asking for it again", version, index, problem
+        )
+        self.counts["retried"] += 1
+        self.todo.appendleft((index, True))
 
 
 def fetch_weights_zmq(

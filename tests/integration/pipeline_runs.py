@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import tiny_overrides
+from stream_dapo.testing.services import tiny_overrides
 
 ASYNC_STEPS = 6  # the session's async run (conftest.async_run)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import tiny_overrides
+from stream_dapo.testing.services import tiny_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 

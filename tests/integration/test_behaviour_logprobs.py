@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from bench.logprob_precision import gap_figures, prox_minus_mu, sample_groups  # noqa: E402
+from bench.perf.logprob_precision import gap_figures, prox_minus_mu, sample_groups  # noqa: E402
 from stream_dapo.config import load_config  # noqa: E402
 from stream_dapo.core.sampling import SamplingPolicy, sampling_logits  # noqa: E402
 

@@ -31,6 +31,7 @@ from stream_dapo.buffer.service import BufferService, persist_path
 from stream_dapo.cli import buffer as buffer_cli
 from stream_dapo.config import Config, load_config
 from stream_dapo.runtime.ports import ServiceExited
+from stream_dapo.testing.services import HeldPorts, wait_ports
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import SCHEMA_VERSION, encode, pack_value
 from stream_dapo.transport.curve import CurveKeyError
@@ -43,7 +44,6 @@ from stream_dapo.transport.sockets import (
     open_endpoint,
     request,
 )
-from tests.helpers import HeldPorts, wait_ports
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_MS = 5000  # only reached when something is broken
@@ -288,7 +288,7 @@ def test_hostile_messages_are_rejected_counted_and_the_service_keeps_serving(tmp
 
 
 def test_an_absurd_filtered_count_is_refused_and_the_buffer_keeps_running(tmp_path: Path) -> None:
-    """Regression (found by bench/fuzz.py): `groups{filtered: 2**64 - 1}` decoded as valid, and the
+    """Regression (found by bench/drills/fuzz.py): `groups{filtered: 2**64 - 1}` decoded as valid, and the
     buffer's journal could not encode the overflowing credit counter, so the service stopped."""
     cfg = load_config(overrides=overrides(tmp_path), environ={})
     with service_in_thread(cfg) as svc:

@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 import zmq
 
+from stream_dapo.testing.services import port_overrides, wait_ports
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import open_endpoint, request
-from tests.helpers import REPO, port_overrides, wait_ports
+from tests.conftest import REPO
 from tests.integration.ops_helpers import require_tool
 
 SHIM = REPO / "tests" / "data" / "realtime_shift.c"

@@ -11,7 +11,7 @@ goes on; every acknowledged group is trained, held or dropped as stale, and none
 Regression: credits were reclaimed only by a hello from the same id, so after replacements every
 credit was held by dead generators and the learner stalled for good.
 
-The same drill with real vLLM generators is `python bench/drill.py --elastic`.
+The same drill with real vLLM generators is `python -m bench.drills.drill --elastic`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from stream_dapo.buffer.replay import ReplayBuffer
 from stream_dapo.buffer.service import persist_path
 from stream_dapo.config import load_config
 from stream_dapo.learner.service import LearnerService
+from stream_dapo.testing.services import tiny_qwen2
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import TransportTimeout, open_endpoint, request
-from tests.helpers import tiny_qwen2
 from tests.integration.test_buffer_service import start_buffer, wait_ready
 from tests.integration.test_learner import make_groups
 from tests.integration.test_learner_buffer_stall import overrides as stall_overrides

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from stream_dapo.tools import evaluate as evaluation
+from stream_dapo.cli import eval as eval_cli
 from stream_dapo.tools.evaluate import evaluate, pass_at_k
 from tests.integration.test_tiny_model import reduced_config, shared_eval_prompts, shared_llm, shared_warmup
 
@@ -135,7 +135,7 @@ def test_eval_cli_prints_one_json_object(llm, warm, monkeypatch, capsys):
         max_tokens=None,
         seed=0,
     )
-    assert evaluation.run(args) == 0
+    assert eval_cli.run(args) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(printed) >= {
         "avg_at_k",
@@ -159,4 +159,4 @@ def test_eval_cli_names_the_fix_for_a_missing_model(tmp_path):
         top_p=None, top_k=None, min_p=None, max_prompts=None, max_tokens=None, seed=0,
     )  # fmt: skip
     with pytest.raises(FileNotFoundError, match="stream-dapo warmup"):
-        evaluation.run(args)
+        eval_cli.run(args)

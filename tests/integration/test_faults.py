@@ -1,8 +1,8 @@
 """Fault drill over real processes: kill -9 the generator, the learner and the buffer mid-run.
 
 The drill itself (start the services one by one, kill and restart each, account for every group)
-lives in tests/fault_drill.py, shared with bench/drill.py, which prints the same report. The
-elastic-fleet drill with real vLLM generators (`bench/drill.py --elastic`, minutes of vLLM start-ups)
+lives in stream_dapo/testing/drills.py, shared with bench/drills/drill.py, which prints the same report. The
+elastic-fleet drill with real vLLM generators (`bench/drills/drill.py --elastic`, minutes of vLLM start-ups)
 is not run here; tests/integration/test_elastic_fleet.py checks the same promises with generator
 stand-ins.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault_drill import FaultDrill
+from stream_dapo.testing.drills import FaultDrill
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -1,6 +1,6 @@
-"""Smoke test of bench/fuzz.py: a few thousand fuzzed messages per socket against the real services.
+"""Smoke test of bench/drills/fuzz.py: a few thousand fuzzed messages per socket against the real services.
 
-The full run (100,000 per socket) is `python bench/fuzz.py`; this checks that the fuzzer and the
+The full run (100,000 per socket) is `python -m bench.drills.fuzz`; this checks that the fuzzer and the
 services still agree: nothing crashes, every rejection is counted under the reason the codec gives,
 nothing fuzzed is accepted, and valid traffic afterwards is served intact.
 """
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_fuzzed_sockets_survive_count_rejections_and_still_serve(tmp_path: Path) -> None:
     report_path = tmp_path / "fuzz.json"
-    argv = [sys.executable, str(REPO / "bench" / "fuzz.py"), "--messages", "2000", "--seed", "1"]
+    argv = [sys.executable, "-m", "bench.drills.fuzz", "--messages", "2000", "--seed", "1"]
     argv += ["--json", str(report_path), "--workdir", str(tmp_path / "work")]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=110)
     assert report_path.is_file(), proc.stdout + proc.stderr

@@ -273,3 +273,41 @@ def test_bad_weights_file_is_refused_before_pausing(setup: Any, tmp_path: Path) 
     engine.add_group(prompts[2])
     (group,) = _run_until_done(engine, 1)
     assert (np.concatenate([s.versions for s in group.samples]) == version).all()
+
+
+def test_weights_handed_over_in_shared_memory_load_exactly_as_the_file_does(setup: Any) -> None:
+    """The streaming path: the generator assembles the safetensors image in shared memory and the
+    engine's worker (its own process) maps it; the result equals loading the file."""
+    from stream_dapo.weights.image import WeightImage
+
+    engine, hf, files, prompts = setup
+    engine.temperature = 0.0
+    engine.update_weights(files[0], version=10)
+    from_file = engine.weights_checksum()
+    engine.update_weights(files[1], version=11)
+    assert engine.weights_checksum() != from_file
+    data = files[0].read_bytes()
+    image = WeightImage(len(data))
+    image.view[:] = data
+    assert engine.update_weights_from_image(image, version=12) > 0 and engine.version == 12
+    assert engine.weights_checksum() == from_file
+    # The engine copied the weights out of the segment: overwriting it (the generator reuses it for
+    # the next version) changes nothing the engine samples from; closed here, the segment is gone.
+    assert bytes(image) == data and (Path("/dev/shm") / image.name).exists()
+    image.view[:] = bytes(len(data))
+    assert engine.weights_checksum() == from_file
+    image.close()
+    assert not (Path("/dev/shm") / image.name).exists()
+    long_prompt = prompts[3]
+    engine.add_group(long_prompt)
+    (group,) = _run_until_done(engine, 1)
+    expected = _hf_greedy(hf[0], long_prompt.prompt_token_ids, MAX_NEW)
+    for s in group.samples:
+        assert s.token_ids.tolist() == expected and (s.versions == 12).all()
+    # A damaged image is refused before the engine pauses: it keeps sampling version 12.
+    junk = WeightImage(21)
+    junk.view[:] = b"\x10" + bytes(20)
+    with pytest.raises(ValueError, match="not a usable safetensors image"):
+        engine.update_weights_from_image(junk, version=13)
+    junk.close()
+    assert engine.version == 12

@@ -30,10 +30,10 @@ import zmq  # noqa: E402
 from stream_dapo.config import Config  # noqa: E402
 from stream_dapo.generator.service import GeneratorService  # noqa: E402
 from stream_dapo.model.tiny import init_model  # noqa: E402
+from stream_dapo.testing.services import HeldPorts  # noqa: E402
 from stream_dapo.transport import messages as m  # noqa: E402
 from stream_dapo.transport.sockets import open_endpoint  # noqa: E402
 from stream_dapo.weights import WeightServer, serialize_weights  # noqa: E402
-from tests.helpers import HeldPorts  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -34,7 +34,7 @@ class FakeEngine:
     tokens_generated = 0
     tokens_recomputed = 0
 
-    def update_weights(self, path: Path, version: int) -> float:
+    def update_weights_from_image(self, image: object, version: int) -> float:
         self.version = version
         return 0.0
 

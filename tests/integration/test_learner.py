@@ -23,10 +23,10 @@ from stream_dapo.config import Config
 from stream_dapo.learner.service import LearnerService
 from stream_dapo.learner.trainer import Learner
 from stream_dapo.runtime.ports import endpoint_port, read_bound_ports
+from stream_dapo.testing.services import tiny_qwen2
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import open_endpoint
 from stream_dapo.weights import fetch_weights_zmq
-from tests.helpers import tiny_qwen2
 
 LR = 1e-3
 

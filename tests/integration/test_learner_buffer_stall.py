@@ -24,9 +24,9 @@ import zmq
 
 from stream_dapo.config import load_config
 from stream_dapo.learner.service import LearnerService
+from stream_dapo.testing.services import tiny_qwen2
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import TransportTimeout, open_endpoint, request
-from tests.helpers import tiny_qwen2
 from tests.integration.test_buffer_service import start_buffer, wait_ready
 from tests.integration.test_learner import make_groups
 

@@ -1,4 +1,4 @@
-"""bench/peer_trl.py's TRL side for one optimizer step at tiny sizes: TRL accepts the mapped settings,
+"""bench/studies/peer_trl.py's TRL side for one optimizer step at tiny sizes: TRL accepts the mapped settings,
 the project's reward reaches it, the policy changes and a timed checkpoint is written.
 
 Skipped where TRL is not installed (it is in the ``bench`` extra only; CI installs ``cpu,dev``).
@@ -17,12 +17,12 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from stream_dapo.config import load_config  # noqa: E402
-from tests.helpers import REPO, load_bench_script  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
 
 
 @pytest.mark.timeout(300)
 def test_trl_side_trains_one_step_with_the_project_reward(warm_model, tmp_path):
-    peer = load_bench_script("peer_trl")
+    import bench.studies.peer_trl as peer
     cfg = load_config(
         [REPO / "configs" / "tiny-cpu.toml"],
         [

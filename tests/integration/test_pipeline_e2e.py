@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from stream_dapo.config import load_config
-from tests.helpers import tiny_overrides
+from stream_dapo.testing.services import tiny_overrides
 from tests.integration.pipeline_runs import ASYNC_STEPS, alive, run_pipeline
 from tests.integration.prometheus_live import query
 

@@ -23,9 +23,10 @@ import zmq
 
 from stream_dapo.errors import ConfigError
 from stream_dapo.runtime.ports import LISTEN_FDS_ENV, parse_listen_fds, ports_path
+from stream_dapo.testing.services import HeldPorts, port_overrides, wait_ports
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import open_endpoint, request
-from tests.helpers import REPO, HeldPorts, port_overrides, wait_ports
+from tests.conftest import REPO
 
 ALLOWED = "port-pick:"
 """A line carrying this comment (with its reason) may pick a port: only where no process can hand a

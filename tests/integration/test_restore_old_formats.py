@@ -1,7 +1,7 @@
 """Files written by the code before the module-boundary redesign (commit 6d41d82) still restore.
 
 `tests/data/formats_6d41d82/` was written by that commit's code (`Journal` + `ReplayBuffer` for
-the buffer, `LearnerService._checkpoint` for the learner, on the tiny Qwen2 of `tests.helpers`
+the buffer, `LearnerService._checkpoint` for the learner, on the tiny Qwen2 of `stream_dapo.testing.services`
 with seed 0 at version 3); `expected.json` holds the buffer's stats as that code reported them.
 The buffer journal's record keys and the checkpoint layout are formats: if this test fails, a change
 broke restoring a running deployment's state, not just a test.
@@ -19,7 +19,7 @@ import torch
 from stream_dapo.buffer.journal import FORMAT_VERSION, JOURNAL_MAGIC, SNAPSHOT_MAGIC, Journal
 from stream_dapo.buffer.replay import ReplayBuffer
 from stream_dapo.config import Config, load_config
-from tests.helpers import admission_policy, tiny_qwen2
+from stream_dapo.testing.services import admission_policy, tiny_qwen2
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "formats_6d41d82"
 DATA_289E6BD = Path(__file__).resolve().parents[1] / "data" / "formats_289e6bd"

@@ -38,7 +38,8 @@ def figures(tree: Any, path: str = "") -> list[tuple[str, float]]:
 def test_quick_results_page_has_finite_positive_figures(tmp_path: Path) -> None:
     argv = [
         sys.executable,
-        "bench/results.py",
+        "-m",
+        "bench.results",
         "--quick",
         "--out",
         str(tmp_path),
@@ -54,7 +55,7 @@ def test_quick_results_page_has_finite_positive_figures(tmp_path: Path) -> None:
     for name in SECTIONS:
         entry = saved[name]
         assert entry["quick"] is True
-        assert entry["command"] == f"python bench/results.py --only {name} --quick"
+        assert entry["command"] == f"python -m bench.results --only {name} --quick"
         found = figures(entry["data"])
         assert found, f"{name}: no figures in {entry['data']}"
         bad = [(where, v) for where, v in found if not (math.isfinite(v) and v > 0)]
@@ -62,12 +63,14 @@ def test_quick_results_page_has_finite_positive_figures(tmp_path: Path) -> None:
     assert saved["learner"]["data"]["steps"] == 2
     assert len(set(saved["learner"]["data"]["first_loss"].values())) == 1  # same data, same init
 
-    text = page.read_text()
+    index = page.read_text()
+    pages = {name: (tmp_path / "results" / f"{name}.md").read_text() for name in [*SECTIONS, "generation"]}
     for name in SECTIONS:
-        assert f"`python bench/results.py --only {name} --quick`" in text
-    assert "Not yet run: `python bench/results.py --only generation`" in text
-    assert "## Machine" in text and "DeepSpeed" in text
-    assert "Smoke-test sizes" in text
+        assert f"`python -m bench.results --only {name} --quick`" in pages[name]
+        assert f"(results/{name}.md)" in index
+    assert "Not yet run: `python -m bench.results --only generation`" in pages["generation"]
+    assert "## Machine" in index and "DeepSpeed" in index
+    assert "Smoke-test sizes" in pages["transport"]
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -75,16 +78,17 @@ def test_quick_results_page_has_finite_positive_figures(tmp_path: Path) -> None:
     else:
         for name in SECTIONS:
             assert (tmp_path / "results" / f"{name}.png").stat().st_size > 1000
-            assert f"(results/{name}.png)" in text
+            assert f"({name}.png)" in pages[name]
 
     # Re-render from the saved numbers alone: same sections, no benchmark runs.
     page.unlink()
     proc = subprocess.run(
-        [sys.executable, "bench/results.py", "--render-only", "--out", str(tmp_path)],
+        [sys.executable, "-m", "bench.results", "--render-only", "--out", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "`python bench/results.py --only transport --quick`" in page.read_text()
+    assert "`python -m bench.results --only transport --quick`" in (tmp_path / "results" / "transport.md").read_text()
+    assert page.read_text() == index

@@ -1,4 +1,4 @@
-"""bench/verifier_hostile.py on the real pool: every hostile input scores -1, nothing runs."""
+"""bench/drills/verifier_hostile.py on the real pool: every hostile input scores -1, nothing runs."""
 
 from __future__ import annotations
 
@@ -6,12 +6,10 @@ import math
 
 import pytest
 
-from tests.helpers import load_bench_script
-
 
 @pytest.mark.timeout(300)
 def test_hostile_corpus_bench_reports_bounded_latency_and_no_execution() -> None:
-    bench = load_bench_script("verifier_hostile")
+    import bench.drills.verifier_hostile as bench
     d = bench.measure(repeats=1, timeout_s=5.0)
     assert d["inputs"] == len(d["per_input"]) > 30
     assert d["all_scored_minus_1"] and d["pool_still_verifies"]

@@ -479,3 +479,26 @@ def test_a_stop_signal_to_ablate_is_passed_on_to_its_running_child(tmp_path: Pat
         waiter.join()
     assert (code, stopped_by) == (7, signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_model_kept_as_its_checksum_has_the_key_of_its_weights(tmp_path: Path) -> None:
+    """docs/results keeps no model weights: a start model is kept as weights.sha256, and its key (which
+    the cells' fingerprints hold) is the one its weight files had."""
+    import hashlib
+
+    from stream_dapo.tools.ablate.cells import WEIGHTS_DIGEST
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "stream_dapo_model.json").write_text(json.dumps({"key": "k1", "kind": "warm"}))
+    (folder / "a.safetensors").write_bytes(b"first")
+    (folder / "b.safetensors").write_bytes(b"second")
+    cfg = load_config(overrides=[f"model.path='{folder}'"], environ={})
+    with_weights = ablation.cells.model_key(cfg)
+    assert with_weights == "k1/" + hashlib.sha256(b"firstsecond").hexdigest()[:16]
+    for p in folder.glob("*.safetensors"):
+        p.unlink()
+    (folder / WEIGHTS_DIGEST).write_text(hashlib.sha256(b"firstsecond").hexdigest() + "\n")
+    assert ablation.cells.model_key(cfg) == with_weights
+    (folder / WEIGHTS_DIGEST).unlink()
+    assert ablation.cells.model_key(cfg) == "k1/" + hashlib.sha256(b"").hexdigest()[:16]

@@ -1,4 +1,4 @@
-"""bench/async_sync_ttt.py: the paired per-seed ratios, the interleaved order and resuming, by hand."""
+"""bench/studies/async_sync_ttt.py: the paired per-seed ratios, the interleaved order and resuming, by hand."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import load_bench_script
-
-bench = load_bench_script("async_sync_ttt")
+import bench.studies.async_sync_ttt as bench
 
 
 def _side(times: dict[int, float], checkpoints: dict[int, str], trained: int, train_s: float) -> dict:

@@ -1,4 +1,4 @@
-"""The figures bench/kv_on_update.py derives from a run's files: token staleness and its quantiles."""
+"""The figures bench/studies/kv_on_update.py derives from a run's files: token staleness and its quantiles."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.kv_on_update import quantile, token_staleness
+from bench.studies.kv_on_update import quantile, token_staleness
 
 
 def test_quantiles_of_counted_values_are_the_smallest_value_covering_the_share() -> None:

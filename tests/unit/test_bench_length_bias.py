@@ -1,4 +1,4 @@
-"""The figures bench/length_bias.py derives from a run's files, against hand-computed values."""
+"""The figures bench/studies/length_bias.py derives from a run's files, against hand-computed values."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.length_bias import run_figures, weighted_mean
+from bench.studies.length_bias import run_figures, weighted_mean
 
 
 def test_weighted_mean_weighs_and_refuses_nothing_to_weigh() -> None:

@@ -1,4 +1,4 @@
-"""bench/longcot_learning.py's choice of checkpoints and its figure at the time budget, by hand."""
+"""bench/studies/longcot_learning.py's choice of checkpoints and its figure at the time budget, by hand."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import json
 
 import pytest
 
-from tests.helpers import load_bench_script
-
-bench = load_bench_script("longcot_learning")
-peer = load_bench_script("peer_trl")
+import bench.studies.longcot_learning as bench
+import bench.studies.peer_trl as peer
 
 
 def test_scores_the_multiples_and_the_checkpoints_either_side_of_the_budget():

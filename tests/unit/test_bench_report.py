@@ -21,7 +21,7 @@ from bench.report import (
     save_json,
     summary,
 )
-from bench.results import _demote, _relink, json_tables, parse_only
+from bench.results import json_tables, parse_only
 
 
 def test_saved_results_name_paths_inside_the_checkout_relative_to_it(tmp_path: Path) -> None:
@@ -146,15 +146,6 @@ def test_json_tables_flattens_scalars_and_tabulates_lists_of_objects() -> None:
     assert "| sides.note | x |" in text
     # Nested objects inside list items are left out of the table.
     assert "| socket | crashes |\n| :-- | :-- |\n| samples | 0 |" in text
-
-
-def test_included_pages_get_relinked_and_demoted() -> None:
-    md = "# Ablation\n\n![acc](plots/acc.png) [paper](https://arxiv.org/x) [top](#top)\n## Rows\n"
-    out = _demote(_relink(md, "results/ablation/"))
-    assert out.splitlines()[0] == "#### Ablation"
-    assert "![acc](results/ablation/plots/acc.png)" in out
-    assert "(https://arxiv.org/x)" in out and "(#top)" in out
-    assert "##### Rows" in out
 
 
 def test_parse_only_keeps_the_page_order_and_rejects_unknown_names() -> None:

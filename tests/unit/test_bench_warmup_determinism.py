@@ -1,10 +1,10 @@
-"""bench/warmup_determinism.py's comparison of two loss trajectories and its weight digest."""
+"""bench/studies/warmup_determinism.py's comparison of two loss trajectories and its weight digest."""
 
 from __future__ import annotations
 
 import torch
 
-from bench.warmup_determinism import first_difference, weights_digest
+from bench.studies.warmup_determinism import first_difference, weights_digest
 
 
 def test_first_difference_names_the_first_step_that_parts_and_the_widest_gap_after_it():

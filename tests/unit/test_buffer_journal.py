@@ -21,8 +21,8 @@ from stream_dapo.buffer.journal import (
     JournalError,
 )
 from stream_dapo.buffer.replay import ReplayBuffer
+from stream_dapo.testing.services import admission_policy
 from stream_dapo.transport.messages import Group, Sample
-from tests.helpers import admission_policy
 
 REPO = Path(__file__).resolve().parents[2]
 

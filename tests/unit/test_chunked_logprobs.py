@@ -23,8 +23,8 @@ from stream_dapo.core.loss import token_entropy, token_logprobs
 from stream_dapo.core.sampling import SamplingPolicy, sampling_logits
 from stream_dapo.learner.lm_head import ChunkedLMHead
 from stream_dapo.learner.trainer import Learner
+from stream_dapo.testing.services import random_group, tiny_qwen2
 from stream_dapo.transport.messages import Group
-from tests.helpers import random_group, tiny_qwen2
 
 
 def _inputs(n: int, h: int, v: int, seed: int, bias: bool) -> dict[str, torch.Tensor]:

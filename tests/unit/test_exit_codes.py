@@ -15,7 +15,7 @@ from stream_dapo.cli import main
 from stream_dapo.config import load_config
 from stream_dapo.runtime.exit_codes import ExitCode
 from stream_dapo.runtime.ports import endpoint_port, read_bound_ports
-from tests.helpers import port_overrides, unserved_ports
+from stream_dapo.testing.services import port_overrides, unserved_ports
 
 
 def test_codes_are_the_documented_numbers() -> None:
@@ -80,7 +80,7 @@ def fake_model_dir(path: Path) -> Path:
 
 
 def run_argv(model: Path, out: Path, *extra: str) -> list[str]:
-    from tests.helpers import tiny_overrides
+    from stream_dapo.testing.services import tiny_overrides
 
     sets = [*tiny_overrides(model, out), *extra]
     return ["run", "--no-eval", "--quiet", *(a for s in sets for a in ("--set", s))]

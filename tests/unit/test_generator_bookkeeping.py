@@ -747,7 +747,7 @@ def test_heartbeats_carry_the_running_total_and_an_expired_lease_is_reported() -
 
 def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_source(tmp_path: Path) -> None:
     """The late-joiner rule through the `WeightSource` interface: the service asks the source the
-    factory built for weights.method, and the source loads the file into the engine."""
+    factory built for weights.method, and the source hands the file's bytes to the engine, from memory."""
     import torch
 
     from stream_dapo.config import load_config
@@ -756,9 +756,10 @@ def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_so
 
     class FileEngine:
         version = 0
+        image = b""
 
-        def update_weights(self, path: Path, version: int) -> float:
-            self.version = version
+        def update_weights_from_image(self, image: Any, version: int) -> float:
+            self.version, self.image = version, bytes(image)
             return 0.0
 
     cfg = load_config(
@@ -769,12 +770,18 @@ def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_so
         ],
         environ={},
     )
-    SharedDirPublisher(tmp_path).publish(serialize_weights({"w": torch.ones(2)}, 7))
+    payload = serialize_weights({"w": torch.ones(2)}, 7)
+    SharedDirPublisher(tmp_path).publish(payload)
     svc = GeneratorService(cfg)
     svc.engine = FileEngine()  # type: ignore[assignment]
     try:
         svc._load_initial_weights()
         assert svc.engine.version == 7
+        assert svc.engine.image == payload.data  # type: ignore[attr-defined]
+        assert svc.weights is not None and svc.weights.latest_seen == 7
+        sample = svc.registry.get_sample_value
+        assert sample("stream_dapo_generator_weight_received_bytes_total") == payload.total_bytes
+        assert sample("stream_dapo_generator_weight_delta_ratio") == 1.0  # a whole file, no delta
         assert svc.registry.get_sample_value("stream_dapo_generator_policy_version") == 7
     finally:
         svc.engine = None

@@ -8,8 +8,8 @@ import pytest
 
 from stream_dapo.config import load_config
 from stream_dapo.errors import ConfigError
+from stream_dapo.testing.services import port_overrides
 from stream_dapo.tools.launch import PortInUse, check_ports_free, fixed_ports, peers_need_reported_ports
-from tests.helpers import port_overrides
 
 
 def _config(method: str, nccl_port: int, weights_port: int = 5557):  # -> Config

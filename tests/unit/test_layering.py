@@ -127,3 +127,21 @@ def test_runtime_imports_no_service_tool_or_command() -> None:
         if name.startswith("stream_dapo.runtime.")
     }
     assert {k: v for k, v in wrong.items() if v} == {}
+
+
+def test_the_library_never_imports_the_test_helpers() -> None:
+    users = sorted(
+        name
+        for name in MODULES
+        if not name.startswith("stream_dapo.testing")
+        and any(d == "stream_dapo.testing" or d.startswith("stream_dapo.testing.") for d in GRAPH[name])
+    )
+    assert users == []
+
+
+def test_bench_never_reaches_into_tests() -> None:
+    bench = PKG.parent / "bench"
+    scripts = sorted(bench.rglob("*.py"))
+    assert len(scripts) > 20
+    reaching = sorted(str(p.relative_to(bench)) for p in scripts if "tests" in imports_of(p))
+    assert reaching == []

@@ -19,8 +19,8 @@ from stream_dapo.core.loss import policy_loss, token_logprobs
 from stream_dapo.errors import ConfigError
 from stream_dapo.learner.packing import sequences_from_groups
 from stream_dapo.learner.trainer import Learner, deepspeed_config
+from stream_dapo.testing.services import random_group, tiny_qwen2
 from stream_dapo.transport.messages import Group
-from tests.helpers import random_group, tiny_qwen2
 
 LR = 1e-3
 

@@ -11,7 +11,7 @@ import torch
 from stream_dapo.config import Config, load_config
 from stream_dapo.errors import ConfigError
 from stream_dapo.learner.trainer import Learner, deepspeed_config
-from tests.helpers import tiny_qwen2
+from stream_dapo.testing.services import tiny_qwen2
 from tests.unit.test_chunked_logprobs import _BackwardOnlyEngine, _cfg, _groups
 
 

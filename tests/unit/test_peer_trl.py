@@ -1,4 +1,4 @@
-"""Pure helpers of bench/peer_trl.py (no TRL needed): time to target, reward wrapping, config mapping."""
+"""Pure helpers of bench/studies/peer_trl.py (no TRL needed): time to target, reward wrapping, config mapping."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import bench.studies.peer_trl as peer
 from stream_dapo.config import load_config
 from stream_dapo.core.loss import PolicyLossParams, policy_loss
 from stream_dapo.core.rewards import RewardShaping
-from tests.helpers import REPO, load_bench_script
+from tests.conftest import REPO
 
-peer = load_bench_script("peer_trl")
 P = peer.CurvePoint
 
 

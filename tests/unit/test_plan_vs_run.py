@@ -1,5 +1,5 @@
-"""The planner-against-reality benches' pure parts: bench/engine_scaling.py's exponent fit and
-bench/plan_vs_run.py's --gen-scaling A[@TPS] variants, on hand-computed numbers."""
+"""The planner-against-reality benches' pure parts: bench/perf/engine_scaling.py's exponent fit and
+bench/studies/plan_vs_run.py's --gen-scaling A[@TPS] variants, on hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
-from bench.engine_scaling import fit_exponent
-from bench.plan_vs_run import _variant
+from bench.perf.engine_scaling import fit_exponent
+from bench.studies.plan_vs_run import _variant
 from stream_dapo.tools.plan import ENGINE_SCALING
 
 

@@ -20,9 +20,9 @@ from stream_dapo.buffer.replay import (
 )
 from stream_dapo.config import AlgoConfig, Config, load_config
 from stream_dapo.errors import ConfigError
+from stream_dapo.testing.services import admission_policy
 from stream_dapo.transport.codec import encode, wire_bytes
 from stream_dapo.transport.messages import Batch, Group, Sample
-from tests.helpers import admission_policy
 
 G = 2
 

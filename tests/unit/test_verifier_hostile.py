@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from stream_dapo.testing.hostile import HOSTILE_RESPONSES, PWN
 from stream_dapo.verifier import VerifierPool, verify
 from stream_dapo.verifier.safe_parse import (
     MAX_RESULT_BITS,
@@ -20,75 +21,6 @@ from stream_dapo.verifier.safe_parse import (
     parse_math,
     tokenize,
 )
-
-PWN = "__import__('os').system('touch PWNED')"
-
-HOSTILE_RESPONSES: list[str] = [
-    "Answer: 9**9**9**9",
-    "Answer: 9^9^9^9",
-    "\\boxed{9^{9^{9^{9}}}}",
-    "Answer: 2^{2^{2^{2^{2}}}}",
-    "Answer: ((9^{1000})^{1000})^{1000}",
-    "Answer: (x^{1000})^{1000}",
-    "Answer: x^{y^{z}}",
-    "Answer: 10^{100000}",
-    "Answer: " + PWN,
-    PWN,
-    '\\boxed{__import__("os").system("touch PWNED")}',
-    "Answer: \\text{" + PWN + "}",
-    "Answer: $" + PWN + "$",
-    "\\boxed{\\text{__import__('os')}.system('touch PWNED')}",
-    "Answer: lambda: __import__('os').system('touch PWNED')",
-    "Answer: (lambda: 0)()",
-    "Answer: lambda",
-    "Answer: eval('1')",
-    "Answer: exec(\"open('PWNED','w')\")",
-    "Answer: os.system('touch PWNED')",
-    "Answer: ().__class__.__bases__[0].__subclasses__()",
-    "\\boxed{\\input{/etc/passwd}}",
-    "\\boxed{\\def\\x{1}\\x}",
-    "Answer: \\frac{1}{0}",
-    "Answer: 0^{-1}",
-    "Answer: \\sqrt[1000000]{2}",
-    "Answer: 1/(1-1)",
-    "Answer: " + "9" * 1_000_000,
-    "\\boxed{" + "{" * 10_000 + "1" + "}" * 10_000 + "}",
-    "\\boxed{" + "(" * 10_000 + "1" + ")" * 10_000 + "}",
-    "Answer: " + "(" * 10_000 + "1" + ")" * 10_000,
-    "\\boxed{" + "(" * 60 + "1" + ")" * 60 + "}",
-    "\\boxed{" + "-" * 400 + "1}",
-    "\\boxed{" + "+".join(["x"] * 150) + "}",
-    "\\boxed{" * 3_000 + "2" + "}" * 3_000,
-    "\\boxed{\\sqrt{\\sqrt{\\sqrt{\\sqrt{" * 10 + "2" + "}}}}" * 10 + "}",
-    # Factorials, binomials, scientific notation, shapes (sets, lists, ratios, unions, +-).
-    "Answer: 1000!",
-    "Answer: 1001!",
-    "Answer: (10!)!",
-    "Answer: 3!!!!!!!!",
-    "\\boxed{\\binom{10000}{5000}}",
-    "Answer: \\binom{100000}{50000}",
-    "Answer: \\binom{10000}{5000}!",
-    "Answer: 1e999999999",
-    "Answer: 9.9e1000 \\times 10^{1000}",
-    "\\boxed{1." + "9" * 990 + "}",
-    "\\boxed{\\{" + ",".join(f"x+{i}" for i in range(32)) + "\\}}",
-    "\\boxed{" + ",".join(["1"] * 400) + "}",
-    "\\boxed{" + "\\{" * 150 + "1" + "\\}" * 150 + "}",
-    "\\boxed{" + "(1," * 150 + "1" + ")" * 150 + "}",
-    "\\boxed{" + "1\\pm" * 100 + "1}",
-    "\\boxed{" + ":".join(["2"] * 200) + "}",
-    "\\boxed{" + "\\cup".join(["(1,2)"] * 100) + "}",
-    "\\boxed{" + "x=" * 200 + "2}",
-    "\\boxed{" + "1%" * 200 + "}",
-    # Functions and constants.
-    "Answer: \\sin 10^{1000}",
-    "Answer: \\exp(\\exp(\\exp(100)))",
-    "Answer: e^{e^{e^{e}}}",
-    "Answer: \\ln(0)",
-    "\\boxed{" + "\\sin(" * 40 + "1" + ")" * 40 + "}",
-    "Answer: \\sin^{1000}(x)^{1000}",
-    "Answer: i^{1000000}",
-]
 
 
 @pytest.fixture()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import zmq
 from safetensors.torch import load, load_file
 from transformers import Qwen2ForCausalLM
 
+from stream_dapo.testing.services import tiny_qwen2
 from stream_dapo.transport import messages
 from stream_dapo.transport.codec import encode
 from stream_dapo.transport.sockets import open_endpoint, request
@@ -26,7 +28,6 @@ from stream_dapo.weights import (
     read_shared_dir,
     serialize_weights,
 )
-from tests.helpers import tiny_qwen2
 
 CHUNK = 4096  # the smallest allowed chunk: the tiny model spans many of them
 
@@ -279,14 +280,14 @@ def test_nccl_broadcast_delivers_every_tensor_bit_identically(tmp_path: Path) ->
 # --------------------------------------------------------------------------------------------------
 
 
-class _FileEngine:
-    """Records what a source asks the engine to load."""
+class _MemoryEngine:
+    """Records what a source asks the engine to load (the image's bytes, from shared memory)."""
 
     def __init__(self) -> None:
-        self.loaded: list[tuple[Path, int]] = []
+        self.loaded: list[tuple[bytes, int]] = []
 
-    def update_weights(self, path: Path, version: int) -> float:
-        self.loaded.append((path, version))
+    def update_weights_from_image(self, image: Any, version: int) -> float:
+        self.loaded.append((bytes(image), version))
         return 0.5
 
 
@@ -295,6 +296,7 @@ def test_the_factory_builds_each_methods_two_ends_and_they_meet(tmp_path: Path) 
     from stream_dapo.weights.factory import make_publisher, make_source
     from stream_dapo.weights.shared_dir import SharedDirWeightSource
     from stream_dapo.weights.zmq_chunks import ZmqWeightSource
+
     sd = gather_full_state_dict(tiny_model(0))
     assert sd is not None
     payload = serialize_weights(sd, 3)
@@ -310,16 +312,19 @@ def test_the_factory_builds_each_methods_two_ends_and_they_meet(tmp_path: Path) 
         )
         publisher = make_publisher(cfg)
         bound = {"weights_port": publisher.bound_ports().get("transport.weights_port", 0)}
-        source = make_source(cfg.model_copy(update={"transport": cfg.transport.model_copy(update=bound)}), index=0)
+        source = make_source(
+            cfg.model_copy(update={"transport": cfg.transport.model_copy(update=bound)}), index=0
+        )
         try:
             assert isinstance(source, source_type) and source.first_version == 0
             assert source(0) is None  # nothing published yet
             publisher.publish(payload, sd)
             update = source(0)
             assert update is not None and update.version == 3 and update.nbytes == payload.total_bytes
-            engine = _FileEngine()
+            engine = _MemoryEngine()
             assert source.load(engine, update) == 0.5  # type: ignore[arg-type]
-            assert engine.loaded == [(update.path, 3)]
+            assert engine.loaded == [(payload.data, 3)]  # the published bytes, from memory: no file
+            assert update.path is None
             assert source(3) is None  # nothing newer
         finally:
             source.close()

@@ -1,6 +1,6 @@
 """Messages on the wire are byte-for-byte what the code before the msgspec structs sent.
 
-`tests/data/formats_289e6bd/wire/` holds one message of every type (`tests.golden_messages`)
+`tests/data/formats_289e6bd/wire/` holds one message of every type (`stream_dapo.testing.golden`)
 encoded by the code at 289e6bd (hand-rolled schemas and msgpack-python). The structs must encode
 the same messages to the same bytes (so an old peer decodes them) and decode the old bytes to equal
 structs (so they decode an old peer's).
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from stream_dapo.testing.golden import golden_messages
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import decode, encode
-from tests.golden_messages import golden_messages
 
 WIRE = Path(__file__).resolve().parents[1] / "data" / "formats_289e6bd" / "wire"
 GOLDEN = golden_messages()

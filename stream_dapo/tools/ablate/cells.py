@@ -22,6 +22,7 @@ from stream_dapo.core.presets import preset_overrides
 from stream_dapo.tools.ablate.render import render_markdown, to_json
 from stream_dapo.tools.ablate.settings import (
     _NEUTRAL_SETTINGS,
+    _UNCOMPARED_KEYS,
     _UNCOMPARED_SECTIONS,
     CELL_RECORD,
     CURVE_METRICS,
@@ -57,6 +58,8 @@ def config_fingerprint(cfg: Config, model_key: str | None) -> str:
     data = cfg.model_dump(mode="json")
     for section in _UNCOMPARED_SECTIONS:
         data.pop(section, None)
+    for section, key in _UNCOMPARED_KEYS:
+        data.get(section, {}).pop(key, None)
     data["run"].pop("out_dir", None)
     for (section, key), neutral in _NEUTRAL_SETTINGS.items():
         values = data.get(section)
@@ -149,6 +152,11 @@ def freeze_base_config(plan: Plan) -> None:
         log.warning("%s does not reproduce the resolved config; children read the files as given", path)
 
 
+WEIGHTS_DIGEST = "weights.sha256"
+"""In a model folder kept without its weights (docs/results/*/start-model): the sha256 of its
+*.safetensors files, concatenated in name order, which is what `model_key` hashes."""
+
+
 def model_key(cfg: Config) -> str | None:
     """The starting model's identity: its build key and a digest of its weight files. The build key
     comes from the config alone, and the same config warmed up on another machine gave other weights
@@ -160,8 +168,11 @@ def model_key(cfg: Config) -> str | None:
     marker = read_marker(folder)
     if marker is None:
         return None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files and (folder / WEIGHTS_DIGEST).is_file():  # a recorded model kept as its checksum alone
+        return f"{marker.get('key')}/{(folder / WEIGHTS_DIGEST).read_text().strip()[:16]}"
     digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")):
+    for path in files:
         with path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)

@@ -26,7 +26,7 @@ replica's tokens/s grows in proportion to the groups it holds, each sequence dec
 alone, which is how a GPU decodes memory-bound batches, and the cautious choice for the admission
 line (a group takes as long in a light engine as in a full one). cpu: the vLLM CPU engine of the
 long-CoT recipe on 2 cores, one worker thread: 930 tokens/s with 1 group of 8 in flight, 3,392
-with 16, a least-squares a of 0.49 over 1-16 groups, 0.38 in a rerun (bench/engine_scaling.py,
+with 16, a least-squares a of 0.49 over 1-16 groups, 0.38 in a rerun (bench/perf/engine_scaling.py,
 docs/results/engine_scaling*.json; it flattens above 8 groups, so a power law is a rough fit).
 Measure your own engine with that bench."""
 

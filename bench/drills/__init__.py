@@ -1,0 +1,1 @@
+"""Faults on purpose: kills, an elastic fleet, protocol fuzzing, hostile verifier inputs."""

@@ -1,0 +1,1 @@
+"""Throughput and memory of one part at a time."""

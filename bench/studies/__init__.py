@@ -1,0 +1,1 @@
+"""Questions about the recipe and the system, answered by runs."""

@@ -1,0 +1,408 @@
+"""A real pretrained model on real word problems: SmolLM2-135M-Instruct on GSM-Symbolic, trained by the
+whole pipeline (vLLM generator, buffer, DeepSpeed learner, 538 MB weight sync) on this machine.
+
+    flock /tmp/stream-dapo-cpu.lock .venv/bin/python -m bench.studies.real_model \
+        [--config configs/smollm2-gsm-cpu.toml] [--seed 0] [--budget-s 3600] [--set key=value ...] \
+        [--work runs/real-model] [--json docs/results/real_model_seed0.json]
+
+Stages, each kept in ``--work/seed-N/`` and skipped when its output is there (so an interrupted study
+resumes where it stopped; the run itself resumes with the launcher's ``--resume``):
+
+1. prepare: the model import, the GSM-Symbolic files and the [sft] warm-up (each cached by key);
+2. ``evals-start.json``: the warm model on the held-out templates (sampled: eval.k samples per prompt
+   at eval.temperature; greedy: one sample at T = 0) and on the original GSM8K problems of the kept
+   templates (the same two ways), and on the first eval.max_prompts training instances (in
+   distribution: what RL sharpens where it trains), on one vLLM engine; a set missing from an
+   earlier file is evaluated and added;
+3. ``run/``: ``stream-dapo run --no-eval`` with ``learner.seed`` and ``generator.seed`` = the seed,
+   stopped (SIGTERM; the launcher drains and exports ``run/final``) once the learner has stepped past
+   ``--budget-s`` seconds after launch;
+4. ``evals-final.json``: the same four evaluations of ``run/final``, same prompts and per-request seeds.
+
+The report gives, per eval set, before and after: avg@k, pass@k, greedy accuracy, mean response
+length, truncation, the share of responses with an extractable answer and the accuracy among those
+(format learned vs problems solved), and from the run: steps, seconds per step, samples, filtered
+groups by reason, staleness, weight-sync seconds per version, entropy first and last.
+
+What it does not show: another machine's speed; the eval's own noise (about +-4 points of avg@k at
+128 prompts x 4 samples); what more seeds would say (run it again with --seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+from bench.report import machine_info, save_json  # noqa: E402
+
+DEFAULT_CONFIG = REPO / "configs" / "smollm2-gsm-cpu.toml"
+EVAL_SETS = ("heldout", "gsm8k", "train")
+_SUMMARY_KEYS = (
+    "learner_steps",
+    "samples_generated",
+    "groups_trained",
+    "groups_filtered",
+    "groups_filtered_all_correct",
+    "groups_filtered_all_wrong",
+    "groups_dropped_stale",
+    "max_staleness_trained",
+    "samples_per_second",
+    "train_seconds",
+    "wall_seconds",
+)
+
+
+def _load(config: Path, overrides: Sequence[str]) -> Any:
+    from stream_dapo.config import load_config
+
+    return load_config([config], list(overrides))
+
+
+def prepare(config: Path, overrides: Sequence[str]) -> dict[str, str]:
+    """Import, data and warm-up (each cached); the eval files' paths."""
+    from stream_dapo.data.gsm_symbolic import ensure_gsm_symbolic_data
+    from stream_dapo.tools.launch import check_data, prepare_model
+
+    cfg = _load(config, overrides)
+    check_data(cfg)
+    prepare_model(cfg)
+    files = ensure_gsm_symbolic_data(cfg.data.gsm_symbolic)
+    return {"heldout": str(files.eval), "gsm8k": str(files.gsm8k), "train": str(files.train)}
+
+
+def evaluate_model(
+    config: Path, overrides: Sequence[str], model: str, data: dict[str, str], seed: int
+) -> dict:
+    """Every eval set, sampled and greedy, on one vLLM engine."""
+    from transformers import AutoTokenizer
+
+    from stream_dapo.data.dataset import load_prompts
+    from stream_dapo.generator.vllm_utils import make_llm, shutdown_llm
+    from stream_dapo.tools.evaluate import evaluate
+    from stream_dapo.verifier import VerifierPool
+
+    cfg = _load(config, overrides)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    gen = cfg.generator.model_copy(update={"threads": 2})
+    llm = make_llm(
+        model,
+        gen,
+        dtype=cfg.model.dtype,
+        max_model_len=cfg.model.max_prompt_len + cfg.algo.max_response_len,
+        seed=seed,
+    )
+    out: dict[str, Any] = {"model": model}
+    try:
+        with VerifierPool.from_config(cfg.verifier) as pool:
+            for name, path in data.items():
+                prompts = load_prompts(path, tokenizer, cfg.model.max_prompt_len)[0][: cfg.eval.max_prompts]
+                for mode, k, temperature in (
+                    ("sampled", cfg.eval.k, cfg.eval.temperature),
+                    ("greedy", 1, 0.0),
+                ):
+                    t0 = time.perf_counter()
+                    r = evaluate(
+                        llm,
+                        prompts,
+                        k=k,
+                        temperature=temperature,
+                        top_p=cfg.eval.top_p if temperature else 1.0,
+                        max_tokens=cfg.algo.max_response_len,
+                        seed=seed,
+                        verifier=pool,
+                    )
+                    r["seconds"] = round(time.perf_counter() - t0, 1)
+                    out[f"{name}_{mode}"] = r
+                    print(
+                        f"  {name} {mode}: avg@{k} {r['avg_at_k']:.4f} answered {r['answered_rate']:.3f}",
+                        flush=True,
+                    )
+    finally:
+        shutdown_llm(llm)
+    return out
+
+
+def _cached(path: Path, build: Any) -> Any:
+    if path.is_file():
+        return json.loads(path.read_text())
+    value = build()
+    save_json(path, value)
+    return value
+
+
+def _cached_evals(path: Path, data: dict[str, str], build: Any) -> dict:
+    """The evals kept in ``path``, with the eval sets it lacks evaluated (``build(missing data)``)
+    and added: a set added to the study later is measured without measuring the others again."""
+    have = json.loads(path.read_text()) if path.is_file() else {}
+    missing = {name: p for name, p in data.items() if f"{name}_sampled" not in have}
+    if missing:
+        have = {**have, **build(missing)}
+        save_json(path, have)
+    return have
+
+
+def _past_budget(run_dir: Path, launch: float, budget_s: float) -> bool:
+    rows = jsonl_rows(run_dir / "learner" / "metrics.jsonl")
+    return bool(rows) and float(rows[-1]["wall_time"]) - launch > budget_s
+
+
+def train(config: Path, overrides: Sequence[str], work: Path, budget_s: float) -> dict:
+    """``stream-dapo run --no-eval`` stopped past the budget; the launch time and the summary."""
+    run_dir = work / "run"
+    launch_file = work / "launch.json"
+    resume = (run_dir / "checkpoints").is_dir() and launch_file.is_file()
+    launch = float(json.loads(launch_file.read_text())["launch"]) if resume else time.time()
+    if not resume:
+        save_json(launch_file, {"launch": launch})
+    argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--config", str(config), "--no-eval", "--quiet"]
+    for item in [*overrides, f'run.out_dir="{run_dir}"']:
+        argv += ["--set", item]
+    if resume:
+        argv.append("--resume")
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL)
+    stopped = False
+    while proc.poll() is None:
+        if not stopped and _past_budget(run_dir, launch, budget_s):
+            proc.send_signal(signal.SIGTERM)
+            stopped = True
+        time.sleep(5.0)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if proc.returncode and not stopped:
+        raise SystemExit(f"stream-dapo run exited {proc.returncode}; see {run_dir}/logs")
+    return {"launch": launch, "stopped_at_budget": stopped, "summary": summary}
+
+
+def trained_model(run_dir: Path) -> Path:
+    """The run's export: ``final/`` when it ran to learner.total_steps, else the HF export of the last
+    checkpoint (a run stopped at its budget drains to a checkpoint and exports no final/)."""
+    if (run_dir / "final" / "config.json").is_file():
+        return run_dir / "final"
+    steps = sorted((run_dir / "checkpoints").glob("step_*/hf/config.json"))
+    if not steps:
+        raise SystemExit(f"{run_dir} holds neither final/ nor a checkpoint with an hf/ export")
+    return steps[-1].parent
+
+
+def jsonl_rows(path: Path) -> list[dict]:
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    )
+
+
+def _median(values: Sequence[float]) -> float | None:
+    import statistics
+
+    return round(statistics.median(values), 3) if values else None
+
+
+def weight_sync(rows: list[dict], launcher_rows: list[dict]) -> dict:
+    """Seconds per version: the learner's publication (its rows) and the generator's fetch + load
+    into vLLM (the launcher's per-scrape mean), medians with min and max."""
+    publish = [r["weight_sync_seconds"] for r in rows if r.get("weight_sync_seconds") is not None]
+    load = [
+        r["generator_weight_sync_seconds"] for r in launcher_rows if r.get("generator_weight_sync_seconds")
+    ]
+    return {
+        "learner_publish_s": {
+            "median": _median(publish),
+            "min": min(publish, default=None),
+            "max": max(publish, default=None),
+        },
+        "generator_load_s": {
+            "median": _median(load),
+            "min": min(load, default=None),
+            "max": max(load, default=None),
+        },
+    }
+
+
+def report(
+    start: dict, final: dict, trained: dict, rows: list[dict], launcher_rows: list[dict], budget_s: float
+) -> dict:
+    keys = (
+        "avg_at_k",
+        "pass_at_k",
+        "mean_response_len",
+        "truncation_rate",
+        "answered_rate",
+        "accuracy_when_answered",
+    )
+    sets = {}
+    for name in EVAL_SETS:
+        for mode in ("sampled", "greedy"):
+            label = f"{name}_{mode}"
+            before, after = start[label], final[label]
+            sets[label] = {
+                "before": {k: before[k] for k in keys},
+                "after": {k: after[k] for k in keys},
+                "gain_points": round(100 * (after["avg_at_k"] - before["avg_at_k"]), 2),
+                "num_prompts": before["num_prompts"],
+                "k": before["k"],
+            }
+    launch = trained["launch"]
+    steps = [r for r in rows if "wall_time" in r]
+    per_step = (steps[-1]["wall_time"] - steps[0]["wall_time"]) / (len(steps) - 1) if len(steps) > 1 else None
+    summary = trained["summary"]
+    return {
+        "eval": sets,
+        "training": {
+            "budget_s": budget_s,
+            "stopped_at_budget": trained["stopped_at_budget"],
+            "first_step_after_launch_s": round(steps[0]["wall_time"] - launch, 1) if steps else None,
+            "last_step_after_launch_s": round(steps[-1]["wall_time"] - launch, 1) if steps else None,
+            "seconds_per_step": round(per_step, 1) if per_step else None,
+            "entropy_first_last": [steps[0].get("entropy"), steps[-1].get("entropy")] if steps else None,
+            "reward_first_last": [steps[0].get("reward_mean"), steps[-1].get("reward_mean")]
+            if steps
+            else None,
+            "summary": {k: summary.get(k) for k in _SUMMARY_KEYS},
+            "weight_sync": weight_sync(rows, launcher_rows),
+            "generator_weight_updates": summary.get("generator_weight_updates"),
+        },
+    }
+
+
+def print_report(rep: dict) -> None:
+    print("set               before  after   gain   answered b/a    acc|answered b/a  trunc b/a   len b/a")
+    for label, s in rep["eval"].items():
+        b, a = s["before"], s["after"]
+        print(
+            f"{label:16s} {b['avg_at_k']:.4f} {a['avg_at_k']:.4f} {s['gain_points']:+6.2f}  "
+            f"{b['answered_rate']:.3f}/{a['answered_rate']:.3f}   {b['accuracy_when_answered']:.3f}/"
+            f"{a['accuracy_when_answered']:.3f}      {b['truncation_rate']:.3f}/{a['truncation_rate']:.3f} "
+            f"{b['mean_response_len']:.0f}/{a['mean_response_len']:.0f}"
+        )
+    t = rep["training"]
+    print(f"training: {t['summary']}, {t['seconds_per_step']} s/step, entropy {t['entropy_first_last']}")
+
+
+RESULTS = REPO / "docs" / "results"
+PAGE_NOTES = """\
+What the figures do not show: another machine's speed; more than the seeds listed; the eval's own noise
+(one eval seed; about +-4 points of avg@k at 128 prompts x 4 samples). Greedy is one sample at T = 0;
+sampled is eval.k samples at eval.temperature. "answered" is the share of responses with an answer the
+verifier could extract; "acc|answered" the accuracy among those, so avg@k = answered x acc|answered.
+"""
+
+
+def render_page(reports: Sequence[dict]) -> str:
+    """docs/results/real-model.md from the seeds' JSON reports."""
+    lines = [
+        "# A real pretrained model on real word problems",
+        "",
+        "Written by `python -m bench.studies.real_model --render` from `docs/results/real_model_seed*.json`; each",
+        "seed's figures come from `flock /tmp/stream-dapo-cpu.lock .venv/bin/python -m bench.studies.real_model --seed N`.",
+        "",
+    ]
+    for rep in reports:
+        t, sft = rep["training"], rep.get("warm_start") or {}
+        lines += [
+            f"## Seed {rep['seed']} ({rep['config']}, {rep['cores']} cores, {rep['machine'].get('cpu_model', '')})",
+            "",
+            f"Warm start: {sft.get('steps')} supervised steps on {sft.get('examples')} worked solutions "
+            f"({sft.get('seconds')} s, final loss {sft.get('final_loss', 0):.3f}).",
+            f"Training: budget {t['budget_s']:.0f} s, first step {t['first_step_after_launch_s']} s after launch, "
+            f"{t['summary'].get('learner_steps')} optimizer steps, {t['seconds_per_step']} s per step, "
+            f"{t['summary'].get('samples_generated')} samples generated, groups filtered "
+            f"{t['summary'].get('groups_filtered_all_wrong')} all wrong / {t['summary'].get('groups_filtered_all_correct')} "
+            f"all correct, {t['summary'].get('groups_trained')} trained, {t['summary'].get('groups_dropped_stale')} "
+            f"dropped stale; entropy first/last {t['entropy_first_last']}; weight sync per version "
+            f"(learner publish / generator load, median s): {t['weight_sync']['learner_publish_s']['median']} / "
+            f"{t['weight_sync']['generator_load_s']['median']}.",
+            "",
+            "| eval set | avg@k before | after | gain (points) | answered before / after | acc given answered "
+            "before / after | truncated before / after | mean length before / after |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for label, e in rep["eval"].items():
+            b, a = e["before"], e["after"]
+            lines.append(
+                f"| {label} ({e['num_prompts']} prompts x {e['k']}) | {b['avg_at_k']:.4f} | {a['avg_at_k']:.4f} | "
+                f"{e['gain_points']:+.2f} | {b['answered_rate']:.3f} / {a['answered_rate']:.3f} | "
+                f"{b['accuracy_when_answered']:.3f} / {a['accuracy_when_answered']:.3f} | "
+                f"{b['truncation_rate']:.3f} / {a['truncation_rate']:.3f} | "
+                f"{b['mean_response_len']:.0f} / {a['mean_response_len']:.0f} |"
+            )
+        lines.append("")
+    return "\n".join(lines) + "\n" + PAGE_NOTES
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-seed", type=int, default=0)
+    parser.add_argument("--budget-s", type=float, default=3600.0, help="seconds of training after launch")
+    parser.add_argument("--work", type=Path, default=REPO / "runs" / "real-model")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="default: docs/results/real_model_seed<N>.json"
+    )
+    parser.add_argument(
+        "--render", action="store_true", help="only write docs/results/real-model.md from the JSONs"
+    )
+    args = parser.parse_args(argv)
+    if args.render:
+        reports = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("real_model_seed*.json"))]
+        (RESULTS / "real-model.md").write_text(render_page(reports))
+        return 0
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    work = args.work / f"seed-{args.seed}"
+    work.mkdir(parents=True, exist_ok=True)
+    overrides = [*args.overrides, f"learner.seed={args.seed}", f"generator.seed={args.seed}"]
+    data = prepare(args.config, overrides)
+    cfg = _load(args.config, overrides)
+    print(f"seed {args.seed}: evaluating the start model {cfg.model.path} ...", flush=True)
+    start = _cached_evals(
+        work / "evals-start.json",
+        data,
+        lambda sets: evaluate_model(args.config, overrides, cfg.model.path, sets, args.eval_seed),
+    )
+    print(f"seed {args.seed}: training for {args.budget_s:.0f} s ...", flush=True)
+    trained = _cached(work / "trained.json", lambda: train(args.config, overrides, work, args.budget_s))
+    final_dir = str(trained_model(work / "run"))
+    print(f"seed {args.seed}: evaluating {final_dir} ...", flush=True)
+    final = _cached_evals(
+        work / "evals-final.json",
+        data,
+        lambda sets: evaluate_model(args.config, overrides, final_dir, sets, args.eval_seed),
+    )
+    rep = {
+        "what": "SmolLM2-135M-Instruct on GSM-Symbolic through the whole pipeline, before and after RL",
+        "machine": machine_info(),
+        "cores": os.cpu_count(),
+        "config": str(args.config.resolve().relative_to(REPO)),
+        "overrides": overrides,
+        "seed": args.seed,
+        "eval_seed": args.eval_seed,
+        "warm_start": json.loads((Path(cfg.model.path) / "sft.json").read_text())
+        if cfg.sft.enabled
+        else None,
+        **report(
+            start,
+            final,
+            trained,
+            jsonl_rows(work / "run" / "learner" / "metrics.jsonl"),
+            jsonl_rows(work / "run" / "metrics.jsonl"),
+            args.budget_s,
+        ),
+    }
+    save_json(args.json or REPO / "docs" / "results" / f"real_model_seed{args.seed}.json", rep)
+    print_report(rep)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
