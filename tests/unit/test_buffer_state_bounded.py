@@ -12,8 +12,8 @@ import pytest
 from stream_dapo.buffer.journal import Journal, JournalError
 from stream_dapo.buffer.replay import SENDERS_PER_GENERATOR, GroupState, ReplayBuffer
 from stream_dapo.generator.credits import UnackedGroups
+from stream_dapo.testing.services import admission_policy
 from stream_dapo.transport.messages import Group, Sample
-from tests.helpers import admission_policy
 
 POLICY = admission_policy(
     admission_capacity=1000, capacity_groups=1000, max_staleness=1000, generator_lease_s=30.0

@@ -1,7 +1,7 @@
 """The buffer's own state over a long run: memory, snapshot size, compaction and restore time from
 1e5 to 1e7 groups (issue 41 item 5).
 
-    flock /tmp/stream-dapo-cpu.lock .venv/bin/python bench/buffer_state.py \\
+    flock /tmp/stream-dapo-cpu.lock .venv/bin/python -m bench.perf.buffer_state \\
         [--checkpoints 100000 1000000 10000000] [--mode horizon|unnumbered] [--generators 8] \\
         [--batch 64] [--compact-every 50000] [--lost-acks 0.01] [--seed 0] [--out FILE.json]
 
@@ -34,7 +34,6 @@ import json
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,13 +41,10 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from stream_dapo.buffer.journal import Journal  # noqa: E402
-from stream_dapo.buffer.replay import AdmissionPolicy, ReplayBuffer  # noqa: E402
-from stream_dapo.generator.credits import UnackedGroups  # noqa: E402
-from stream_dapo.transport.messages import Group, Sample  # noqa: E402
+from stream_dapo.buffer.journal import Journal
+from stream_dapo.buffer.replay import AdmissionPolicy, ReplayBuffer
+from stream_dapo.generator.credits import UnackedGroups
+from stream_dapo.transport.messages import Group, Sample
 
 G = 2
 POLICY = AdmissionPolicy(
