@@ -32,10 +32,16 @@ __all__ = [
     "ServeResult",
 ]
 
-SNAPSHOT_FORMAT = 2
-"""Version of the `state` record (2: readable record keys; `journal.migrate_record` upgrades 1)."""
+SNAPSHOT_FORMAT = 3
+"""Version of the `state` record (2: readable record keys, `journal.migrate_record` upgrades 1;
+3: adds "senders", the id horizon of each generator process; a format-2 state has none)."""
+READABLE_SNAPSHOT_FORMATS = (2, 3)
 SEEN_IDS_PER_RECORD = 10_000
 """Seen ids are snapshotted in chunks so that no single record grows with the length of the run."""
+SENDERS_PER_GENERATOR = 4
+"""Processes (holders) per generator id whose id horizon the buffer keeps: the current one and the
+three before it. Numbered groups from an older holder of the id are refused ("retired_sender"):
+that process lost the id to a successor long ago, and the buffer no longer knows what it sent."""
 
 Record = dict[str, Any]
 
@@ -61,7 +67,8 @@ class GroupState(enum.Enum):
     LEASED = "leased"
     """Served to the learner, not yet in one of its checkpoints."""
     COMMITTED = "committed"
-    """In a learner checkpoint (or dropped as stale): only the id is kept, to drop resends."""
+    """In a learner checkpoint (or dropped as stale): only the id is kept, to drop resends, and only
+    while its sender may still resend it (see `_Sender`); then the group is forgotten entirely."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -166,6 +173,29 @@ class CommitResult:
 
 
 @dataclass
+class _Sender:
+    """One generator process (a holder of a generator id) that numbers its groups (`Group.seq`).
+
+    Its id horizon: every group it numbered below `below` was acknowledged to it and is never sent
+    again, so a group numbered below is a duplicate without looking its id up. `ids` holds the ids
+    of its accepted groups numbered at or above `below` (id -> seq): what it may still resend. Both
+    are bounded by what the process has not had acknowledged, not by the length of the run."""
+
+    below: int = 0
+    ids: dict[str, int] = field(default_factory=dict)
+
+    def knows(self, group: Group) -> bool:
+        """`group` (numbered by this sender) was accepted before."""
+        assert group.seq is not None
+        return group.seq < self.below or group.group_id in self.ids
+
+    def advance(self, below: int) -> None:
+        if below > self.below:
+            self.below = below
+            self.ids = {gid: seq for gid, seq in self.ids.items() if seq >= below}
+
+
+@dataclass
 class _Entry:
     group: Group
     accepted_at: float
@@ -225,6 +255,11 @@ class ReplayBuffer:
         commit(v=6, [a, b])              a, b COMMITTED (only their ids are kept)
         add_groups("gen-0", [a])         a is a duplicate: acknowledged again, stored once
 
+    Ids kept: a generator process numbers its groups (`Group.seq`) and says in every groups message
+    below which number everything was acknowledged to it (`acked_below`): ids below are forgotten (a
+    resend numbered below is a duplicate by construction), so the ids kept stay near the groups not
+    yet acknowledged, however long the run. Unnumbered groups (older generators) keep their ids.
+
     Every state change is one record handed to `persistence`; `restore` replays them.
     """
 
@@ -245,6 +280,11 @@ class ReplayBuffer:
         self._waiting: OrderedDict[str, _Entry] = OrderedDict()
         self._leased: OrderedDict[str, _Entry] = OrderedDict()
         self._seen: set[str] = set()
+        """Ids of accepted groups that no sender numbered (older generators, state files written
+        before id horizons): kept for good, as every id used to be."""
+        self._senders: dict[str, OrderedDict[str, _Sender]] = {}
+        """Per generator id, its last SENDERS_PER_GENERATOR holders (oldest first) and their id
+        horizons (persisted): the ids of numbered groups (see `_Sender`)."""
         self._credits: dict[str, int] = {}
         self._last_grant: dict[str, tuple[int, int]] = {}
         """Per generator, (request id, credits granted) of its last credit request that was granted
@@ -255,6 +295,9 @@ class ReplayBuffer:
         self._max_staleness_served: int | None = None
         self.learner_version = 0
         self.committed_through = 0
+        self.run_config: dict[str, Any] | None = None
+        """The settings the state was built under, as the service recorded them (`record_config`;
+        persisted; None in state files from before it did): opaque here, compared by the service."""
         # Groups served so far at learner version _pos_version: a rollout batch fetched in several
         # requests keeps counting positions, so the gate knows when each group will be trained.
         self._pos_version = -1
@@ -346,7 +389,7 @@ class ReplayBuffer:
             )
         if holder and holder != current:
             self._log({"kind": "hello", "generator": generator_id, "holder": holder})
-            self._holders[generator_id] = holder
+            self._apply_hello(generator_id, holder)
         self._heard_from(generator_id)
         self._expired.discard(generator_id)
         self._in_flight.pop(generator_id, None)  # a new process: its predecessor's groups are gone
@@ -496,7 +539,12 @@ class ReplayBuffer:
         return granted
 
     def add_groups(
-        self, generator_id: str, groups: Sequence[Group], filtered_total: int | None = None
+        self,
+        generator_id: str,
+        groups: Sequence[Group],
+        filtered_total: int | None = None,
+        holder: str = "",
+        acked_below: int | None = None,
     ) -> AddResult:
         """Accept new groups, recognise resends, and redeem credits.
 
@@ -504,27 +552,51 @@ class ReplayBuffer:
         increase of its `filtered_total` (credits it spent without a group: dynamic sampling,
         aborts, unused at shutdown). Groups with a wrong sample count, or beyond capacity_groups,
         are rejected.
+
+        Dedup: a group is a duplicate if it is stored (waiting or leased), or, when numbered
+        (`Group.seq`) by `holder`, if that sender's id horizon knows it (`_Sender`), or, when not
+        numbered, if its id was ever accepted. `acked_below` (the sender's, see `Groups`) advances
+        its horizon first: ids below it are forgotten. Numbered groups from a holder that is not
+        one of the id's last SENDERS_PER_GENERATOR are rejected ("retired_sender").
         """
         self._heard_from(generator_id)
         if filtered_total is not None:
             self._apply_filtered_total(generator_id, filtered_total)
+        sender = self._sender(generator_id, holder)
+        if sender is not None and acked_below is not None:
+            self._check_count(acked_below, "acked_below")
+            if acked_below > sender.below:
+                self._log(
+                    {"kind": "horizon", "generator": generator_id, "holder": holder, "below": acked_below}
+                )
+                self._apply_horizon(generator_id, holder, acked_below)
         result = AddResult()
         seen_now: set[str] = set()
         reasons: dict[str, int] = {}
         for group in groups:
             gid = group.group_id
-            if gid in self._seen or gid in seen_now:
+            numbered = group.seq is not None and bool(holder)
+            if gid in seen_now or gid in self._waiting or gid in self._leased:
+                duplicate = True
+            elif numbered:
+                duplicate = sender is not None and sender.knows(group)
+            else:
+                duplicate = gid in self._seen
+            if duplicate:
                 result.duplicates.append(gid)
                 continue
-            reason = self._rejection_reason(group)
+            reason = "retired_sender" if numbered and sender is None else self._rejection_reason(group)
             if reason is not None:
                 result.rejected.append((gid, reason))
                 reasons[reason] = reasons.get(reason, 0) + 1
                 continue
             seen_now.add(gid)
             at = self._wall_clock()
-            self._log({"kind": "accept", "group": to_map(group), "accepted_at": at})
-            self._apply_accept(group, at)
+            record: Record = {"kind": "accept", "group": to_map(group), "accepted_at": at}
+            if numbered:
+                record["generator"], record["holder"] = generator_id, holder
+            self._log(record)
+            self._apply_accept(group, at, generator_id if numbered else "", holder if numbered else "")
             result.accepted.append(gid)
         if result.duplicates:
             self._log({"kind": "duplicate", "count": len(result.duplicates)})
@@ -532,10 +604,17 @@ class ReplayBuffer:
         for reason, n in reasons.items():
             self._log({"kind": "reject_groups", "reason": reason, "count": n})
             self._apply_rejected(self._rejected_groups, reason, n)
-        redeemed = len(result.accepted) + len(result.rejected)
+        # A retired sender's credits went back when its lease ran out: its groups redeem none (they
+        # would take the credits of the id's current holder).
+        redeemed = len(result.accepted) + len(result.rejected) - reasons.get("retired_sender", 0)
         if redeemed:
             self._redeem(generator_id, redeemed)
         return result
+
+    @staticmethod
+    def _check_count(value: Any, name: str) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BufferInputError(f"{name} must be an int >= 0, got {value!r}")
 
     def _rejection_reason(self, group: Group) -> str | None:
         if group.num_samples != self.policy.group_size:
@@ -741,6 +820,15 @@ class ReplayBuffer:
         self._log({"kind": "reject_message", "reason": reason, "count": n})
         self._apply_rejected(self._rejected_messages, reason, n)
 
+    def record_config(self, settings: dict[str, Any]) -> None:
+        """Store the settings this buffer runs with (the service compares them on its next start)."""
+        if settings != self.run_config:
+            self._log({"kind": "config", "settings": dict(settings)})
+            self._apply_config(dict(settings))
+
+    def _apply_config(self, settings: dict[str, Any]) -> None:
+        self.run_config = settings
+
     def _note_version(self, v: int) -> None:
         if v != self.learner_version:
             self._log({"kind": "version", "learner_version": v})
@@ -748,10 +836,34 @@ class ReplayBuffer:
 
     # ---------------------------------------------------------------------------------- apply
 
-    def _apply_accept(self, group: Group, at: float) -> None:
+    def _apply_accept(self, group: Group, at: float, gen: str = "", holder: str = "") -> None:
         self._waiting[group.group_id] = _Entry(group, at, self._clock())
-        self._seen.add(group.group_id)
+        sender = self._sender(gen, holder)
+        if sender is not None and group.seq is not None:
+            if group.seq >= sender.below:
+                sender.ids[group.group_id] = group.seq
+        else:
+            self._seen.add(group.group_id)
         self._counters["accepted"] += 1
+
+    def _sender(self, gen: str, holder: str) -> _Sender | None:
+        senders = self._senders.get(gen)
+        return senders.get(holder) if senders is not None and holder else None
+
+    def _apply_hello(self, gen: str, holder: str) -> None:
+        """`holder` now holds generator id `gen`: it gets an id horizon of its own; the oldest of
+        the id's holders beyond SENDERS_PER_GENERATOR is retired (its ids forgotten)."""
+        self._holders[gen] = holder
+        senders = self._senders.setdefault(gen, OrderedDict())
+        if holder in senders:
+            senders.move_to_end(holder)
+            return
+        senders[holder] = _Sender()
+        while len(senders) > SENDERS_PER_GENERATOR:
+            senders.popitem(last=False)
+
+    def _apply_horizon(self, gen: str, holder: str, below: int) -> None:
+        self._senders[gen][holder].advance(below)
 
     def _apply_duplicates(self, n: int) -> None:
         self._counters["duplicates"] += n
@@ -861,6 +973,13 @@ class ReplayBuffer:
             "last_lease": None if self._last_lease is None else [self._last_lease[0], self._last_lease[1]],
             "last_commit_request_id": self._last_commit_rid,
             "last_grants": [[gen, rid, n] for gen, (rid, n) in self._last_grant.items()],
+            "config": self.run_config,
+            # Per generator id, oldest holder first: [generator, holder, below, ids, seqs].
+            "senders": [
+                [gen, holder, sender.below, list(sender.ids), list(sender.ids.values())]
+                for gen, senders in self._senders.items()
+                for holder, sender in senders.items()
+            ],
         }
         ids = sorted(self._seen)
         for start in range(0, len(ids), SEEN_IDS_PER_RECORD):
@@ -876,8 +995,8 @@ class ReplayBuffer:
                 }
 
     def _apply_state(self, r: Record) -> None:
-        if r["format"] != SNAPSHOT_FORMAT:
-            raise ValueError(f"snapshot format {r['format']} is not {SNAPSHOT_FORMAT}")
+        if r["format"] not in READABLE_SNAPSHOT_FORMATS:
+            raise ValueError(f"snapshot format {r['format']} is not one of {READABLE_SNAPSHOT_FORMATS}")
         for name, value in r["counters"].items():
             if name in self._counters:
                 self._counters[name] = int(value)
@@ -896,13 +1015,23 @@ class ReplayBuffer:
         rid = r.get("last_commit_request_id")
         self._last_commit_rid = None if rid is None else int(rid)
         self._last_grant = {str(gen): (int(rid), int(n)) for gen, rid, n in r.get("last_grants", [])}
+        config = r.get("config")
+        self.run_config = None if config is None else dict(config)
+        self._senders = {}
+        for gen, holder, below, ids, seqs in r.get("senders", []):
+            if len(ids) != len(seqs):
+                raise ValueError(f"sender {holder!r} of {gen!r}: {len(ids)} ids but {len(seqs)} seqs")
+            sender = _Sender(int(below), {str(gid): int(seq) for gid, seq in zip(ids, seqs, strict=True)})
+            self._senders.setdefault(str(gen), OrderedDict())[str(holder)] = sender
+        for gen, holder in self._holders.items():  # a format-2 state: holders without horizons yet
+            if self._sender(gen, holder) is None:
+                self._senders.setdefault(gen, OrderedDict())[holder] = _Sender()
 
     def _apply_snapshot_group(self, r: Record) -> None:
         group = from_map(Group, r["group"])
         entry = _Entry(group, float(r["accepted_at"]), self._clock(), int(r["uses"]))
         table = self._waiting if GroupState(r["state"]) is GroupState.WAITING else self._leased
-        table[group.group_id] = entry
-        self._seen.add(group.group_id)
+        table[group.group_id] = entry  # its id is in a "seen" record, or in its sender's ids
 
     # ---------------------------------------------------------------------------------- views
 
@@ -939,6 +1068,13 @@ class ReplayBuffer:
             }
             for gen in sorted({*self._credits, *self._last_seen})
         }
+
+    @property
+    def seen_ids(self) -> int:
+        """Ids kept to drop resends: unnumbered ones (kept for good) + each sender's above its horizon."""
+        return len(self._seen) + sum(
+            len(s.ids) for senders in self._senders.values() for s in senders.values()
+        )
 
     def credits_of(self, generator_id: str) -> int:
         return self._credits.get(generator_id, 0)
@@ -984,7 +1120,9 @@ class ReplayBuffer:
             return GroupState.WAITING
         if group_id in self._leased:
             return GroupState.LEASED
-        if group_id in self._seen:
+        if group_id in self._seen or any(
+            group_id in sender.ids for senders in self._senders.values() for sender in senders.values()
+        ):
             return GroupState.COMMITTED
         return None
 
@@ -1005,7 +1143,7 @@ class ReplayBuffer:
             "max_staleness_served": self._max_staleness_served,
             "waiting": len(self._waiting),
             "leased": len(self._leased),
-            "seen_ids": len(self._seen),
+            "seen_ids": self.seen_ids,
             "line": self.admitted,
             "line_capacity": self.admission_limit,
             "learner_version": self.learner_version,
@@ -1024,7 +1162,13 @@ class ReplayBuffer:
 
 _REPLAY: dict[str, Callable[[ReplayBuffer, Record], None]] = {
     # journal records: one per state change
-    "accept": lambda b, r: b._apply_accept(from_map(Group, r["group"]), float(r["accepted_at"])),
+    "accept": lambda b, r: b._apply_accept(
+        from_map(Group, r["group"]),
+        float(r["accepted_at"]),
+        str(r.get("generator", "")),
+        str(r.get("holder", "")),
+    ),
+    "horizon": lambda b, r: b._apply_horizon(str(r["generator"]), str(r["holder"]), int(r["below"])),
     "duplicate": lambda b, r: b._apply_duplicates(int(r["count"])),
     "reject_groups": lambda b, r: b._apply_rejected(b._rejected_groups, r["reason"], int(r["count"])),
     "reject_message": lambda b, r: b._apply_rejected(b._rejected_messages, r["reason"], int(r["count"])),
@@ -1038,7 +1182,7 @@ _REPLAY: dict[str, Callable[[ReplayBuffer, Record], None]] = {
         None if r.get("request_id") is None else int(r["request_id"]),
     ),
     "expire": lambda b, r: b._apply_expire(r["generator"]),
-    "hello": lambda b, r: b._holders.__setitem__(str(r["generator"]), str(r["holder"])),
+    "hello": lambda b, r: b._apply_hello(str(r["generator"]), str(r["holder"])),
     "lease": lambda b, r: b._apply_lease(
         int(r["learner_version"]),
         list(r["group_ids"]),
@@ -1050,6 +1194,7 @@ _REPLAY: dict[str, Callable[[ReplayBuffer, Record], None]] = {
         int(r["learner_version"]), list(r["done"]), list(r["reused"]), int(r["unknown"]), r.get("request_id")
     ),
     "retry": lambda b, r: b._apply_retry(),
+    "config": lambda b, r: b._apply_config(dict(r["settings"])),
     "requeue": lambda b, r: b._apply_requeue(int(r["learner_version"]), int(r["committed_through"])),
     "version": lambda b, r: b._apply_version(int(r["learner_version"])),
     # snapshot records: the whole state

@@ -32,15 +32,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from stream_dapo.buffer.journal import Journal, JournalError
+from stream_dapo.buffer.journal import CompactionMark, Journal, JournalError
 from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
 from stream_dapo.buffer.rollout_tally import RolloutTally
 from stream_dapo.config import Config
+from stream_dapo.errors import ConfigError
+from stream_dapo.learner.resume import (
+    BUFFER_SETTINGS,
+    FIXED_FOR_BUFFER,
+    buffer_refusal,
+    config_changes,
+    settings_of,
+    split_changes,
+)
 from stream_dapo.runtime.metrics import BufferMetrics, final_metrics_path, start_metrics, write_final_metrics
 from stream_dapo.runtime.ports import endpoint_port, write_bound_ports, zmq_listen
 from stream_dapo.runtime.service_runner import release
@@ -113,6 +123,9 @@ class BufferService:
         self._stop = threading.Event()
         self.metrics_server: Any = None
         self.rollouts = RolloutTally()
+        self._compactor = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="compactor")
+        self._compaction: tuple[futures.Future[int], CompactionMark, float] | None = None
+        """The background compaction under way: its snapshot write, its mark, when it started."""
         try:
             self.buffer = self._restore(policy, clock)
             self._bind_sockets()
@@ -168,6 +181,7 @@ class BufferService:
                 f"cannot restore the buffer from {self.journal.snapshot_path} and its journal: {exc}. Move both "
                 "aside to start empty (their groups are then lost)"
             ) from exc
+        self._check_config(buffer)
         report = self.journal.report
         if report.snapshot_records or report.journal_records:
             s = buffer.stats()
@@ -181,6 +195,29 @@ class BufferService:
                 report.journal_records,
             )
         return buffer
+
+    def _check_config(self, buffer: ReplayBuffer) -> None:
+        """Compare the settings stored with the state (`resume.BUFFER_SETTINGS`) with this start's:
+        a change of one the stored groups depend on is refused (ConfigError: exit 2, naming key, old
+        and new value and the way out), any other is applied and logged; then store this start's."""
+        current = settings_of(self.cfg.model_dump(mode="json"), BUFFER_SETTINGS)
+        stored = buffer.run_config
+        if stored is not None:
+            applied, refused = split_changes(config_changes(stored, current), FIXED_FOR_BUFFER)
+            if refused:
+                state = f"{self.journal.snapshot_path} (and its .journal)"
+                raise ConfigError(buffer_refusal(refused, state))
+            if applied:
+                log.info(
+                    "configuration changed since the buffer's state was written; applied: %s",
+                    "; ".join(str(c) for c in applied),
+                )
+        elif buffer.stored:
+            log.info(
+                "the buffer's state files do not say what configuration they were written with; storing this one"
+            )
+        buffer.record_config(current)
+        self.journal.sync()
 
     def _bind_sockets(self) -> None:
         t = self.cfg.transport
@@ -350,6 +387,9 @@ class BufferService:
     # ---------------------------------------------------------------------------------- handlers
 
     def _on_hello(self, body: m.Hello, rid: int | None) -> m.Credit:
+        self._check_sampling(
+            f"generator {body.generator_id} ({body.holder or 'no holder named'})", body.sampling
+        )
         version = self.buffer.generator_hello(body.generator_id, body.holder)
         self.rollouts.restart(body.generator_id)
         self._hellos.warn(
@@ -366,7 +406,9 @@ class BufferService:
         return m.Credit(granted, self.buffer.learner_version)
 
     def _on_groups(self, body: m.Groups, rid: int | None) -> m.Ack:
-        result = self.buffer.add_groups(body.generator_id, body.groups, body.filtered_total)
+        result = self.buffer.add_groups(
+            body.generator_id, body.groups, body.filtered_total, body.holder, body.acked_below
+        )
         self.buffer.report_in_flight(body.generator_id, body.in_flight_versions)
         if body.rollouts is not None:
             self.rollouts.observe(body.generator_id, body.rollouts)
@@ -385,7 +427,29 @@ class BufferService:
             )
         return m.Lease(credits, expired, self.buffer.learner_version)
 
+    def _check_sampling(self, who: str, theirs: m.Sampling | None) -> None:
+        """Refuse a peer that samples (or computes log-probs) with other settings than this buffer's
+        config, and so than the learner's, which passed the same check: its groups' behaviour
+        log-probs would describe another distribution than the one the learner trains, and nothing
+        but a drifting gauge would show it. An older peer that does not say (None) is let in."""
+        if theirs is None:
+            return
+        ours = m.Sampling.of(self.cfg.generator)
+        differ = [
+            f"generator.{name} = {getattr(theirs, name)!r} there, {getattr(ours, name)!r} here"
+            for name in m.Sampling.KEYS
+            if getattr(theirs, name) != getattr(ours, name)
+        ]
+        if differ:
+            raise SamplingMismatch(
+                f"{who} samples with other settings than the buffer and the learner: {'; '.join(differ)}. "
+                "Behaviour log-probs must describe the distribution the learner trains: give every service "
+                "the same generator.temperature, top_p, top_k and min_p (one config file, or the same --set), "
+                "then restart it"
+            )
+
     def _on_learner_hello(self, body: m.LearnerHello, rid: int | None) -> m.Empty:
+        self._check_sampling("the learner", body.sampling)
         n = self.buffer.learner_hello(body.learner_version, body.committed_through)
         log.info(
             "learner connected at version %d (committed through %d): %d leased groups back to the front",
@@ -452,12 +516,46 @@ class BufferService:
             )
 
     def _maybe_compact(self) -> None:
+        """Every buffer.persist_every_s, compact without stalling the loop: the state's records are
+        taken here (a shallow copy: the groups are immutable), the snapshot is encoded, written and
+        fsynced on the compactor thread while this loop goes on journaling, and the journal frames
+        it covers are dropped here once it is in place (`Journal.begin_compaction`). A failed
+        write raises here, at the next step, as a synchronous one would have."""
+        if self._compaction is not None:
+            future, mark, t0 = self._compaction
+            if not future.done():
+                return
+            self._compaction = None
+            size = future.result()
+            old = self.journal.finish_compaction(mark, rotate=True)
+            if old is not None:  # closing it frees the old journal's blocks: not on this loop
+                self._compactor.submit(old.close)
+            elapsed = time.perf_counter() - t0
+            self.metrics.persist_seconds.observe(elapsed)
+            log.debug(
+                "snapshot %s: %d bytes in %.3f s (in the background)",
+                self.journal.snapshot_path,
+                size,
+                elapsed,
+            )
+            return
         due = time.monotonic() - self._last_compaction >= self.cfg.buffer.persist_every_s
         if due and self.journal.records_since_compaction:
-            self.persist()
+            self._last_compaction = time.monotonic()
+            t0 = time.perf_counter()
+            mark = self.journal.begin_compaction()
+            records = list(self.buffer.snapshot_records())
+            self._compaction = (self._compactor.submit(self.journal.write_snapshot, records, mark), mark, t0)
+
+    def _wait_for_compaction(self) -> None:
+        """Let a background compaction finish (or fail) before the next one or before closing."""
+        if self._compaction is not None:
+            futures.wait([self._compaction[0]])
+            self._maybe_compact()
 
     def persist(self) -> None:
-        """Compact the journal into a fresh snapshot now."""
+        """Compact the journal into a fresh snapshot now (after any background one)."""
+        self._wait_for_compaction()
         t0 = time.perf_counter()
         size = self.journal.compact(self.buffer.snapshot_records())
         elapsed = time.perf_counter() - t0
@@ -485,6 +583,7 @@ class BufferService:
         mt.learner_version.set(s["learner_version"])
         mt.oldest_waiting.set(s["oldest_waiting_age_s"])
         mt.journal_bytes.set(s["journal_bytes"])
+        mt.seen_ids.set(s["seen_ids"])
         mt.in_flight_reported.set(s["in_flight_reported"])
         for key, counter in (
             ("accepted", mt.groups_accepted),
@@ -544,6 +643,7 @@ class BufferService:
                 self._auth and self._auth.stop,
                 self._ctx and self._ctx.term,
                 self.metrics_server and self.metrics_server.stop,
+                lambda: self._compactor.shutdown(wait=True),  # a snapshot still being written
                 self.journal.close,
             )
             log.info("buffer closed%s", " (state persisted)" if persisted else "")
@@ -566,6 +666,12 @@ class BufferService:
             path.write_text(json.dumps(self.stats(), indent=2, sort_keys=True) + "\n")
         except OSError as exc:
             log.warning("cannot write %s: %s", path, exc.strerror)
+
+
+class SamplingMismatch(BufferInputError):
+    """A generator or learner whose sampling settings differ from the buffer's (`_check_sampling`)."""
+
+    reason = "sampling_mismatch"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -645,7 +645,9 @@ keep it). wandb:
     WANDB_MODE=offline, WANDB_API_KEY, WANDB_ENTITY; WANDB_PROJECT, WANDB_NAME, WANDB_TAGS and
     WANDB_DIR, when set, win over project, run_name, tags and dir below). tensorboard: event files
     under `dir` (`pip install -e '.[tensorboard]'`). A backend that fails is reported once and
-    dropped; training goes on."""
+    dropped; training goes on. A learner that resumes from its checkpoint continues the same W&B run
+    (its id is kept in run.out_dir/learner/wandb-run.json; WANDB_RUN_ID wins) and purges the
+    TensorBoard steps after the checkpoint's version, which it trains again."""
     project: str = Field("stream-dapo", min_length=1)
     """W&B project (TensorBoard: the first level of directories under `dir`)."""
     run_name: str | None = None

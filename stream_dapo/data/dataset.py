@@ -21,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +33,7 @@ import numpy as np
 from stream_dapo.errors import ConfigError
 
 __all__ = [
+    "LazyPrompts",
     "LoadStats",
     "PromptItem",
     "PromptStream",
@@ -279,6 +282,212 @@ def load_prompts(
 
 
 # --------------------------------------------------------------------------------------------------
+# Lazily: index once, tokenize what is served
+# --------------------------------------------------------------------------------------------------
+
+INDEX_PROGRESS_EVERY_S = 5.0
+
+
+class LazyPrompts(Sequence[PromptItem | None]):
+    """The distinct prompts of a DAPO-schema file, indexed in one pass and tokenized when served.
+
+    What a generator needs of a huge file: ``load_prompts`` holds every row tokenized (about 2.3 KB a
+    prompt, minutes of start-up at a million rows); this holds, per distinct prompt, where its row
+    is (a byte offset into a JSON-lines file; for parquet, the row's compact JSON in one buffer) and
+    reads, validates and tokenizes a prompt only when ``[i]`` asks for it, so a generator tokenizes
+    the prompts of its shard as it serves them, never the others'. Indexing hashes every row (the
+    prompt id, to keep the first row of each distinct prompt, as ``load_prompts`` does) with 24
+    bytes a row of typed arrays (then about 9 bytes per distinct prompt are kept), and calls ``progress(rows, fraction)`` every
+    ``INDEX_PROGRESS_EVERY_S`` (a service beats its liveness there and logs).
+
+    ``[i]`` is None for a prompt longer than ``max_prompt_len`` tokens (counted in ``too_long`` the
+    first time; ``PromptStream`` skips it). Indices are over distinct prompts in file order, so with
+    no over-long prompt they are ``load_prompts``'s indices and a stream over either serves the same
+    prompts in the same order.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        tokenizer: ChatTokenizer,
+        max_prompt_len: int,
+        *,
+        progress: Callable[[int, float], None] | None = None,
+    ) -> None:
+        if max_prompt_len < 1:
+            raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
+        self.path = Path(path)
+        self._tokenizer = tokenizer
+        self.max_prompt_len = max_prompt_len
+        self.stats = LoadStats()
+        self._parquet = self.path.suffix.lower() == ".parquet"
+        self._store = bytearray()
+        """Parquet only: the distinct rows as compact JSON, back to back (`_locators` are offsets)."""
+        t0 = time.monotonic()
+        pids, golds, locators = self._index(progress)
+        _, first, inverse = np.unique(pids, return_index=True, return_inverse=True)
+        # A duplicate whose answer differs from its prompt's first row's: a data problem worth knowing.
+        self.stats.gold_conflicts = int(np.count_nonzero(golds != golds[first][inverse]))
+        first = np.sort(first)  # the first row of each distinct prompt, in file order
+        self.stats.rows = len(pids)
+        self.stats.duplicates = len(pids) - len(first)
+        if self._parquet:
+            locators = self._keep_rows(first)
+        else:
+            locators = locators[first]
+        self._locators: np.ndarray = locators
+        self._too_long = np.zeros(len(first), dtype=bool)
+        self._file: Any = None
+        if self.stats.rows == 0:
+            raise SchemaError(f"{self.path}: no rows; {SCHEMA_HELP}")
+        log.info(
+            "%s: %d rows indexed in %.1f s, %d duplicates, %d distinct prompts (tokenized as they are "
+            "served; each generator only its shard's)",
+            self.path,
+            self.stats.rows,
+            time.monotonic() - t0,
+            self.stats.duplicates,
+            len(first),
+        )
+        if self.stats.gold_conflicts:
+            log.warning(
+                "%s: %d duplicate prompts disagree on ground_truth; the first is used",
+                self.path,
+                self.stats.gold_conflicts,
+            )
+
+    # -------------------------------------------------------------------------------- index
+
+    def _rows(self) -> Iterator[tuple[int, dict[str, Any], float]]:
+        """(locator, row, fraction of the file read) of every row: a JSON-lines row's byte offset,
+        a parquet row's index."""
+        if self._parquet:
+            import pyarrow.parquet as pq
+
+            parquet = pq.ParquetFile(self.path)
+            _check_columns(parquet.schema_arrow.names, self.path)
+            total = max(1, parquet.metadata.num_rows)
+            n = 0
+            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+                for row in batch.to_pylist():
+                    yield n, row, n / total
+                    n += 1
+            return
+        read_rows(self.path)  # the missing-file and file-type errors, named as everywhere else
+        size = max(1, self.path.stat().st_size)
+        with self.path.open("rb") as f:
+            offset = 0
+            for line_no, line in enumerate(f, 1):
+                start, offset = offset, offset + len(line)
+                if line.strip():
+                    yield start, _parse_jsonl_line(line, self.path, line_no), start / size
+
+    def _index(
+        self, progress: Callable[[int, float], None] | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # Typed arrays, not lists of ints: 24 bytes a row while indexing, not ~130.
+        pids, golds, locators = array("Q"), array("Q"), array("q")
+        reported = time.monotonic()
+        for n, (locator, row, fraction) in enumerate(self._rows(), 1):
+            messages, gold = _parse_row(row, f"{self.path}: row {n}")
+            pids.append(int(prompt_id_of(messages), 16))
+            golds.append(int(hashlib.sha256(gold.encode()).hexdigest()[:16], 16))
+            locators.append(locator)
+            if progress is not None and time.monotonic() - reported >= INDEX_PROGRESS_EVERY_S:
+                reported = time.monotonic()
+                progress(n, fraction)
+        return (
+            np.frombuffer(pids, dtype=np.uint64),
+            np.frombuffer(golds, dtype=np.uint64),
+            np.frombuffer(locators, dtype=np.int64),
+        )
+
+    def _keep_rows(self, first: np.ndarray) -> np.ndarray:
+        """Parquet: a second pass keeping the first row of each distinct prompt as compact JSON."""
+        keep = np.zeros(self.stats.rows, dtype=bool)
+        keep[first] = True
+        offsets: list[int] = []
+        for index, row, _ in self._rows():
+            if keep[index]:
+                offsets.append(len(self._store))
+                self._store += _compact_row(row)
+        offsets.append(len(self._store))
+        return np.array(offsets, dtype=np.int64)
+
+    # -------------------------------------------------------------------------------- access
+
+    def __len__(self) -> int:
+        return len(self._too_long)
+
+    def __getitem__(self, i: int) -> PromptItem | None:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"prompt {i} of {len(self)}")
+        i %= len(self)
+        row = self._row(i)
+        messages, gold = _parse_row(row, f"{self.path}: prompt {i}")
+        ids = encode_prompt(self._tokenizer, messages)
+        if len(ids) > self.max_prompt_len:
+            if not self._too_long[i]:
+                self._too_long[i] = True
+                self.stats.too_long += 1
+                log.info(
+                    "%s: skipping a prompt of %d tokens (> model.max_prompt_len = %d); %d so far",
+                    self.path,
+                    len(ids),
+                    self.max_prompt_len,
+                    self.stats.too_long,
+                )
+            return None
+        extra = row.get("extra_info")
+        return PromptItem(
+            prompt_id=prompt_id_of(messages),
+            messages=messages,
+            prompt_token_ids=ids,
+            gold=gold,
+            data_source=str(row.get("data_source") or self.path.stem),
+            extra_info=dict(extra) if isinstance(extra, dict) else {},
+        )
+
+    def _row(self, i: int) -> dict[str, Any]:
+        if self._parquet:
+            start, end = int(self._locators[i]), int(self._locators[i + 1])
+            row: dict[str, Any] = json.loads(bytes(self._store[start:end]))
+            return row
+        if self._file is None:
+            self._file = self.path.open("rb")  # noqa: SIM115 (kept open while prompts are served)
+        self._file.seek(int(self._locators[i]))
+        return _parse_jsonl_line(self._file.readline(), self.path, f"byte {int(self._locators[i])}")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _compact_row(row: dict[str, Any]) -> bytes:
+    keep = {key: row.get(key) for key in ("prompt", "reward_model", "data_source", "extra_info")}
+    return json.dumps(keep, separators=(",", ":"), default=_json_default).encode()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):  # some parquet writers hand lists back as arrays
+        return value.tolist()
+    raise TypeError(f"cannot store {type(value).__name__} of a data row")
+
+
+def _parse_jsonl_line(line: bytes, path: Path, where: object) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SchemaError(f"{path}:{where}: not valid JSON ({exc}); one JSON object per line") from None
+    if not isinstance(row, dict):
+        raise SchemaError(f"{path}:{where}: expected a JSON object, got {type(row).__name__}")
+    if not all(name in row for name in REQUIRED_COLUMNS):  # a Path only for the message: pathlib interns
+        _check_columns(row.keys(), Path(f"{path}:{where}"))
+    return row
+
+
+# --------------------------------------------------------------------------------------------------
 # The endless, sharded stream
 # --------------------------------------------------------------------------------------------------
 
@@ -307,7 +516,7 @@ class PromptStream:
 
     def __init__(
         self,
-        prompts: Sequence[PromptItem],
+        prompts: Sequence[PromptItem | None],
         *,
         seed: int = 0,
         num_shards: int = 1,
@@ -325,7 +534,7 @@ class PromptStream:
                 f"{len(prompts)} prompts cannot feed {num_shards} generators (a shard would be empty); "
                 "lower generator.num_generators or add prompts"
             )
-        self._prompts = list(prompts)
+        self._prompts = prompts if isinstance(prompts, LazyPrompts) else list(prompts)
         self._seed = seed
         self._num_shards = num_shards
         self._shard_index = shard_index
@@ -366,11 +575,19 @@ class PromptStream:
         return self
 
     def __next__(self) -> PromptItem:
-        if self._position >= len(self._order):
-            self._epoch += 1
-            self._order = self._shard_order(self._epoch)
-            self._position = 0
-        item = self._prompts[int(self._order[self._position])]
-        self._last_epoch = self._epoch
-        self._position += 1
-        return item
+        """The next prompt; one that is None in ``prompts`` (too long, see ``LazyPrompts``) is skipped."""
+        for _ in range(2 * len(self._order) + 1):
+            if self._position >= len(self._order):
+                self._epoch += 1
+                self._order = self._shard_order(self._epoch)
+                self._position = 0
+            item = self._prompts[int(self._order[self._position])]
+            self._last_epoch = self._epoch
+            self._position += 1
+            if item is not None:
+                return item
+        max_len = getattr(self._prompts, "max_prompt_len", "?")
+        raise ConfigError(
+            f"every prompt of this generator's shard is longer than model.max_prompt_len = {max_len} tokens; "
+            "raise it"
+        )

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import msgspec
+
 from stream_dapo.generator.threads import BackgroundThread
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.messages import Group
@@ -129,12 +131,31 @@ class AckOutcome:
 
 
 class UnackedGroups:
-    """Groups sent to the buffer and not yet acknowledged, resent after ``resend_after_s``."""
+    """Groups sent to the buffer and not yet acknowledged, resent after ``resend_after_s``.
+
+    `number` gives each new group this process sends the next ``seq`` (0, 1, 2, ...), and
+    `acked_below` is the lowest number still awaiting acknowledgement (the next number when none
+    is): every group numbered below it was acknowledged and is never sent again. Every ``groups``
+    message carries it, so the buffer forgets the ids this process can no longer resend (its memory
+    stays bounded by what is unacknowledged, and its dedup stays exact)."""
 
     def __init__(self, resend_after_s: float) -> None:
         self.resend_after_s = resend_after_s
         self._pending: dict[str, _Pending] = {}
+        self._next_seq = 0
         self.resent = 0
+
+    def number(self, group: Group) -> Group:
+        """`group` with this process's next ``seq`` (a new group, about to be sent for the first time)."""
+        numbered = msgspec.structs.replace(group, seq=self._next_seq)
+        self._next_seq += 1
+        return numbered
+
+    @property
+    def acked_below(self) -> int:
+        """Every group numbered below this was acknowledged (see the class docstring)."""
+        seqs = [p.group.seq for p in self._pending.values() if p.group.seq is not None]
+        return min(seqs, default=self._next_seq)
 
     def __len__(self) -> int:
         return len(self._pending)

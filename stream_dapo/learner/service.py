@@ -242,7 +242,8 @@ class LearnerService:
         if self.rank == 0:  # one writer per run
             from stream_dapo.runtime.tracking import Tracker
 
-            self.tracker = Tracker.start(self.cfg)
+            resumed_at = self.learner.version if self.checkpoints.latest() is not None else None
+            self.tracker = Tracker.start(self.cfg, resumed_at=resumed_at)
         self._publish(self.learner.gather_state_dict())
         if self.rank == 0:
             self._hello(state)
@@ -335,7 +336,7 @@ class LearnerService:
         v = self.learner.version
         t = self.cfg.transport
         try:
-            self._request(m.LearnerHello(v, v), attempts=3)
+            self._request(m.LearnerHello(v, v, m.Sampling.of(self.cfg.generator)), attempts=3)
         except TransportTimeout as exc:
             raise PeerUnavailable(
                 f"{exc} The learner needs the buffer at {t.buffer_address('batches')}: start `stream-dapo buffer` "

@@ -245,7 +245,18 @@ class BufferMetrics:
             registry=registry,
         )
         self.persist_seconds = Histogram(
-            p + "persist_seconds", "Time to persist state.", buckets=SECONDS_BUCKETS, registry=registry
+            p + "persist_seconds",
+            "Time to persist state: a snapshot's encoding, write and fsync (on the compactor thread) "
+            "and the journal rewrite after it.",
+            buckets=SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self.seen_ids = Gauge(
+            p + "seen_ids",
+            "Group ids kept to drop resends: those generator processes may still resend (above their "
+            "acked_below horizon) plus every id of a group sent unnumbered. Stays near the groups not yet "
+            "acknowledged; growing with every group means unnumbered senders (older generators).",
+            registry=registry,
         )
         self.groups_rejected = Counter(
             p + "groups_rejected", "Groups refused in acks, by reason.", ["reason"], registry=registry

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import secrets
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -200,7 +201,7 @@ class JsonlBackend:
 
     name = "jsonl"
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, resumed_at: int | None = None) -> None:
         self.dir = Path(cfg.run.out_dir) / "learner"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
@@ -219,11 +220,16 @@ class JsonlBackend:
 
 
 class WandbBackend:
-    """A W&B run: the config as the run's config, scalars with `step` = learner version."""
+    """A W&B run: the config as the run's config, scalars with `step` = learner version.
+
+    The run's id is kept in `run.out_dir/learner/wandb-run.json`; a learner that resumes from a
+    checkpoint (`resumed_at`) continues that W&B run (`resume="allow"`) instead of starting another.
+    W&B keeps a run's steps increasing: steps the learner trains again after resuming from an older
+    checkpoint than it had logged are dropped by W&B (with its warning); TensorBoard purges them."""
 
     name = "wandb"
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, resumed_at: int | None = None) -> None:
         import wandb
 
         root = tracking_dir(cfg)
@@ -231,14 +237,29 @@ class WandbBackend:
         env = os.environ  # W&B's own variables win over the config: None lets wandb read them
         if "WANDB_DIR" not in env:
             root.mkdir(parents=True, exist_ok=True)
+        id_file = wandb_run_file(cfg)
+        run_id = _stored_wandb_id(id_file) if resumed_at is not None else None
         self.run = wandb.init(
             project=None if "WANDB_PROJECT" in env else t.project,
             name=None if "WANDB_NAME" in env else tracking_run_name(cfg),
             tags=None if "WANDB_TAGS" in env else (list(t.tags) or None),
             dir=None if "WANDB_DIR" in env else str(root),
             config=cfg.model_dump(mode="json"),
+            id=None if "WANDB_RUN_ID" in env else (run_id or secrets.token_hex(4)),
+            resume=None if "WANDB_RESUME" in env else "allow",
         )
-        log.info("W&B run %s (%s), files in %s", self.run.name, self.run.settings.mode, self.run.dir)
+        from stream_dapo.runtime.disk import write_text_atomic
+
+        id_file.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(id_file, json.dumps({"id": self.run.id}) + "\n")
+        log.info(
+            "W&B run %s, id %s (%s%s), files in %s",
+            self.run.name,
+            self.run.id,
+            self.run.settings.mode,
+            f", continued at version {resumed_at}" if run_id else "",
+            self.run.dir,
+        )
 
     def log_config(self, cfg: Config) -> None:
         pass  # given to wandb.init: W&B records it as the run's config
@@ -252,16 +273,19 @@ class WandbBackend:
 
 class TensorboardBackend:
     """Event files in `<tracking dir>/tensorboard/<project>/<run name>/`: scalars with
-    global_step = learner version, the config (TOML) and tags as text."""
+    global_step = learner version, the config (TOML) and tags as text. A learner that resumes from
+    its checkpoint at version v (`resumed_at`) purges the steps after v that the run had logged
+    before it stopped (TensorBoard's `purge_step`): they are trained again, and shown once."""
 
     name = "tensorboard"
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, resumed_at: int | None = None) -> None:
         import tensorboard  # noqa: F401  (torch's writer needs it; fail here with its own name)
         from torch.utils.tensorboard import SummaryWriter
 
         self.logdir = tensorboard_logdir(cfg)
-        self.writer = SummaryWriter(log_dir=str(self.logdir), flush_secs=10)
+        purge = None if resumed_at is None else resumed_at + 1
+        self.writer = SummaryWriter(log_dir=str(self.logdir), flush_secs=10, purge_step=purge)
         log.info("TensorBoard event files in %s", self.logdir)
 
     def log_config(self, cfg: Config) -> None:
@@ -285,7 +309,23 @@ def tensorboard_logdir(cfg: Config) -> Path:
     return tracking_dir(cfg) / "tensorboard" / cfg.tracking.project / tracking_run_name(cfg)
 
 
-BACKENDS: dict[str, Callable[[Config], Backend]] = {
+def wandb_run_file(cfg: Config) -> Path:
+    """Where the learner keeps its W&B run's id, to continue that run when it resumes."""
+    return Path(cfg.run.out_dir) / "learner" / "wandb-run.json"
+
+
+def _stored_wandb_id(path: Path) -> str | None:
+    try:
+        run_id = json.loads(path.read_text()).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+BackendFactory = Callable[[Config, "int | None"], Backend]
+"""Builds a backend from the config and the version the learner resumed at (None: a fresh run)."""
+
+BACKENDS: dict[str, BackendFactory] = {
     "jsonl": JsonlBackend,
     "wandb": WandbBackend,
     "tensorboard": TensorboardBackend,
@@ -300,8 +340,10 @@ BACKENDS: dict[str, Callable[[Config], Backend]] = {
 class Tracker:
     """Fans each call out to the live backends; a backend that raises is reported once and dropped.
 
-    ``Tracker.start(cfg)`` builds the backends `cfg.tracking.backends` names and logs the config.
-    ``factories`` replaces the backend table (tests)."""
+    ``Tracker.start(cfg)`` builds the backends `cfg.tracking.backends` names and logs the config;
+    ``resumed_at``: the version the learner resumed from its checkpoint at (None: a fresh run), so
+    that W&B continues its run and TensorBoard purges the steps after it. ``factories`` replaces the
+    backend table (tests)."""
 
     def __init__(self, backends: list[Backend]) -> None:
         self.backends = backends
@@ -309,13 +351,17 @@ class Tracker:
 
     @classmethod
     def start(
-        cls, cfg: Config, factories: Mapping[str, Callable[[Config], Backend]] | None = None
+        cls,
+        cfg: Config,
+        factories: Mapping[str, BackendFactory] | None = None,
+        *,
+        resumed_at: int | None = None,
     ) -> Tracker:
         table = BACKENDS if factories is None else factories
         tracker = cls([])
         for name in cfg.tracking.backends:
             try:
-                tracker.backends.append(table[name](cfg))
+                tracker.backends.append(table[name](cfg, resumed_at))
             except Exception as exc:  # noqa: BLE001 (any failure of a tracker must not stop training)
                 tracker._report(name, "starting", exc)
         tracker._each("logging the config", lambda b: b.log_config(cfg))

@@ -214,7 +214,12 @@ class FaultDrill:
             buffer = ReplayBuffer.restore(self.cfg.admission_policy(), journal.load())
         finally:
             journal.close()
-        seen = {gid for r in buffer.snapshot_records() if r["kind"] == "seen" for gid in r["group_ids"]}
+        # Counted, not listed: the buffer forgets the ids its senders can no longer resend (issue 41
+        # item 5), but its `accepted` counter survives every restart. Every acknowledged group is
+        # trained, still held or dropped as stale, each exactly one of them: so
+        # |trained | held| + dropped equals what it acknowledged, and any excess was trained without
+        # being acknowledged, any shortfall lost.
+        acknowledged = int(buffer.stats()["accepted"])
         held = set(buffer.waiting_ids()) | set(buffer.leased_ids())
         log_path = self.out / "learner" / "trained_groups.jsonl"
         rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
@@ -227,13 +232,13 @@ class FaultDrill:
             trained_versions=[int(r["version"]) for r in rows],
             max_staleness_trained=max((int(r["max_staleness"]) for r in rows), default=0),
             max_staleness_allowed=self.cfg.algo.max_staleness,
-            groups_acknowledged=len(seen),
+            groups_acknowledged=acknowledged,
             groups_trained=len(trained),
             groups_trained_twice=len(trained) - len(set(trained)),
             groups_still_held=len(held),
             groups_dropped_stale=dropped,
-            groups_lost=len(seen - set(trained) - held) - dropped,
-            groups_trained_unacknowledged=len(set(trained) - seen),
+            groups_lost=max(0, acknowledged - len(set(trained) | held) - dropped),
+            groups_trained_unacknowledged=max(0, len(set(trained) | held) + dropped - acknowledged),
         )
 
     # ------------------------------------------------------------------------------ helpers

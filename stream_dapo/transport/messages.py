@@ -386,12 +386,15 @@ class Sample(Wire):
         return int(self.tokens.shape[0])
 
 
-class Group(Wire):
+class Group(Wire, omit_defaults=True):
     """All samples for one prompt (G responses): the unit the buffer admits, acks and trains.
 
     `group_id` is unique across the run (uuid4 hex); the buffer drops a resent group by it.
     `prompt_tokens` is int32 [P]; `created_at` is Unix time when generation started. A decoded
-    Group's arrays are read-only views of the received message.
+    Group's arrays are read-only views of the received message. `seq` (left out when None): the
+    sending process's number for the group, in the order it first sent its groups (0, 1, 2, ...);
+    with `Groups.acked_below` it lets the buffer forget the ids its sender can no longer resend.
+    None: a sender that does not number its groups (the buffer keeps such an id for good).
     """
 
     group_id: Id
@@ -401,6 +404,7 @@ class Group(Wire):
     prompt_tokens: TokenIds
     created_at: Annotated[float, FINITE, msgspec.Meta(ge=0.0)]
     samples: Annotated[list[Sample], msgspec.Meta(min_length=1, max_length=MAX_SAMPLES_PER_GROUP)] = []
+    seq: Count | None = None
 
     @property
     def num_samples(self) -> int:
@@ -474,14 +478,35 @@ ROLLOUT_FIELDS: tuple[str, ...] = Rollouts.__struct_fields__
 # generator -> buffer
 
 
+class Sampling(Wire):
+    """The sampling settings of training rollouts (generator.temperature, top_p, top_k, min_p): the
+    generators sample with them and the learner computes its log-probs with them, so every service
+    must run with the same ones; each says its own in its hello and the buffer refuses a mismatch."""
+
+    temperature: FiniteFloat
+    top_p: FiniteFloat
+    top_k: Count
+    min_p: FiniteFloat
+
+    KEYS: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k", "min_p")
+
+    @classmethod
+    def of(cls, settings: Any) -> Sampling:
+        """From anything with these four attributes (the config's `generator` section)."""
+        return cls(*(getattr(settings, key) for key in cls.KEYS))
+
+
 class Hello(Body, omit_defaults=True):
     """`holder` (left out when empty): the process that says hello (host, pid, a random token). A
-    generator id belongs to one live process; the buffer refuses a hello from another one."""
+    generator id belongs to one live process; the buffer refuses a hello from another one.
+    `sampling` (left out by older generators): the generator's sampling settings; the buffer refuses
+    a hello whose settings differ from its own (and so from the learner's, see `LearnerHello`)."""
 
     TYPE = "hello"
     generator_id: Id
     policy_version: Version
     holder: Detail = ""
+    sampling: Sampling | None = None
 
 
 class CreditRequest(Body):
@@ -497,7 +522,13 @@ class Groups(Body, omit_defaults=True):
     or it was unused at shutdown). A running total, not a delta: a lost or repeated message loses or
     doubles nothing, the next one carries the total again. May come with an empty `groups`.
     `rollouts` (optional): the generator's rollout tally, as in `Heartbeat`. `in_flight_versions`
-    (optional), as in `Heartbeat`, as of after these groups."""
+    (optional), as in `Heartbeat`, as of after these groups.
+
+    `holder` (left out when empty): the sending process, as in its `Hello`. `acked_below` (left out
+    when 0): every group this process numbered (`Group.seq`) below it has been acknowledged to it
+    (accepted, duplicate or rejected), and it never sends one of them again. The buffer keeps a
+    numbered group's id only until its sender's `acked_below` passes it: a resend numbered below is
+    a duplicate by construction, so dedup stays exact with memory bounded by what is unacknowledged."""
 
     TYPE = "groups"
     generator_id: Id
@@ -505,6 +536,8 @@ class Groups(Body, omit_defaults=True):
     filtered_total: Tally = 0
     rollouts: Rollouts | None = None
     in_flight_versions: InFlightVersions | None = None
+    holder: Detail = ""
+    acked_below: Count = 0
 
 
 class Heartbeat(Body, omit_defaults=True):
@@ -557,13 +590,15 @@ class Ack(Body):
 # learner -> buffer
 
 
-class LearnerHello(Body):
+class LearnerHello(Body, omit_defaults=True):
     """`committed_through`: the last version whose groups are in a checkpoint; the buffer requeues
-    groups it leased to the learner after that."""
+    groups it leased to the learner after that. `sampling` (left out by older learners): the
+    learner's sampling settings; the buffer refuses a hello whose settings differ from its own."""
 
     TYPE = "learner_hello"
     learner_version: Version
     committed_through: Version
+    sampling: Sampling | None = None
 
 
 class BatchRequest(Body):

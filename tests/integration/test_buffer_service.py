@@ -670,7 +670,11 @@ def test_a_second_generator_with_a_live_id_exits_2_naming_the_holder_and_credits
             stop.set()
             beating.join(10)
         assert code == 2
-        refused = [r.getMessage() for r in caplog.records if "generator_id 'generator-0' is held by" in r.getMessage()]
+        refused = [
+            r.getMessage()
+            for r in caplog.records
+            if "generator_id 'generator-0' is held by" in r.getMessage()
+        ]
         assert refused and holder in refused[-1] and "--index" in refused[-1], caplog.text
         assert "Traceback" not in caplog.text
         # The holder's accounting is untouched: its 4 unused credits come back with its filtered total.
@@ -744,7 +748,9 @@ def test_refused_curve_connections_are_counted_and_logged_by_socket_and_reason(
     with caplog.at_level("WARNING", logger="stream_dapo.buffer"), service_in_thread(cfg) as svc:
         try:
             for curve in attempts:
-                with open_endpoint(ctx, zmq.DEALER, connect=svc.batches.address, max_bytes=MAX_BYTES, curve=curve) as ep:
+                with open_endpoint(
+                    ctx, zmq.DEALER, connect=svc.batches.address, max_bytes=MAX_BYTES, curve=curve
+                ) as ep:
                     ep.send(m.LearnerHello(0, 0))
                     deadline = time.monotonic() + 30  # only reached when a refusal is never counted
                     while sum(refused().values()) < attempts.index(curve) + 1:
@@ -755,3 +761,41 @@ def test_refused_curve_connections_are_counted_and_logged_by_socket_and_reason(
             ctx.destroy(linger=0)
     assert counts.get("not_allowed") == 1 and sum(counts.values()) == 2, counts
     assert "refused a connection to the batches socket: Curve handshake failed (not_allowed" in caplog.text
+
+
+def test_numbered_groups_are_forgotten_past_their_horizon_and_background_snapshots_restore(
+    tmp_path: Path,
+) -> None:
+    """Issue 41 item 5 over real sockets: a generator process numbers its groups and says what was
+    acknowledged; the buffer keeps only the ids it may still resend, snapshots on its compactor
+    thread every 10 ms while serving, and a restart from those files still drops every resend."""
+    cfg = load_config(overrides=[*overrides(tmp_path), "buffer.persist_every_s=0.01"], environ={})
+    sent = [m.from_map(Group, {**m.to_map(make_group(f"g{i}", i // 2)), "seq": i}) for i in range(12)]
+    with service_in_thread(cfg) as svc:
+        with Peers(svc.bound_ports) as peers:
+            peers.ask(peers.gen, m.Hello("gen-0", 0, "proc-A"))
+            peers.ask(peers.learner, m.LearnerHello(0, 0))
+            for i in range(0, 12, 2):
+                assert peers.ask(peers.gen, m.CreditRequest("gen-0", 2)).body.granted == 2
+                ack = peers.ask(peers.gen, m.Groups("gen-0", sent[i : i + 2], holder="proc-A", acked_below=i))
+                assert ack.body.accepted == [f"g{i}", f"g{i + 1}"]
+                batch = peers.ask(peers.learner, m.BatchRequest(i // 2, 2, 0))
+                peers.ask(peers.learner, m.Commit(i // 2 + 1, [g.group_id for g in batch.body.groups]))
+            # Wait for the event, not for time: snapshots written on the compactor thread.
+            deadline = time.monotonic() + 60
+            while metric(scrape(svc.metrics_port)[1], "stream_dapo_buffer_persist_seconds_count") < 2:
+                assert time.monotonic() < deadline, "no background snapshot within 60 s"
+                time.sleep(0.01)
+            # g0..g9 acknowledged: the buffer keeps g10 and g11 only.
+            assert (
+                peers.ask(peers.gen, m.Groups("gen-0", [], holder="proc-A", acked_below=10)).body.accepted
+                == []
+            )
+            assert svc.stats()["seen_ids"] == 2
+            assert metric(scrape(svc.metrics_port)[1], "stream_dapo_buffer_seen_ids") == 2
+    with service_in_thread(cfg) as svc:
+        with Peers(svc.bound_ports) as peers:
+            resend = peers.ask(peers.gen, m.Groups("gen-0", sent, holder="proc-A", acked_below=10))
+            assert resend.body.duplicates == [g.group_id for g in sent] and resend.body.accepted == []
+            s = svc.stats()
+            assert (s["accepted"], s["committed"], s["duplicates"], s["seen_ids"]) == (12, 12, 12, 2)

@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+import msgspec
 import torch
 
 from stream_dapo.buffer.journal import FORMAT_VERSION, JOURNAL_MAGIC, SNAPSHOT_MAGIC, Journal
@@ -88,6 +89,54 @@ def test_a_format_1_journal_with_every_record_kind_restores_and_is_rewritten_in_
         assert again.report.migrated_from is None
         restored = ReplayBuffer.restore(policy, records, again)
         assert restored.stats() == {**expected["stats"], "served": 7, "leased": 3, "waiting": 0, "line": 0}
+    finally:
+        again.close()
+
+
+DATA_A1F9851 = Path(__file__).resolve().parents[1] / "data" / "formats_a1f9851"
+"""Written by `Journal` + `ReplayBuffer` at a1f9851 (snapshot state format 2, no id horizons) with
+`write_fixture.py` there: two holders of one generator id, grants with request ids, filtered totals,
+duplicates, a lease, a commit and a requeue, a snapshot and then a journal tail."""
+
+
+def test_a_buffer_journal_of_the_last_format_2_code_restores_and_keeps_every_old_id(tmp_path: Path) -> None:
+    from stream_dapo.buffer.replay import AdmissionPolicy
+
+    shutil.copytree(DATA_A1F9851 / "buffer", tmp_path / "buffer")
+    expected = json.loads((DATA_A1F9851 / "expected.json").read_text())
+    policy = AdmissionPolicy(
+        admission_capacity=8,
+        capacity_groups=16,
+        groups_per_version=2,
+        max_staleness=3,
+        max_reuse=1,
+        group_size=2,
+    )
+    snapshot = tmp_path / "buffer" / "state.msgpack"
+    journal = Journal(snapshot)
+    try:
+        buf = ReplayBuffer.restore(policy, journal.load(), journal)
+        assert buf.stats() == expected["stats"]
+        assert (buf.waiting_ids(), buf.leased_ids()) == (expected["waiting"], expected["leased"])
+        assert buf.holder_of("gen-0") == "host-b pid 2 (bb)"
+        journal.compact(buf.snapshot_records())  # rewritten in state format 3
+    finally:
+        journal.close()
+    again = Journal(snapshot)
+    try:
+        buf = ReplayBuffer.restore(policy, again.load(), again)
+        assert buf.stats() == expected["stats"]
+        # Every id the old code accepted is still a duplicate: the old generators did not number them.
+        old = ["g0", "g1", "g2", "g3", "g4", "bad"]
+        template = buf.serve(4, 1).groups[0]
+        resent = [msgspec.structs.replace(template, group_id=gid) for gid in old]
+        assert buf.add_groups("gen-0", resent).duplicates == old
+        # The process that holds the id now numbers its groups: it has an id horizon from here on.
+        fresh = msgspec.structs.replace(template, group_id="n0", seq=0)
+        assert buf.add_groups("gen-0", [fresh], holder="host-b pid 2 (bb)", acked_below=0).accepted == ["n0"]
+        assert buf.add_groups("gen-0", [fresh], holder="host-b pid 2 (bb)", acked_below=1).duplicates == [
+            "n0"
+        ]
     finally:
         again.close()
 

@@ -53,18 +53,19 @@ def records(path: Path) -> Iterator[Any]:
 
 
 def finished_records(path: Path, deadline_s: float = 120.0) -> list[Any]:
-    """The file's records once it ends with the run's `exit` record. `run.finish()` can return
-    while W&B's core process still holds the tail of the log in its write buffer (seen under load:
-    a file with no `run` record yet), so this waits for the event that closes the log, not for a
-    time; the deadline only turns a run that never finishes into a clear failure."""
+    """The file's records once it holds both the `run` record and the `exit` record that closes the
+    log. `run.finish()` can return while W&B's core process still holds the tail of the log in its
+    write buffer (seen under load: a file with no `run` record yet), so this waits for the records
+    the readers need, not for a time; the deadline only turns a run that never finishes into a
+    clear failure."""
     give_up = time.monotonic() + deadline_s
     while True:
         try:
-            found = list(records(path)) if path.stat().st_size > len(HEADER) else []
+            found = list(records(path)) if path.is_file() and path.stat().st_size > len(HEADER) else []
         except Exception:  # a chunk still being written: read again
             found = []
         kinds = [r.WhichOneof("record_type") for r in found]
-        if "exit" in kinds:
+        if "exit" in kinds and "run" in kinds:
             return found
         assert time.monotonic() < give_up, f"{path} has no exit record after {deadline_s} s: {kinds}"
         time.sleep(0.1)
@@ -73,7 +74,11 @@ def finished_records(path: Path, deadline_s: float = 120.0) -> list[Any]:
 def read_offline_run(run_dir: Path) -> dict[str, Any]:
     """{'history': [{key: value, '_step': step}], 'config': {key: value}, 'tags': [...], 'name': ...}
     of the one `run-*.wandb` file in `run_dir` (an `offline-run-*` folder), once W&B has closed it."""
-    (path,) = sorted(run_dir.glob("run-*.wandb"))
+    give_up = time.monotonic() + 120.0
+    while not (found := sorted(run_dir.glob("run-*.wandb"))):  # W&B's service may not have created it yet
+        assert time.monotonic() < give_up, f"no run-*.wandb file in {run_dir} after 120 s"
+        time.sleep(0.1)
+    (path,) = found
     history: list[dict[str, Any]] = []
     config: dict[str, Any] = {}
     run: dict[str, Any] = {}
@@ -91,6 +96,7 @@ def read_offline_run(run_dir: Path) -> dict[str, Any]:
                 config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
         elif kind == "run":
             run = {
+                "id": record.run.run_id,
                 "name": record.run.display_name,
                 "project": record.run.project,
                 "tags": list(record.run.tags),

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from stream_dapo.data.dataset import (
+    LazyPrompts,
     PromptStream,
     SchemaError,
     StreamState,
@@ -218,3 +219,117 @@ def test_bad_shard_layouts_are_refused(prompts):
         PromptStream(prompts[:2], num_shards=3, shard_index=0)
     with pytest.raises(ValueError, match="different data set or shard layout"):
         PromptStream(prompts, num_shards=2, shard_index=0, state=StreamState(epoch=0, position=99))
+
+
+# --------------------------------------------------------------------------------------------------
+# Lazily: a generator tokenizes only what its shard serves (issue 41 item 4)
+# --------------------------------------------------------------------------------------------------
+
+
+class CountingTokenizer:
+    """The tiny model's tokenizer, counting how many prompts it encodes."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.encoded = 0
+
+    def apply_chat_template(self, conversation, **kwargs):
+        return self.inner.apply_chat_template(conversation, **kwargs)
+
+    def __call__(self, text, **kwargs):
+        self.encoded += 1
+        return self.inner(text, **kwargs)
+
+
+def test_lazy_prompts_index_without_tokenizing_and_tokenize_only_what_a_shard_serves(tokenizer):
+    counting = CountingTokenizer(tokenizer)
+    lazy = LazyPrompts(SAMPLE, counting, 4096)
+    assert (len(lazy), lazy.stats.rows, lazy.stats.duplicates, counting.encoded) == (15, 20, 5, 0)
+    stream = PromptStream(lazy, seed=3, num_shards=4, shard_index=1)
+    served = [next(stream) for _ in range(3)]
+    assert counting.encoded == 3  # of 15 distinct prompts: the three it served
+    assert [p.prompt_id for p in served] == [lazy[i].prompt_id for i in stream.shard_indices(0)[:3]]
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3])
+def test_a_lazy_stream_serves_what_the_eager_stream_serves(tokenizer, num_shards):
+    """With no over-long prompt, the indices are `load_prompts`'s: saved positions stay valid."""
+    eager, _ = load_prompts(SAMPLE, tokenizer, 4096)
+    lazy = LazyPrompts(SAMPLE, tokenizer, 4096)
+    for shard in range(num_shards):
+        a = PromptStream(eager, seed=7, num_shards=num_shards, shard_index=shard)
+        b = PromptStream(lazy, seed=7, num_shards=num_shards, shard_index=shard)
+        for _ in range(2 * a.shard_size + 1):  # across an epoch boundary
+            x, y = next(a), next(b)
+            assert (x.prompt_id, x.prompt_token_ids, x.gold, x.extra_info) == (
+                y.prompt_id,
+                y.prompt_token_ids,
+                y.gold,
+                y.extra_info,
+            )
+        assert a.state == b.state
+
+
+def test_a_lazy_stream_skips_and_counts_over_long_prompts(tokenizer, parquet_sample):
+    for path in (SAMPLE, parquet_sample):
+        lazy = LazyPrompts(path, tokenizer, MAX_PROMPT_LEN)
+        stream = PromptStream(lazy, seed=0)
+        served = [next(stream) for _ in range(2 * 15)]  # two epochs of 15 distinct prompts, one too long
+        assert len({p.prompt_id for p in served}) == 14
+        assert max(len(p.prompt_token_ids) for p in served) <= MAX_PROMPT_LEN
+        assert lazy.stats.too_long == 1  # counted once, skipped every epoch
+    eager, _ = load_prompts(SAMPLE, tokenizer, MAX_PROMPT_LEN)
+    assert {p.prompt_id for p in served} == {p.prompt_id for p in eager}
+
+
+def test_a_shard_of_only_over_long_prompts_names_the_setting(tokenizer):
+    with pytest.raises(ConfigError, match=r"model\.max_prompt_len = 8 tokens; raise it"):
+        next(PromptStream(LazyPrompts(SAMPLE, tokenizer, 8), seed=0))
+
+
+def test_indexing_a_large_file_reports_progress_and_holds_a_few_bytes_per_row(tmp_path, monkeypatch):
+    """50,000 rows (40,000 distinct): indexing tokenizes nothing, peaks under 128 bytes a row and keeps
+    about 9 bytes per distinct prompt, where `load_prompts` keeps every row tokenized."""
+    import tracemalloc
+
+    from stream_dapo.data import dataset
+
+    path = tmp_path / "big.jsonl"
+    with path.open("w") as f:
+        for i in range(50_000):
+            k = i % 40_000
+            row = {
+                "prompt": [{"role": "user", "content": f"What is {k} + {k}? " * 8}],
+                "reward_model": {"ground_truth": str(2 * k)},
+            }
+            f.write(json.dumps(row) + "\n")
+
+    class NoTokenizer:
+        def apply_chat_template(self, *a, **k):
+            raise AssertionError("indexing must not tokenize")
+
+        def __call__(self, *a, **k):
+            raise AssertionError("indexing must not tokenize")
+
+    seen = {"calls": 0, "rows": 0, "fraction": 0.0, "monotonic": True}
+
+    def progress(rows: int, fraction: float) -> None:
+        seen["monotonic"] = seen["monotonic"] and rows > seen["rows"] and fraction >= seen["fraction"]
+        seen.update(calls=seen["calls"] + 1, rows=rows, fraction=fraction)
+
+    monkeypatch.setattr(dataset, "INDEX_PROGRESS_EVERY_S", 0.0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        lazy = LazyPrompts(path, NoTokenizer(), 256, progress=progress)
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (lazy.stats.rows, lazy.stats.duplicates, len(lazy)) == (50_000, 10_000, 40_000)
+    print(f"peak {(peak - before) / 50_000:.1f} B/row, kept {(kept - before) / 40_000:.1f} B/prompt")
+    assert peak - before < 128 * 50_000
+    assert kept - before < 16 * 40_000
+    assert (seen["calls"], seen["rows"], seen["monotonic"]) == (50_000, 50_000, True) and seen[
+        "fraction"
+    ] < 1.0
+    lazy.close()

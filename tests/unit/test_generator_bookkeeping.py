@@ -622,6 +622,23 @@ def test_sending_a_group_twice_keeps_its_first_send_time() -> None:
     assert len(pending) == 1 and [g.group_id for g in pending.due(now=10.0)] == ["a"]
 
 
+def test_groups_are_numbered_in_send_order_and_acked_below_is_the_oldest_unacknowledged() -> None:
+    pending = UnackedGroups(resend_after_s=10.0)
+    assert pending.acked_below == 0
+    a, b, c = (pending.number(wire_group(gid)) for gid in "abc")
+    assert [(g.group_id, g.seq) for g in (a, b, c)] == [("a", 0), ("b", 1), ("c", 2)]
+    for g in (a, b, c):
+        pending.sent(g, now=0.0)
+    assert pending.acked_below == 0
+    pending.ack(["b"], [], [])
+    assert pending.acked_below == 0  # a is still unacknowledged: it may be resent
+    pending.ack([], ["a"], [])
+    assert pending.acked_below == 2
+    pending.ack([], [], [m.Rejection("c", "buffer_full")])
+    assert pending.acked_below == 3  # none pending: the next number
+    assert pending.number(wire_group("d")).seq == 3
+
+
 # --------------------------------------------------------------------------------------------------
 # Weight watcher
 # --------------------------------------------------------------------------------------------------

@@ -101,7 +101,7 @@ def test_a_backend_that_cannot_be_imported_is_reported_once_with_the_install_com
 ) -> None:
     cfg = make_cfg(tmp_path, 'tracking.backends=["jsonl", "wandb"]')
 
-    def no_wandb(cfg):
+    def no_wandb(cfg, resumed_at=None):
         raise ModuleNotFoundError("No module named 'wandb'")
 
     tracker = Tracker.start(cfg, {"jsonl": JsonlBackend, "wandb": no_wandb})
@@ -125,7 +125,7 @@ def test_a_backend_that_fails_mid_run_is_dropped_and_the_others_get_every_step(
 ) -> None:
     cfg = make_cfg(tmp_path, 'tracking.backends=["jsonl", "tensorboard"]')
     full_disk, healthy = Recorder(fail_at_step=2), Recorder()
-    tracker = Tracker.start(cfg, {"jsonl": lambda c: healthy, "tensorboard": lambda c: full_disk})
+    tracker = Tracker.start(cfg, {"jsonl": lambda c, r: healthy, "tensorboard": lambda c, r: full_disk})
     for v in (1, 2, 3, 4):
         tracker.log(v, row(v))  # never raises
     tracker.close()
@@ -201,3 +201,55 @@ def test_real_wandb_offline_takes_the_config_and_lets_its_own_variables_win(
         (1, 0.1, 1.0),
         (2, 0.2, 1.0),
     ]
+
+
+@pytest.mark.process
+def test_real_wandb_offline_continues_its_run_when_the_learner_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_wandb
+) -> None:
+    """Issue 41 (still open): the run id is stored with the learner's state and a resumed learner
+    continues that W&B run instead of starting another."""
+    from tests.integration.wandb_files import read_offline_run
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    cfg = make_cfg(tmp_path, 'tracking.backends=["wandb"]', 'tracking.run_name="r1"')
+    first = Tracker.start(cfg)
+    first.log(1, row(1))
+    first.close()
+    stored = json.loads((tmp_path / "run" / "learner" / "wandb-run.json").read_text())["id"]
+    second = Tracker.start(cfg, resumed_at=1)
+    second.log(2, row(2))
+    second.close()
+    assert first.failed == second.failed == {}
+    runs = sorted((tmp_path / "run" / "tracking" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(f"-{stored}" in r.name for r in runs)  # "...-<id>", "...-<id>-1"
+    assert [read_offline_run(r)["id"] for r in runs] == [stored, stored]
+    assert [h["_step"] for h in read_offline_run(runs[1])["history"] if "train/loss" in h] == [2]
+    third = Tracker.start(
+        make_cfg(tmp_path / "fresh", 'tracking.backends=["wandb"]')
+    )  # a fresh run: a new id
+    third.close()
+    assert json.loads((tmp_path / "fresh" / "run" / "learner" / "wandb-run.json").read_text())["id"] != stored
+
+
+def test_real_tensorboard_purges_the_steps_after_the_checkpoint_a_learner_resumes_from(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from stream_dapo.runtime.tracking import tensorboard_logdir
+
+    cfg = make_cfg(tmp_path, 'tracking.backends=["tensorboard"]')
+    crashed = Tracker.start(cfg)
+    for v in (1, 2, 3, 4):  # logged steps 3 and 4, then died; its last checkpoint was at version 2
+        crashed.log(v, row(v))
+    crashed.close()
+    resumed = Tracker.start(cfg, resumed_at=2)
+    for v in (3, 4):
+        resumed.log(v, {**row(v), "loss": 10.0 * v})
+    resumed.close()
+    events = EventAccumulator(str(tensorboard_logdir(cfg)))
+    events.Reload()
+    losses = [(e.step, round(e.value, 3)) for e in events.Scalars("train/loss")]
+    assert losses == [(1, 0.1), (2, 0.2), (3, 30.0), (4, 40.0)]
