@@ -327,7 +327,8 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
     assert buffer.fetched is not None and buffer.fetched[0] == 0
     fetched = load_file(buffer.fetched[1])
     assert all(torch.equal(fetched[n], p) for n, p in params_of(initial).items() if n in fetched)
-    assert buffer.hellos == [m.LearnerHello(0, 0)]
+    sampling = m.Sampling.of(buffer.cfg.generator)  # the learner says its sampling settings (issue 41)
+    assert buffer.hellos == [m.LearnerHello(0, 0, sampling)]
     # Two steps per rollout batch of two groups; checkpoints at 2 and 4, each followed by its commit.
     trained = read_jsonl(run_dir / "learner" / "trained_groups.jsonl")
     assert [row["version"] for row in trained] == [1, 2, 3, 4]
@@ -373,7 +374,7 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
         assert StopDuringStep5(buffer.cfg, max_steps=10).run() == 0
     finally:
         buffer.close()
-    assert buffer.hellos == [m.LearnerHello(4, 4)]
+    assert buffer.hellos == [m.LearnerHello(4, 4, m.Sampling.of(buffer.cfg.generator))]
     # The resumed checkpoint's commit is resent after the hello (it may never have arrived), then
     # the drain checkpoint commits the one group step 5 trained; the other one leased stays
     # uncommitted and goes back to the queue at the next hello.
