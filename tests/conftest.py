@@ -7,8 +7,15 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Property tests assert what holds for every example, never how fast one runs: no per-example
+# deadline (Hypothesis' 200 ms default failed two pure-core tests on a busy machine) and no
+# health check on how fast examples are generated.
+settings.register_profile("stream-dapo", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("stream-dapo")
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
