@@ -46,7 +46,6 @@ REPO = Path(__file__).resolve().parents[2]
 from bench.report import machine_info, save_json  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "smollm2-gsm-cpu.toml"
-EVAL_SETS = ("heldout", "gsm8k", "train")
 _SUMMARY_KEYS = (
     "learner_steps",
     "samples_generated",
@@ -69,15 +68,23 @@ def _load(config: Path, overrides: Sequence[str]) -> Any:
 
 
 def prepare(config: Path, overrides: Sequence[str]) -> dict[str, str]:
-    """Import, data and warm-up (each cached); the eval files' paths."""
+    """Import, data and warm-up (each cached); the eval sets' files: ``heldout`` (data.eval_path:
+    the training source's held-out templates) and ``train`` (data.train_path), and with GSM-Symbolic
+    beside word problems its held-out templates as ``gsm_heldout``; ``gsm8k`` (the original problems)
+    whenever data.gsm_symbolic is set."""
     from stream_dapo.data.gsm_symbolic import ensure_gsm_symbolic_data
     from stream_dapo.tools.launch import check_data, prepare_model
 
     cfg = _load(config, overrides)
     check_data(cfg)
     prepare_model(cfg)
-    files = ensure_gsm_symbolic_data(cfg.data.gsm_symbolic)
-    return {"heldout": str(files.eval), "gsm8k": str(files.gsm8k), "train": str(files.train)}
+    sets = {"heldout": str(cfg.data.eval_path), "train": str(cfg.data.train_path)}
+    if cfg.data.gsm_symbolic is not None:
+        files = ensure_gsm_symbolic_data(cfg.data.gsm_symbolic)
+        if cfg.data.word_problems is not None:
+            sets["gsm_heldout"] = str(files.eval)
+        sets["gsm8k"] = str(files.gsm8k)
+    return sets
 
 
 def evaluate_model(
@@ -227,7 +234,13 @@ def weight_sync(rows: list[dict], launcher_rows: list[dict]) -> dict:
 
 
 def report(
-    start: dict, final: dict, trained: dict, rows: list[dict], launcher_rows: list[dict], budget_s: float
+    names: Sequence[str],
+    start: dict,
+    final: dict,
+    trained: dict,
+    rows: list[dict],
+    launcher_rows: list[dict],
+    budget_s: float,
 ) -> dict:
     keys = (
         "avg_at_k",
@@ -238,7 +251,7 @@ def report(
         "accuracy_when_answered",
     )
     sets = {}
-    for name in EVAL_SETS:
+    for name in names:
         for mode in ("sampled", "greedy"):
             label = f"{name}_{mode}"
             before, after = start[label], final[label]
@@ -348,18 +361,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=3600.0, help="seconds of training after launch")
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "real-model")
     parser.add_argument(
-        "--json", type=Path, default=None, help="default: docs/results/real_model_seed<N>.json"
+        "--json", type=Path, default=None, help="default: docs/results/real_model_[<config stem>_]seed<N>.json"
     )
     parser.add_argument(
         "--render", action="store_true", help="only write docs/results/real-model.md from the JSONs"
     )
     args = parser.parse_args(argv)
     if args.render:
-        reports = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("real_model_seed*.json"))]
+        reports = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("real_model_*seed*.json"))]
         (RESULTS / "real-model.md").write_text(render_page(reports))
         return 0
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    work = args.work / f"seed-{args.seed}"
+    default = args.config.resolve() == DEFAULT_CONFIG.resolve()
+    tag = "" if default else f"{args.config.stem}_"
+    work = (args.work if default else args.work.with_name(f"{args.work.name}-{args.config.stem}")) / f"seed-{args.seed}"
     work.mkdir(parents=True, exist_ok=True)
     overrides = [*args.overrides, f"learner.seed={args.seed}", f"generator.seed={args.seed}"]
     data = prepare(args.config, overrides)
@@ -380,7 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lambda sets: evaluate_model(args.config, overrides, final_dir, sets, args.eval_seed),
     )
     rep = {
-        "what": "SmolLM2-135M-Instruct on GSM-Symbolic through the whole pipeline, before and after RL",
+        "what": f"SmolLM2-135M-Instruct trained by the whole pipeline on {Path(cfg.data.train_path).parent.name}, "
+        "before and after RL",
         "machine": machine_info(),
         "cores": os.cpu_count(),
         "config": str(args.config.resolve().relative_to(REPO)),
@@ -391,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cfg.sft.enabled
         else None,
         **report(
+            list(data),
             start,
             final,
             trained,
@@ -399,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.budget_s,
         ),
     }
-    save_json(args.json or REPO / "docs" / "results" / f"real_model_seed{args.seed}.json", rep)
+    save_json(args.json or RESULTS / f"real_model_{tag}seed{args.seed}.json", rep)
     print_report(rep)
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts, _ = load_prompts(data, tokenizer, cfg.model.max_prompt_len)
     prompts = prompts[:max_prompts]
+    # SIGTERM (a supervisor, `timeout`, `kill`) unwinds like Ctrl-C, so the finally below stops vLLM's
+    # engine processes: by default the signal ends only this process and leaves them running.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     llm = make_llm(
         model,
         cfg.generator,
@@ -83,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         shutdown_llm(llm)
     print(json.dumps({**result, "model": model, "data": str(data)}))
     return 0
+
+
+def _exit_on_sigterm(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _pick(value: Any, default: Any) -> Any:

@@ -1,26 +1,41 @@
-"""`stream-dapo prepare-data`: write data.gsm_symbolic's train / held-out-template eval / GSM8K files, cached (`stream_dapo.data.gsm_symbolic`)."""
+"""`stream-dapo prepare-data`: write the cached files of data.gsm_symbolic (train / held-out-template
+eval / GSM8K) and data.word_problems (train / held-out-template eval)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
-from stream_dapo.data.gsm_symbolic import ensure_gsm_symbolic_data
 from stream_dapo.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    del parser  # everything comes from [data.gsm_symbolic]
+    del parser  # everything comes from [data.gsm_symbolic] and [data.word_problems]
 
 
 def run(args: argparse.Namespace) -> int:
-    source = args.cfg.data.gsm_symbolic
-    if source is None:
-        raise ConfigError("prepare-data writes [data.gsm_symbolic]'s files; set that section (see configs/)")
-    files = ensure_gsm_symbolic_data(source)
-    print(
-        json.dumps(
-            {"train": str(files.train), "eval": str(files.eval), "gsm8k": str(files.gsm8k), **files.info}
+    data = args.cfg.data
+    if data.gsm_symbolic is None and data.word_problems is None:
+        raise ConfigError(
+            "prepare-data writes [data.gsm_symbolic]'s and [data.word_problems]' files; set one of those "
+            "sections (see configs/smollm2-gsm-cpu.toml)"
         )
-    )
+    out: dict[str, Any] = {}
+    if data.gsm_symbolic is not None:
+        from stream_dapo.data.gsm_symbolic import ensure_gsm_symbolic_data
+
+        files = ensure_gsm_symbolic_data(data.gsm_symbolic)
+        out["gsm_symbolic"] = {
+            "train": str(files.train),
+            "eval": str(files.eval),
+            "gsm8k": str(files.gsm8k),
+            **files.info,
+        }
+    if data.word_problems is not None:
+        from stream_dapo.data.word_problems import ensure_word_problem_data
+
+        words = ensure_word_problem_data(data.word_problems)
+        out["word_problems"] = {"train": str(words.train), "eval": str(words.eval), **words.info}
+    print(json.dumps(out))
     return 0

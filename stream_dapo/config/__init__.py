@@ -40,6 +40,7 @@ from stream_dapo.config.schema import (
     VerifierConfig,
     WarmupConfig,
     WeightsConfig,
+    WordProblemsConfig,
     from_section,
 )
 from stream_dapo.errors import ConfigError
@@ -54,6 +55,7 @@ __all__ = [
     "EvalConfig",
     "GeneratorConfig",
     "GsmSymbolicConfig",
+    "WordProblemsConfig",
     "LearnerConfig",
     "MetricsConfig",
     "ModelConfig",

@@ -160,6 +160,35 @@ class GsmSymbolicConfig(_Section):
         return Path(self.dir) / f"gsm-symbolic-{self.language}-{self.cache_key()}"
 
 
+class WordProblemsConfig(_Section):
+    seed: int = 0
+    """Seeds the template split and every instance drawn."""
+    eval_templates: int = Field(6, ge=1)
+    """Templates held out for eval: their instances never appear in train (template-disjoint)."""
+    per_template: int = Field(200, ge=1, le=100_000)
+    """Instances drawn per train template (fewer when a template has fewer distinct ones)."""
+    eval_per_template: int = Field(20, ge=1, le=100_000)
+    """Instances drawn per eval template."""
+    max_steps: int = Field(2, ge=1, le=2)
+    """Keep templates of at most this many calculations (1: one-step problems only)."""
+    answer_format: Literal["boxed", "answer"] = "boxed"
+    """boxed: final number in \\boxed{}; answer: DAPO's last line `Answer: n`."""
+    dir: str = "runs/data"
+    """Cache folder; files land in `<dir>/word-problems-<key of these settings>/`."""
+
+    FORMAT_VERSION: ClassVar[int] = 1
+    """Bumped when the files' content changes for the same settings (a new cache key)."""
+
+    def cache_key(self) -> str:
+        """Hash of every setting that determines the files (and the format version)."""
+        payload = {"cfg": self.model_dump(mode="json", exclude={"dir"}), "format": self.FORMAT_VERSION}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def folder(self) -> Path:
+        """The cache folder of these settings: ``<dir>/word-problems-<key>``."""
+        return Path(self.dir) / f"word-problems-{self.cache_key()}"
+
+
 class DataConfig(_Section):
     train_path: str | None = None
     """Training prompts in the DAPO-Math-17k schema (.parquet or .jsonl). None: the synthetic task,
@@ -175,16 +204,25 @@ class DataConfig(_Section):
     eval_path are not, they point at this source's cached train and held-out-template eval files,
     written by `stream-dapo run` or `stream-dapo prepare-data` on first use."""
 
+    word_problems: WordProblemsConfig | None = None
+    """Short arithmetic word problems (stream_dapo/data/word_problems.py): when set and train_path /
+    eval_path are not, they point at this source's cached train and held-out-template eval files
+    (before data.gsm_symbolic's, which then serves [sft] with sft.data = "gsm_symbolic" and the
+    transfer evals)."""
+
     @model_validator(mode="before")
     @classmethod
-    def _gsm_symbolic_paths(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("gsm_symbolic") is None:
+    def _source_paths(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
             return data
-        source = data["gsm_symbolic"]
-        folder = (source if isinstance(source, GsmSymbolicConfig) else GsmSymbolicConfig(**source)).folder()
-        data = dict(data)
-        data.setdefault("train_path", str(folder / "train.jsonl"))
-        data.setdefault("eval_path", str(folder / "eval.jsonl"))
+        for key, section in (("word_problems", WordProblemsConfig), ("gsm_symbolic", GsmSymbolicConfig)):
+            source = data.get(key)
+            if source is None:
+                continue
+            folder = (source if isinstance(source, section) else section(**source)).folder()
+            data = dict(data)
+            data.setdefault("train_path", str(folder / "train.jsonl"))
+            data.setdefault("eval_path", str(folder / "eval.jsonl"))
         return data
 
 
@@ -548,6 +586,11 @@ class MetricsConfig(_Section):
     port, reported in run.out_dir/ports/generator-<i>.json)."""
     json_logs: bool = False
     """Structured JSON logs instead of plain text."""
+    final_scrape_wait_s: float = Field(0.0, ge=0.0)
+    """At shutdown, each service keeps /metrics up until Prometheus scraped its final figures once,
+    at most this long (0: exit at once). Set it to about twice Prometheus' scrape_interval where one
+    scrapes the services, or the last steps before a stop never reach it; keep the stop timeouts
+    (TimeoutStopSec, terminationGracePeriodSeconds) above the drain plus this."""
 
 
 class EvalConfig(_Section):
@@ -672,6 +715,10 @@ class RunConfig(_Section):
     """async: streaming; sync: generate a batch with the current weights, train, sync (baseline)."""
     eval_before_after: bool = True
     """Evaluate the start and final policy on the eval set and record both in summary.json."""
+    learner_stop_timeout_s: float = Field(900.0, gt=0.0)
+    """After a stop, how long `stream-dapo run` lets the learner finish its optimizer step, write
+    the final checkpoint and commit it before killing it (that step is then redone on --resume).
+    Above one step plus one checkpoint of the model (a real model's step on CPU takes minutes)."""
 
 
 class SftConfig(_Section):
@@ -694,6 +741,9 @@ class SftConfig(_Section):
     """Seeds the draw of examples, the batch order and the init of anything random."""
     threads: int = Field(2, ge=1)
     """torch threads for the warm-up (not part of the cache key)."""
+    data: Literal["train", "gsm_symbolic"] = "train"
+    """Which worked solutions the warm-up trains on: data.train_path's, or data.gsm_symbolic's train
+    split (teach the answer format on GSM-style solutions, run RL on data.word_problems)."""
 
 
 class Config(_Section):

@@ -495,11 +495,13 @@ class RolloutEngine:
             self._engine.abort_request(request_ids)
         return bool(request_ids)
 
-    def abort_all(self) -> int:
-        """Abort every group in flight (drain); returns how many."""
+    def abort_all(self, engine_alive: bool = True) -> int:
+        """Abort every group in flight (drain); returns how many. ``engine_alive=False``: the
+        engine's processes are gone (a stop signal reached them too), so the groups are only
+        forgotten here, nothing is sent to vLLM."""
         group_ids = self._groups.group_ids
         request_ids = [rid for gid in group_ids for rid in self._groups.drop(gid)]
-        if request_ids:
+        if request_ids and engine_alive:
             self._engine.abort_request(request_ids)
         return len(group_ids)
 

@@ -175,6 +175,7 @@ class GeneratorService:
         self.credits = CreditLedger(cfg.generator.max_groups_in_flight, timeout_s=t.timeout_s)
         self.unacked = UnackedGroups(resend_after_s=t.timeout_s)
         self._stop = threading.Event()
+        self._engine_lost = False  # the engine's processes stopped with a stop signal (drain without it)
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._verify_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
         self._verifying: deque[tuple[int, Future[GroupOutcome]]] = deque()
@@ -479,19 +480,37 @@ class GeneratorService:
 
     def serve(self) -> None:
         """Generate until ``request_stop()``, then drain."""
-        while not self._stop.is_set():
-            self.health.beat()
-            self._apply_new_weights()
-            self._read_buffer(timeout_ms=self._idle_wait_ms())
-            self._check_lease()
-            self._ask_for_credits()
-            self._start_groups()
-            finished = self._engine.step()
-            self._verify(finished)
-            self._send_verified()
-            self._resend_unacked()
-            self._update_gauges()
+        try:
+            while not self._stop.is_set():
+                self.health.beat()
+                self._apply_new_weights()
+                self._read_buffer(timeout_ms=self._idle_wait_ms())
+                self._check_lease()
+                self._ask_for_credits()
+                self._start_groups()
+                finished = self._engine.step()
+                self._verify(finished)
+                self._send_verified()
+                self._resend_unacked()
+                self._update_gauges()
+        except Exception as exc:  # noqa: BLE001 (re-raised unless a stop was asked for)
+            self._engine_lost_on_stop(exc)
         self._drain()
+
+    def _engine_lost_on_stop(self, exc: Exception) -> None:
+        """An engine call failed. After a stop request that is the same signal reaching vLLM's
+        processes (``kill -TERM -<pgid>``, a terminal's Ctrl-C, a container runtime stopping every
+        process): drain without the engine. Any other time it is a failure: re-raised."""
+        if not self._stop.is_set():
+            raise exc
+        self._engine_lost = True
+        log.warning(
+            "the engine stopped with the stop signal (%s: %s): draining without it; its groups in "
+            "flight are dropped and their credits returned (signal only the generator's own pid to let "
+            "them finish)",
+            type(exc).__name__,
+            exc,
+        )
 
     def _idle_wait_ms(self) -> int:
         busy = self._engine.num_in_flight or self._verifying
@@ -786,10 +805,13 @@ class GeneratorService:
         engine, budget_s = self._engine, self.cfg.transport.timeout_s
         log.info("draining: %d groups in flight, %d unacknowledged", engine.num_in_flight, len(self.unacked))
         deadline = time.monotonic() + budget_s
-        while engine.num_in_flight and time.monotonic() < deadline:
-            self._verify(engine.step())
-            self._read_buffer(timeout_ms=0)
-        aborted = engine.abort_all()
+        try:
+            while not self._engine_lost and engine.num_in_flight and time.monotonic() < deadline:
+                self._verify(engine.step())
+                self._read_buffer(timeout_ms=0)
+        except Exception as exc:  # noqa: BLE001 (re-raised unless a stop was asked for)
+            self._engine_lost_on_stop(exc)
+        aborted = engine.abort_all(engine_alive=not self._engine_lost)
         self.metrics.groups_aborted.inc(aborted)
         self.credits.redeem_without_group(aborted + self.credits.held)
         self.credits.held = 0
@@ -840,7 +862,7 @@ class GeneratorService:
             self.buffer and self.buffer.close,
             self._cores and self._cores.close,
             lambda: self._ctx.destroy(linger=0),
-            self.metrics_server and self.metrics_server.stop,
+            self.metrics_server and (lambda: self.metrics_server.stop(self.cfg.metrics.final_scrape_wait_s)),
         )
 
 

@@ -604,7 +604,7 @@ class LearnerService:
             self._publisher and self._publisher.close,
             self._buffer and self._buffer.close,
             self._ctx and self._ctx.term,
-            self._metrics_server and self._metrics_server.stop,
+            self._metrics_server and (lambda: self._metrics_server.stop(self.cfg.metrics.final_scrape_wait_s)),
         )
         self._publisher = self._buffer = self._ctx = self._metrics_server = None
 

@@ -45,16 +45,26 @@ def _base_digest(base: Path) -> str:
     return file_digest(base / "model.safetensors")[:16]
 
 
-def sft_key(cfg: Config) -> str:
-    """Hash of the base model, the training file and the [sft] settings."""
+def sft_data(cfg: Config) -> Path:
+    """The file of worked solutions the warm-up trains on (sft.data)."""
+    if cfg.sft.data == "gsm_symbolic":
+        if cfg.data.gsm_symbolic is None:
+            raise ConfigError('sft.data = "gsm_symbolic" needs a [data.gsm_symbolic] section; add one or set sft.data = "train"')
+        return cfg.data.gsm_symbolic.folder() / "train.jsonl"
     if cfg.data.train_path is None:
         raise ConfigError(
-            "[sft] trains on data.train_path's worked solutions; set data.train_path or data.gsm_symbolic"
+            "[sft] trains on data.train_path's worked solutions; set data.train_path, data.gsm_symbolic "
+            "or data.word_problems"
         )
+    return Path(cfg.data.train_path)
+
+
+def sft_key(cfg: Config) -> str:
+    """Hash of the base model, the training file and the [sft] settings."""
     payload = {
         "base": _base_digest(Path(cfg.sft.base)),
-        "data": file_digest(Path(cfg.data.train_path))[:16],
-        "sft": cfg.sft.model_dump(mode="json", exclude={"base", "threads"}),
+        "data": file_digest(sft_data(cfg))[:16],
+        "sft": cfg.sft.model_dump(mode="json", exclude={"base", "threads", "data"}),
         "max_prompt_len": cfg.model.max_prompt_len,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -71,7 +81,7 @@ def _train(cfg: Config, out: Path, key: str) -> dict[str, Any]:
     start = time.perf_counter()
     torch.manual_seed(sft.seed)
     tokenizer = AutoTokenizer.from_pretrained(sft.base)
-    items, _ = load_prompts(cfg.data.train_path, tokenizer, cfg.model.max_prompt_len)
+    items, _ = load_prompts(str(sft_data(cfg)), tokenizer, cfg.model.max_prompt_len)
     random.Random(sft.seed).shuffle(items)
     examples = [e for e in build_examples(items, tokenizer) if len(e[0]) <= sft.max_tokens][: sft.examples]
     if len(examples) < sft.batch_size:

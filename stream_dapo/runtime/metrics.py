@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import socket
@@ -34,6 +35,8 @@ from prometheus_client import (
 
 from stream_dapo.errors import ConfigError
 from stream_dapo.runtime.disk import write_text_atomic
+
+log = logging.getLogger(__name__)
 
 LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -459,7 +462,9 @@ class MetricsServer:
         supervisor handed over (`stream_dapo/runtime/ports.py`; the fd stays the caller's)."""
         self.registry = registry
         self.health = health
-        handler = _make_handler(registry, health.status)
+        self._scraped = threading.Condition()
+        self._scrapes = 0
+        handler = _make_handler(registry, health.status, self._count_scrape)
         self._server = ThreadingHTTPServer((host, port), handler, bind_and_activate=fd is None)
         if fd is not None:
             self._server.socket.close()
@@ -476,7 +481,41 @@ class MetricsServer:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    @property
+    def scrapes(self) -> int:
+        """/metrics responses served so far."""
+        with self._scraped:
+            return self._scrapes
+
+    def _count_scrape(self) -> None:
+        with self._scraped:
+            self._scrapes += 1
+            self._scraped.notify_all()
+
+    def linger(self, timeout_s: float) -> bool:
+        """Keep serving until one more /metrics response went out (a scrape of the final figures),
+        at most ``timeout_s``; True when one did. A service that exits right after its last step
+        would otherwise leave that step out of Prometheus (which scrapes every scrape_interval)."""
+        if timeout_s <= 0:
+            return False
+        with self._scraped:
+            seen = self._scrapes
+            return self._scraped.wait_for(lambda: self._scrapes > seen, timeout=timeout_s)
+
+    def stop(self, final_scrape_wait_s: float = 0.0) -> None:
+        """Stop serving; with ``final_scrape_wait_s`` (metrics.final_scrape_wait_s), first wait that
+        long at most for one scrape of the final figures (`linger`)."""
+        if final_scrape_wait_s > 0:
+            log.info("waiting up to %.0f s for a scrape of the final metrics", final_scrape_wait_s)
+            if self.linger(final_scrape_wait_s):
+                log.info("final metrics scraped")
+            else:
+                log.warning(
+                    "no scrape of the final metrics within %.0f s: Prometheus may miss the last figures "
+                    "(the run's final-metrics file has them); raise metrics.final_scrape_wait_s above "
+                    "its scrape_interval",
+                    final_scrape_wait_s,
+                )
         self._server.shutdown()
         self._server.server_close()
 
@@ -487,7 +526,9 @@ _PROBES = {"/healthz": "health", "/health": "health", "/livez": "live", "/readyz
 
 
 def _make_handler(
-    registry: CollectorRegistry, health: Callable[[str], tuple[int, dict[str, Any]]]
+    registry: CollectorRegistry,
+    health: Callable[[str], tuple[int, dict[str, Any]]],
+    on_scrape: Callable[[], None] = lambda: None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def handle(self) -> None:
@@ -516,6 +557,8 @@ def _make_handler(
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+            if path == "/metrics":
+                on_scrape()  # after the body went out: the scrape has the figures
 
         def log_message(self, format: str, *args: Any) -> None:  # scrapes every few seconds: keep quiet
             return

@@ -104,11 +104,32 @@ class Supervisor:
         child.log_file.close()
         return child.popen.returncode
 
-    def stop_all(self, timeout_s: float = 30.0) -> None:
-        # Generators first (they stop taking credits), then learner, buffer last (it persists).
+    def stop_all(self, timeout_s: float | Mapping[str, float] = 30.0) -> None:
+        """Stop every child in drain order, each waited for before the next gets SIGTERM: generators
+        first (they stop taking credits), then the learner (its final commit needs the buffer), the
+        buffer last (it persists). ``timeout_s``: one bound, or one per service (`stop_timeouts`)."""
         order = {"generator": 0, "learner": 1, "buffer": 2}
         for child in sorted(self.children, key=lambda c: order.get(c.name.split("-")[0], 0)):
-            self.stop(child, timeout_s)
+            service = child.name.split("-")[0]
+            bound = timeout_s if isinstance(timeout_s, (int, float)) else timeout_s.get(service, 30.0)
+            self.stop(child, bound)
+
+
+def stop_timeouts(cfg: Config) -> dict[str, float]:
+    """How long each service may drain after SIGTERM before it is killed: a generator finishes its
+    groups in flight and waits for their acks (each bounded by transport.timeout_s), the learner its
+    step, checkpoint and commit (run.learner_stop_timeout_s), the buffer persists; each then waits up
+    to metrics.final_scrape_wait_s for Prometheus."""
+    scrape = cfg.metrics.final_scrape_wait_s
+    return {
+        "generator": 2 * cfg.transport.timeout_s + _ENGINE_SHUTDOWN_S + scrape,
+        "learner": cfg.run.learner_stop_timeout_s + scrape,
+        "buffer": _BUFFER_STOP_S + scrape,
+    }
+
+
+_ENGINE_SHUTDOWN_S = 30.0  # vLLM's processes and the verifier pool
+_BUFFER_STOP_S = 60.0  # close the sockets, persist the state, write the final figures
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -407,7 +428,7 @@ def prepare_model(cfg: Config) -> None:
 
 
 def check_data(cfg: Config) -> None:
-    """Write data.gsm_symbolic's files when that source is set (cached); then validate
+    """Write data.gsm_symbolic's and data.word_problems' files when set (cached); then validate
     data.train_path, and data.eval_path when the run evaluates, row by row before any
     service starts: a bad line or a missing column stops the run with the file, line and fix (a
     ConfigError), not a generator at start-up."""
@@ -417,6 +438,10 @@ def check_data(cfg: Config) -> None:
         from stream_dapo.data.gsm_symbolic import ensure_gsm_symbolic_data
 
         ensure_gsm_symbolic_data(cfg.data.gsm_symbolic)
+    if cfg.data.word_problems is not None:
+        from stream_dapo.data.word_problems import ensure_word_problem_data
+
+        ensure_word_problem_data(cfg.data.word_problems)
     files = {"data.train_path": cfg.data.train_path}
     if cfg.run.eval_before_after:
         files["data.eval_path"] = cfg.data.eval_path
@@ -658,7 +683,7 @@ def train(cfg: Config, config_path: Path, run_dir: Path, summary: dict[str, Any]
         train_seconds = time.monotonic() - t0
         summary["ports"] = reported_ports(cfg, sup)
         view.finish()
-        sup.stop_all()
+        sup.stop_all(stop_timeouts(cfg))
         final = final_snapshot(view.last, run_dir)
         view.record(final, step=learner_log_stats(run_dir)["final_version"])
         summary.update(build_summary(final, run_dir, train_seconds))

@@ -100,8 +100,10 @@ def _worker_main(
     backend: str,
 ) -> None:
     """Worker loop: receive ``(chunk_id, items)``, verify each item, send ``("done", chunk_id, results)``."""
-    # Ctrl-C goes to the whole process group; the parent decides when workers stop.
+    # Ctrl-C and `kill -TERM -<pgid>` go to the whole process group; the parent decides when
+    # workers stop (it drains first, and a parent that dies closes the pipe: EOF ends the loop).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     hooks = os.environ.get(TEST_HOOKS_ENV) == "1"
 
     def pause_clock() -> None:

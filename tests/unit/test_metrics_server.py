@@ -110,3 +110,39 @@ def test_a_scraper_that_hangs_up_mid_response_leaves_no_traceback(
         assert status == 200 and json.loads(body)["live"] is True
     finally:
         server.stop()
+
+
+def test_a_stopping_service_serves_until_its_final_figures_were_scraped_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """metrics.final_scrape_wait_s: the last step's figures reach Prometheus before the exit."""
+    from prometheus_client import Gauge
+
+    registry, _, server = start_metrics("127.0.0.1", 0)
+    step = Gauge("stream_dapo_test_step", "step", registry=registry)
+    step.set(41)
+    get(server.port, "/metrics")  # a scrape before the final figures: it does not count
+    step.set(42)  # the last step, just before the stop
+    before = server.scrapes
+    stopper = threading.Thread(target=server.stop, args=(600.0,))
+    with caplog.at_level(logging.INFO, logger="stream_dapo"):
+        stopper.start()
+        seen: list[bytes] = []
+        while stopper.is_alive():  # Prometheus' next scrapes; the first one after the wait began ends it
+            try:
+                seen.append(get(server.port, "/metrics")[1])
+            except OSError:
+                break  # the server closed between our check and the request
+        stopper.join()
+    assert server.scrapes > before and seen
+    assert b"stream_dapo_test_step 42.0" in seen[0]
+    assert "final metrics scraped" in caplog.text
+    with pytest.raises(OSError):
+        get(server.port, "/metrics")
+
+
+def test_without_a_wait_or_without_a_scraper_the_stop_does_not_wait_for_one() -> None:
+    _, _, server = start_metrics("127.0.0.1", 0)
+    assert server.linger(0.0) is False and server.scrapes == 0
+    assert server.linger(0.05) is False  # nobody scrapes: the bound ends the wait
+    server.stop(0.0)

@@ -53,6 +53,10 @@ _NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {
     # Issue 37's real-model path: off, the model and data are what they were.
     ("model", "source"): None,
     ("data", "gsm_symbolic"): None,
+    ("data", "word_problems"): None,
+    # Shutdown bounds: how long a stop may take, never what is trained.
+    ("metrics", "final_scrape_wait_s"): 0.0,
+    ("run", "learner_stop_timeout_s"): 900.0,
     **{("sft", key): value for key, value in SftConfig().model_dump(mode="json").items()},
 }
 """Settings added after cells were first fingerprinted, with the value that behaves as the code did

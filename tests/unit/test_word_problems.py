@@ -1,0 +1,81 @@
+"""The word-problem source: every worked solution's arithmetic holds and ends at the graded answer,
+the template split is disjoint, files are written once per setting, and the config wires the source
+(and [sft]'s choice of worked solutions) with errors that name the fix."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from stream_dapo.config import WordProblemsConfig, load_config
+from stream_dapo.data.word_problems import TEMPLATES, ensure_word_problem_data, render, split_names
+from stream_dapo.errors import ConfigError
+
+EQUATION = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)")
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=lambda t: t.name)
+def test_every_solution_computes_the_graded_answer_in_its_stated_steps(template) -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        row = render(template, rng, "boxed")
+        solution = row["extra_info"]["solution"]
+        equations = EQUATION.findall(solution)
+        assert len(equations) == template.steps, solution
+        for a, op, b, result in equations:
+            assert OPS[op](int(a), int(b)) == int(result), solution
+        gold = row["reward_model"]["ground_truth"]
+        assert equations[-1][3] == gold, solution
+        assert solution.endswith(f"The answer is \\boxed{{{gold}}}.")
+        assert int(gold) >= 0
+        question = row["prompt"][0]["content"].split("\n\n", 1)[1]
+        numbers = [int(n) for n in re.findall(r"\d+", question)]
+        assert numbers and max(numbers) <= 100, question  # small numbers: the point of the source
+
+
+def test_the_answer_format_sets_instruction_and_final_line() -> None:
+    row = render(TEMPLATES[0], random.Random(0), "answer")
+    assert '"Answer: $Answer"' in row["prompt"][0]["content"]
+    assert row["extra_info"]["solution"].endswith(f"Answer: {row['reward_model']['ground_truth']}")
+
+
+def test_the_split_is_disjoint_seeded_and_keeps_the_step_limit() -> None:
+    cfg = WordProblemsConfig(eval_templates=6, seed=3)
+    train, held = split_names(cfg)
+    assert not set(train) & set(held) and len(held) == 6 and len(train) + len(held) == len(TEMPLATES)
+    assert split_names(WordProblemsConfig(eval_templates=6, seed=3)) == (train, held)
+    one_step = WordProblemsConfig(eval_templates=2, max_steps=1)
+    names = {t.name for t in TEMPLATES if t.steps == 1}
+    train1, held1 = split_names(one_step)
+    assert set(train1) | set(held1) == names
+    with pytest.raises(ConfigError, match=r"eval_templates = 12 .* choose 1\.\.11"):
+        split_names(WordProblemsConfig(eval_templates=12, max_steps=1))
+
+
+def test_files_are_written_once_with_template_disjoint_rows(tmp_path: Path) -> None:
+    cfg = WordProblemsConfig(dir=str(tmp_path), per_template=5, eval_per_template=3, eval_templates=4)
+    files = ensure_word_problem_data(cfg)
+    train = [json.loads(line) for line in files.train.read_text().splitlines()]
+    held = [json.loads(line) for line in files.eval.read_text().splitlines()]
+    assert len(train) == 5 * (len(TEMPLATES) - 4) and len(held) == 3 * 4
+    assert {r["extra_info"]["template"] for r in train}.isdisjoint({r["extra_info"]["template"] for r in held})
+    assert len({r["prompt"][0]["content"] for r in train}) == len(train), "instances are distinct"
+    stamp = files.train.stat().st_mtime_ns
+    again = ensure_word_problem_data(cfg)
+    assert again.info == files.info and again.train.stat().st_mtime_ns == stamp
+
+
+def test_the_config_points_the_run_at_the_word_problems_and_sft_at_gsm_symbolic(tmp_path: Path) -> None:
+    cfg = load_config(overrides=[f'data.word_problems.dir="{tmp_path}"'], environ={})
+    folder = cfg.data.word_problems.folder()
+    assert cfg.data.train_path == str(folder / "train.jsonl") and cfg.data.eval_path == str(folder / "eval.jsonl")
+    from stream_dapo.model.sft import sft_data
+
+    with pytest.raises(ConfigError, match=r'needs a \[data.gsm_symbolic\] section; add one or set sft.data = "train"'):
+        sft_data(load_config(overrides=[f'data.word_problems.dir="{tmp_path}"', 'sft.data="gsm_symbolic"'], environ={}))
+    assert sft_data(cfg) == folder / "train.jsonl"
