@@ -25,6 +25,7 @@ own pause of `GENERATOR_PAUSE_S` for the generator, which shows the learner surv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -319,8 +320,9 @@ class ElasticDrill(FaultDrill):
     """1 -> 3 -> 1 generators during one run, then the last one replaced by one with a new index.
 
     Generators 1 and 2 join mid-run (any index joins: the fleet is whatever connects); then 1 leaves
-    with SIGTERM (a systemd stop: it drains and hands its unused credits back) and 2 with kill -9 (a
-    preempted node: its credits come back when its lease expires); then 0 is killed and 3 starts in
+    with SIGTERM to its whole process group (an operator's ``kill -TERM -<pgid>``: vLLM's processes
+    get it too; it drains without them, exits 0 and hands its unused credits back) and 2 with kill -9
+    (a preempted node: its credits come back when its lease expires); then 0 is killed and 3 starts in
     its place. Then the run is stopped as `stream-dapo run` stops it (SIGTERM, drain order), so the
     drill does not race the learner's step budget. Every acknowledged group must be trained, held or
     dropped stale, none trained twice, and each departure's credits back in the admission line.
@@ -352,7 +354,7 @@ class ElasticDrill(FaultDrill):
                 self.start(name)
             self.wait_for("learner version 2", lambda: self.learner_step() >= 2)
             events.append(self.scale_up([1, 2]))
-            events.append(self.leave(1, signal.SIGTERM))
+            events.append(self.leave(1, signal.SIGTERM, group=True))
             events.append(self.leave(2, signal.SIGKILL))
             events.append(self.replace(0, 3))
             if self.finished():
@@ -388,14 +390,21 @@ class ElasticDrill(FaultDrill):
             "credits_at_departure": None,
         }
 
-    def leave(self, index: int, sig: int) -> dict[str, Any]:
+    def leave(self, index: int, sig: int, group: bool = False) -> dict[str, Any]:
         """Generator `index` leaves; its credits must return to the line (at once after a drain,
-        within the lease after kill -9) while the run goes on."""
+        within the lease after kill -9) while the run goes on. SIGTERM goes to the service alone
+        (systemd's KillMode=mixed), or with ``group`` to its whole process group."""
         step = self.learner_step()
         credits = self.credits_held_by(index)
         child = self.children.pop(f"generator-{index}")
         t0 = time.monotonic()
-        if sig == signal.SIGTERM:
+        if sig == signal.SIGTERM and group:
+            os.killpg(child.popen.pid, sig)
+            child.popen.wait(timeout=120)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.popen.pid, signal.SIGKILL)  # whatever is left of vLLM's processes
+            child.log_file.close()
+        elif sig == signal.SIGTERM:
             self.sup.stop(child, timeout_s=120)  # as systemd stops it (KillMode=mixed)
         else:
             os.killpg(child.popen.pid, sig)
@@ -410,7 +419,7 @@ class ElasticDrill(FaultDrill):
         self.wait_for(
             "the learner to take a step without it", lambda: self.learner_step() > step or self.finished()
         )
-        how = "SIGTERM (drain)" if sig == signal.SIGTERM else "kill -9"
+        how = "kill -9" if sig != signal.SIGTERM else "SIGTERM to its group" if group else "SIGTERM (drain)"
         return {
             "event": f"generator-{index} leaves by {how}",
             "at_step": step,
