@@ -2,8 +2,9 @@
 under TYPE_CHECKING), so that a cycle or a wrong-way import fails here, not in a reader's head.
 
 - no import cycles between stream_dapo modules (a package counts as its __init__);
-- the pure layers (core/, the buffer's state machine, transport/) never import the configuration:
-  they take parameter objects built from it (`from_section`, `Config.admission_policy`);
+- the pure layers (core/, the buffer's state machine: replay, fleet, queue, policy; transport/) never
+  import the configuration: they take parameter objects built from it (`from_section`,
+  `Config.admission_policy`);
 - nothing outside cli/ imports argparse: a command's arguments live in its cli/ module;
 - runtime/ (what every service shares) imports no service, tool or command.
 """
@@ -98,7 +99,14 @@ def test_no_import_cycles() -> None:
     assert cycles(GRAPH) == []
 
 
-PURE = ("stream_dapo.core", "stream_dapo.buffer.replay", "stream_dapo.transport")
+PURE = (
+    "stream_dapo.core",
+    "stream_dapo.buffer.replay",
+    "stream_dapo.buffer.fleet",
+    "stream_dapo.buffer.queue",
+    "stream_dapo.buffer.policy",
+    "stream_dapo.transport",
+)
 
 
 @pytest.mark.parametrize("layer", PURE)
