@@ -659,6 +659,12 @@ EXTERNAL = (
         "flock /tmp/stream-dapo-cpu.lock python -m bench.perf.learner_memory",
     ),
     (
+        "A real pretrained model (SmolLM2-135M-Instruct) through the whole pipeline, before and after RL",
+        "real-model.md",
+        "flock /tmp/stream-dapo-cpu.lock python -m bench.studies.real_model --config C --seed N "
+        "(then --render)",
+    ),
+    (
         "Long chain-of-thought (configs/tiny-longcot-cpu.toml)",
         "longcot.md",
         "python -m bench.studies.longcot, bench/perf/async_vs_sync.py --config configs/tiny-longcot-cpu.toml, "
