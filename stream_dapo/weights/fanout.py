@@ -72,7 +72,9 @@ class RelayTree:
     """Who fetches a version from whom (see the module docstring). Used by one thread.
 
     Example with ``fanout = 2``: receivers A, B, C, D ask for version 7 in that order. A gets no
-    peers (it fetches from the learner), B and C get [A], D gets [B, A]."""
+    peers (it fetches from the learner), B and C get [A], D gets [B, A]. Places are counted over the
+    relays not reported as failed, so the tree closes over a dead one for the next askers (those
+    mid-transfer already have their list, and fall back along it)."""
 
     def __init__(self, fanout: int) -> None:
         if fanout < 1:
@@ -92,15 +94,12 @@ class RelayTree:
             self._keys[relay] = key
             if relay not in order:
                 order.append(relay)
-            place = order.index(relay)
-        else:
-            place = len(order)
+        live = [a for a in order if a not in self._dead]  # the tree closes over failed relays
+        place = live.index(relay) if relay else len(live)
         chain: list[messages.PeerSource] = []
         while place > 0 and len(chain) < PEER_CHAIN:
             place = (place - 1) // self.fanout
-            address = order[place]
-            if address not in self._dead:
-                chain.append(messages.PeerSource(address, self._keys.get(address, "")))
+            chain.append(messages.PeerSource(live[place], self._keys.get(live[place], "")))
         return chain
 
     def forget(self, addresses: list[str]) -> None:
