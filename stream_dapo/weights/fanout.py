@@ -14,7 +14,9 @@ Two parts, one per end:
   versions this generator holds or is fetching. A chunk is served only once it passed its digest
   check here; a request for a chunk not here yet is held (the tree is a pipeline: a child asks
   while its parent is still receiving) until it arrives, or answered `not_available` after
-  ``hold_s`` or when the version is withdrawn (its transfer failed or it was dropped).
+  ``hold_s`` or when the version is withdrawn (its transfer failed or it was dropped). A request
+  that names as its base a version the relay holds whole (same state checksum) gets a zlib'd XOR
+  delta where that is smaller, as from the learner.
 
 A receiver checks every chunk against the digests of the learner's manifest, whoever sent it, and
 the assembled state against the state checksum, so a relay can delay a transfer but never corrupt
@@ -44,7 +46,7 @@ from stream_dapo.transport.sockets import (
     TransportTimeout,
     open_endpoint,
 )
-from stream_dapo.weights.delta import chunk_span
+from stream_dapo.weights.delta import chunk_span, xor_delta
 
 if TYPE_CHECKING:
     import os
@@ -133,6 +135,11 @@ class _Offered:
     chunk_bytes: int
     total_bytes: int
     ready: bytearray
+    state_checksum: str = ""
+
+    def whole(self, checksum: str) -> bool:
+        """Every chunk here and checked, and the content ``checksum`` names (usable as a base)."""
+        return bool(checksum) and checksum == self.state_checksum and self.ready.count(0) == 0
 
 
 @dataclass
@@ -240,12 +247,22 @@ class ChunkRelay:
 
     # ------------------------------------------------------------------ the receiver's side
 
-    def offer(self, version: int, view: memoryview, chunk_bytes: int, *, complete: bool = False) -> None:
-        """Serve ``version`` from ``view``: every chunk when ``complete``, else each once `ready`."""
+    def offer(
+        self,
+        version: int,
+        view: memoryview,
+        chunk_bytes: int,
+        *,
+        complete: bool = False,
+        state_checksum: str = "",
+    ) -> None:
+        """Serve ``version`` from ``view``: every chunk when ``complete``, else each once `ready`.
+        ``state_checksum`` (the manifest's) lets a request that names this version as its base get
+        XOR deltas against it, as the learner's server sends them."""
         num_chunks = -(-len(view) // chunk_bytes)
         with self._lock:
             self._offered[version] = _Offered(
-                view, chunk_bytes, len(view), bytearray([1 if complete else 0]) * num_chunks
+                view, chunk_bytes, len(view), bytearray([1 if complete else 0]) * num_chunks, state_checksum
             )
             if version in self._gone:
                 self._gone.remove(version)
@@ -347,10 +364,19 @@ class ChunkRelay:
             if not offered.ready[ask.index]:
                 return None
             lo, hi = chunk_span(ask.index, offered.chunk_bytes, offered.total_bytes)
+            base = self._offered.get(ask.base_version) if ask.base_version != ask.version else None
+            if base is not None and not (
+                base.whole(ask.base_checksum) and base.total_bytes == offered.total_bytes
+            ):
+                base = None
             try:
                 data = bytes(offered.view[lo:hi])
+                old = bytes(base.view[lo:hi]) if base is not None else None
             except ValueError:  # the image was closed under us: serve nothing from it
                 return messages.NotAvailable(ask.version, ask.version, "version_gone")
+        delta = xor_delta(data, old) if old is not None else None
+        if delta is not None:
+            return messages.Chunk(ask.version, ask.index, delta, "xor_zlib", ask.base_version)
         return messages.Chunk(ask.version, ask.index, data)
 
 

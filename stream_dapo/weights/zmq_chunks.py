@@ -23,7 +23,12 @@ the same chunk of the version the generator holds are not asked for at all; the 
 for with that version as a base, and the server answers with a zlib'd XOR delta where that is
 smaller (`delta`), computed once per (version, base, chunk) and cached for every generator. A
 chunk that fails its digest is asked for again, raw; failing twice discards the whole transfer
-(the next poll starts over). `fetch_weights_zmq` is the older path, kept for the benchmark's
+(the next poll starts over).
+
+Fan-out (``peer_fanout`` > 0, `stream_dapo.weights.fanout`): a query may name the asker's relay, and
+the manifest then names the peers to ask for the chunks first (the asker's parent in a relay tree,
+then its ancestors); the learner serves what none of them delivers. Chunks from peers are checked
+against the same digests. `fetch_weights_zmq` is the older path, kept for the benchmark's
 baseline and for tools: one chunk at a time into a temporary file, renamed when its sha256 matches.
 """
 
@@ -513,6 +518,9 @@ class ZmqWeightSource(FileSource):
         self._endpoint: Endpoint | None = None
         self._held: HeldWeights | None = None
         self._fetched: HeldWeights | None = None
+        self._retired: HeldWeights | None = None
+        """With a relay: the version held before the current one, still served (children fetching
+        deltas against it) until the next poll."""
 
     def _ep(self) -> Endpoint:
         if self.relay is not None and not self.relay.address:
@@ -524,6 +532,9 @@ class ZmqWeightSource(FileSource):
     def __call__(self, have: int) -> WeightUpdate | None:
         start = time.perf_counter()
         self._drop_unloaded()
+        retired, self._retired = self._retired, None
+        if retired is not None:
+            self._release(retired, keep_offered=False)
         try:
             got = fetch_weights_stream(
                 self._ep(),
@@ -563,7 +574,9 @@ class ZmqWeightSource(FileSource):
             and fetched.version == update.version
         ):
             old, self._held = self._held, fetched  # the base of the next transfer, served to peers
-            if old is not None:
+            if old is not None and self.relay is not None and old.version != fetched.version:
+                self._retired = old  # children may still ask for deltas against it
+            elif old is not None:
                 self._release(old, keep_offered=old.version == fetched.version)
         elif isinstance(update.data, WeightImage):
             self._release(HeldWeights(update.version, b"", [], 1, owner=update.data), keep_offered=False)
@@ -595,7 +608,7 @@ class ZmqWeightSource(FileSource):
         if self.relay is not None:
             self.relay.close()
         self._drop_endpoint()
-        self._held = self._fetched = None
+        self._held = self._fetched = self._retired = None
         close_all()
 
 
@@ -797,7 +810,9 @@ class _ChunkStream:
         shared memory assembled so far is withdrawn from the relay and freed."""
         relay, version = self.opts.relay, self.manifest.version
         if relay is not None:
-            relay.offer(version, self.view, self.manifest.chunk_bytes)
+            relay.offer(
+                version, self.view, self.manifest.chunk_bytes, state_checksum=self.manifest.state_checksum
+            )
         try:
             got = self._run()
         except BaseException:
@@ -881,7 +896,7 @@ class _ChunkStream:
         place = next(i for i in range(first, len(self.sources)) if not self.sources[i].dead)
         source = self.sources[place]
         rid = new_request_id()
-        if self.base is None or raw_only or source.peer:  # relays send raw chunks
+        if self.base is None or raw_only:
             ask = messages.ChunkRequest(self.manifest.version, index)
         else:
             ask = messages.ChunkRequest(

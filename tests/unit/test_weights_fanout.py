@@ -29,10 +29,14 @@ PEER_TIMEOUT_S = 0.5
 """What a receiver waits on a silent relay in these tests (the dead-relay tests wait it out once)."""
 
 
-def payload(version: int, seed: int = 0) -> WeightsPayload:
-    """~100 KiB of fp32 tensors: 25 chunks of 4 KiB."""
+def payload(version: int, seed: int = 0, moved: int = 0) -> WeightsPayload:
+    """~100 KiB of fp32 tensors: 25 chunks of 4 KiB; ``moved`` > 0 nudges every ``moved``-th element
+    (an optimizer step's worth of change: every chunk differs, XOR deltas pay)."""
     g = torch.Generator().manual_seed(seed)
-    return serialize_weights({"a.weight": torch.randn(160, 160, generator=g)}, version)
+    weight = torch.randn(160, 160, generator=g)
+    if moved:
+        weight.view(-1)[::moved] *= 1.001
+    return serialize_weights({"a.weight": weight}, version)
 
 
 class Engine:
@@ -168,15 +172,23 @@ def test_four_receivers_at_once_load_the_exact_version_while_the_learner_sends_a
 ) -> None:
     engines = [Engine() for _ in range(4)]
     sources.extend(receiver(server.address) for _ in engines)
-    for version, seed in ((1, 0), (2, 1)):
-        published = payload(version, seed)
+    received: dict[int, int] = {}
+    for version, moved in ((1, 0), (2, 997)):
+        published = payload(version, moved=moved)
         sent_before = server.stats["bytes"]
         server.publish(published)
         errors: list[BaseException] = []
 
-        def run(i: int, have: int = version - 1, errors: list[BaseException] = errors) -> None:
+        updates: list[WeightUpdate] = []
+
+        def run(
+            i: int,
+            have: int = version - 1,
+            errors: list[BaseException] = errors,
+            updates: list[WeightUpdate] = updates,
+        ) -> None:
             try:
-                take(sources[i], engines[i], have)
+                updates.append(take(sources[i], engines[i], have))
             except BaseException as exc:
                 errors.append(exc)
 
@@ -190,8 +202,9 @@ def test_four_receivers_at_once_load_the_exact_version_while_the_learner_sends_a
             assert engine.loaded[-1] == (version, published.data)
         assert server.stats["bytes"] - sent_before <= 2 * published.total_bytes
         assert len(server.holders(version)) == 4
-    relayed = sum(s.relay.stats["bytes"] for s in sources if s.relay is not None)
-    assert relayed > 0
+        received[version] = sum(update.wire_bytes or 0 for update in updates)
+    assert received[1] == 4 * payload(1).total_bytes  # full images: from the learner and relays
+    assert received[2] < received[1] / 4  # deltas, from the learner and from relays alike
 
 
 def test_a_late_joiner_pulls_the_version_from_a_peer_not_the_learner(
@@ -212,8 +225,9 @@ def test_a_late_joiner_pulls_the_version_from_a_peer_not_the_learner(
 
 class FakeRelay:
     """A relay that registers with the learner as its version's first receiver and then serves
-    chunks from ``data``: ``serve`` of them, each passed through ``tamper``, then it dies (closes
-    its socket without a word), as a generator killed mid-transfer does."""
+    chunks from ``data``: ``serve`` of them, each passed through ``tamper``, then it dies: it never
+    answers again (the chunks already sent are delivered; the requests queued are lost, as with a
+    generator killed or hung mid-transfer). Its socket closes with `close`."""
 
     def __init__(
         self, server: WeightServer, data: bytes, serve: int, tamper: Callable[[int, bytes], bytes]
@@ -222,6 +236,7 @@ class FakeRelay:
         self.ep = open_endpoint(self.ctx, zmq.ROUTER, bind="tcp://127.0.0.1:*", max_bytes=1 << 20)
         self.address = self.ep.address
         self.served = 0
+        self.closing = threading.Event()
         learner = connect_weight_server(server.address)
         try:
             request(learner, messages.WeightsQuery(0, relay=self.address), timeout_ms=5000, retries=0)
@@ -240,9 +255,11 @@ class FakeRelay:
             chunk = messages.Chunk(ask.version, ask.index, tamper(ask.index, data[lo:hi]))
             self.ep.send(chunk, to=got[0], request_id=got[1].request_id)
             self.served += 1
-        self.ep.close()  # dies: the requests still queued are never answered
+        self.closing.wait()  # dead: the requests still queued are never answered
+        self.ep.close()
 
     def close(self) -> None:
+        self.closing.set()
         self.thread.join(30)
         self.ctx.term()
 
