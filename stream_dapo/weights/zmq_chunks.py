@@ -179,10 +179,7 @@ class WeightServer:
         self.hwm = hwm
         self.poll_ms = max(10, poll_ms)
         self.delta = delta
-        if peer_fanout < 0:
-            raise ValueError(f"weights.peer_fanout must be >= 0, got {peer_fanout}")
-        self._tree = RelayTree(peer_fanout) if peer_fanout > 0 else None
-        """Who fetches each version from whom (serving thread only); None: no fan-out."""
+        self._tree = RelayTree(peer_fanout) if peer_fanout else None  # serving thread only
         self._payloads: OrderedDict[int, _Published] = OrderedDict()
         self._deltas: dict[tuple[int, int], dict[int, bytes | None]] = {}
         """(version, base) -> chunk index -> its delta, or None where raw is smaller (serving thread only)."""
@@ -708,17 +705,7 @@ def fetch_weights_stream(
         manifest: messages.WeightsManifest = reply.body
         if manifest.version == have_version:
             return StreamedVersion(manifest.version, None, [], manifest.chunk_bytes)
-        if not manifest.chunk_digests:
-            raise WeightsError(
-                f"the weight server at {ep.address} sends no chunk digests: it runs an older stream-dapo than "
-                "this generator; run the same version on the learner and the generators"
-            )
-        if have_version > manifest.version:
-            log.warning(
-                "learner serves version %d, older than ours (%d): following it",
-                manifest.version,
-                have_version,
-            )
+        _check_manifest(manifest, have_version, ep.address)
         sources = _sources(ep, manifest, opts, timeout_ms)
         got = _ChunkStream(sources, manifest, base, window, retries, opts).run()
         if got is not None:
@@ -728,6 +715,18 @@ def fetch_weights_stream(
         "the weight server replaced its version during three transfers in a row; raise learner.sync_every "
         "or weights.chunk_bytes, or check the link to the learner"
     )
+
+
+def _check_manifest(manifest: messages.WeightsManifest, have_version: int, address: str) -> None:
+    if not manifest.chunk_digests:
+        raise WeightsError(
+            f"the weight server at {address} sends no chunk digests: it runs an older stream-dapo than "
+            "this generator; run the same version on the learner and the generators"
+        )
+    if have_version > manifest.version:
+        log.warning(
+            "learner serves version %d, older than ours (%d): following it", manifest.version, have_version
+        )
 
 
 @dataclass
