@@ -25,8 +25,8 @@ Three parts, each under the project's CPU lock when run from bench/results.py:
   versions 5, 6 and 7 (if runs/real-model is present), and a `stream-dapo run` of the tiny recipe
   recorded live by a receiver that polls the learner's weight server.
 
-Not shown: more than one receiver (the learner's egress grows with N generators: that is the fan-out
-item of the issue, not built), a real network (loopback has no bandwidth limit; deltas pay more on
+Not shown: more than one receiver (the learner's egress grows with N generators without fan-out:
+bench/perf/weight_fanout.py measures it with and without relays), a real network (loopback has no bandwidth limit; deltas pay more on
 a real link), GPU engines (NCCL is unchanged).
 """
 

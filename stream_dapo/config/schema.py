@@ -535,6 +535,21 @@ class WeightsConfig(_Section):
     learner no longer keeps) gets the full image. Costs each generator one more copy of the weights
     in host memory (the base) and the learner the XOR + zlib of each changed chunk, once per
     version. Measured in docs/RESULTS.md (weight sync)."""
+    peer_fanout: int = Field(0, ge=0, le=16)
+    """Method zmq: generators pass each version on to each other in a relay tree with this many
+    children per generator, so the learner sends about one copy of a version whatever the number of
+    generators (without it, one per generator). Each generator serves the version it holds, and the
+    one it is fetching chunk by chunk, from a socket of its own (weights.peer_host, a free port);
+    every chunk is still checked against the learner's digests, and a relay that fails is replaced
+    by its ancestors, then the learner. Use 2 from about 4 generators on, or wherever the learner's
+    link is the bottleneck; 0 (off): every generator fetches from the learner. Costs each generator
+    the memory of the version it holds (as weights.delta does) and an open port."""
+    peer_timeout_s: float = Field(5.0, gt=0.0)
+    """Method zmq with peer_fanout: how long a generator waits on a silent relay before fetching its
+    chunks from the next source, and how long a relay holds a request for a chunk it does not have yet."""
+    peer_host: str | None = None
+    """Method zmq with peer_fanout: the address a generator's relay binds and other generators reach it
+    at (default: transport.host; 0.0.0.0 binds every interface and advertises the host name)."""
 
 
 class TransportConfig(_Section):

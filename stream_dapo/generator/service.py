@@ -409,7 +409,9 @@ class GeneratorService:
     def _load_initial_weights(self) -> None:
         """The late-joiner rule: load the learner's current version before the first prompt."""
         if self.weights is None:
-            self.weights = make_source(self.cfg, self.index)
+            self.weights = make_source(
+                self.cfg, self.index, relay_sent_metric=self.metrics.weight_relay_sent_bytes
+            )
         self.weights.join(self._engine)
         self.watcher = WeightWatcher(
             self.weights, self.cfg.generator.weight_poll_s, self.weights.first_version

@@ -106,6 +106,12 @@ class GeneratorMetrics:
             "size; chunks the held version already had count nothing).",
             registry=registry,
         )
+        self.weight_relay_sent_bytes = Counter(
+            p + "weight_relay_sent_bytes",
+            "Weight chunk bytes this generator's relay sent to other generators (weights.peer_fanout): the "
+            "learner's egress it saved.",
+            registry=registry,
+        )
         self.weight_delta_ratio = Gauge(
             p + "weight_delta_ratio",
             "Bytes received / full size of the last version loaded (1: the whole image; weights.delta).",

@@ -638,9 +638,31 @@ class Empty(Body):
 # generator <-> learner weights
 
 
-class WeightsQuery(Body):
+PeerAddress = Annotated[str, msgspec.Meta(max_length=256, pattern="^(tcp://[^ ]+)?$")]
+CurveKey = Annotated[str, msgspec.Meta(pattern="^([0-9A-Za-z.:+=^!/*?&<>()\\[\\]{}@%$#-]{40})?$")]
+"""A CurveZMQ public key in Z85 (40 characters), or empty where Curve is off."""
+MAX_PEERS = 16
+
+
+class WeightsQuery(Body, omit_defaults=True):
+    """Optional (weights.peer_fanout, left out when empty): `relay`, the address where the asker
+    serves the chunks of the versions it holds or is fetching, and `relay_key`, that socket's Curve
+    public key; `unreachable`, relays that failed the asker since its last query (the learner stops
+    handing them out)."""
+
     TYPE = "weights_query"
     have_version: Version
+    relay: PeerAddress = ""
+    relay_key: CurveKey = ""
+    unreachable: Annotated[list[PeerAddress], msgspec.Meta(max_length=MAX_PEERS)] = []
+
+
+class PeerSource(Wire):
+    """A receiver that serves a version's chunks (`WeightsManifest.peers`): its relay's address and
+    Curve public key (empty where Curve is off)."""
+
+    address: Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern="^tcp://[^ ]+$")]
+    key: CurveKey = ""
 
 
 class WeightsManifest(Body, omit_defaults=True):
@@ -666,6 +688,9 @@ class WeightsManifest(Body, omit_defaults=True):
     chunk_digests: list[Digest] = []
     state_checksum: Annotated[str, msgspec.Meta(pattern="^([0-9a-f]{64})?$")] = ""
     published_at: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    peers: Annotated[list[PeerSource], msgspec.Meta(max_length=MAX_PEERS)] = []
+    """Where to ask for the chunks first (weights.peer_fanout): the asker's parent in the relay
+    tree, then its ancestors; the learner serves what none of them does."""
 
     @classmethod
     def of(
@@ -678,6 +703,7 @@ class WeightsManifest(Body, omit_defaults=True):
         chunk_digests: list[bytes] | None = None,
         state_checksum: str = "",
         published_at: float = 0.0,
+        peers: list[PeerSource] | None = None,
     ) -> WeightsManifest:
         num_chunks = -(-total_bytes // chunk_bytes) if chunk_bytes > 0 else 0
         return cls(
@@ -689,6 +715,7 @@ class WeightsManifest(Body, omit_defaults=True):
             chunk_digests=list(chunk_digests or []),
             state_checksum=state_checksum,
             published_at=published_at,
+            peers=list(peers or []),
         )
 
     def _cross_check(self) -> str | None:

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 
 from stream_dapo.config import Config
 from stream_dapo.runtime.ports import require_bound, zmq_listen
-from stream_dapo.transport.curve import curve_client, curve_server
-from stream_dapo.transport.sockets import TransportError
+from stream_dapo.transport.curve import CLIENTS_DIR, curve_client, curve_server
+from stream_dapo.transport.sockets import CurveKeys, TransportError
 from stream_dapo.weights.base import WeightPublisher, WeightSource
 
 if TYPE_CHECKING:
     import prometheus_client
 
+    from stream_dapo.weights.fanout import ChunkRelay
     from stream_dapo.weights.zmq_chunks import WeightServer
 
 __all__ = ["make_publisher", "make_source", "shared_dir_path"]
@@ -46,8 +47,14 @@ def make_publisher(
     return _PUBLISHERS[cfg.weights.method](cfg, rejected_metric, refused_metric, sent_metric)
 
 
-def make_source(cfg: Config, index: int) -> WeightSource:
-    """Generator `index`'s source for weights.method (nothing is contacted until the first poll)."""
+def make_source(
+    cfg: Config, index: int, relay_sent_metric: prometheus_client.Counter | None = None
+) -> WeightSource:
+    """Generator `index`'s source for weights.method (nothing is contacted until the first poll).
+    `relay_sent_metric` counts the chunk bytes its relay sends to other generators (method zmq with
+    weights.peer_fanout)."""
+    if cfg.weights.method == "zmq":
+        return _zmq_source(cfg, index, relay_sent_metric)
     return _SOURCES[cfg.weights.method](cfg, index)
 
 
@@ -78,6 +85,7 @@ def _weight_server(
         refused_metric=refused_metric,
         sent_metric=sent_metric,
         delta=cfg.weights.delta,
+        peer_fanout=cfg.weights.peer_fanout,
     )
     try:
         return server.start()
@@ -114,13 +122,41 @@ def _shared_dir_publisher(
     return SharedDirPublisher(shared_dir_path(cfg))
 
 
-def _zmq_source(cfg: Config, index: int) -> WeightSource:
+def _zmq_source(
+    cfg: Config, index: int, relay_sent_metric: prometheus_client.Counter | None = None
+) -> WeightSource:
     from stream_dapo.weights.zmq_chunks import ZmqWeightSource
 
     t, w = cfg.transport, cfg.weights
     require_bound("transport.weights_port", t.weights_port, "learner")
+    curve = curve_client(t.curve_dir)
     return ZmqWeightSource(
-        t.weights_address(), t.timeout_s, curve_client(t.curve_dir), window=w.fetch_window, delta=w.delta
+        t.weights_address(),
+        t.timeout_s,
+        curve,
+        window=w.fetch_window,
+        delta=w.delta,
+        relay=_relay(cfg, curve, relay_sent_metric),
+        peer_timeout_s=w.peer_timeout_s,
+    )
+
+
+def _relay(
+    cfg: Config, curve: CurveKeys | None, sent_metric: prometheus_client.Counter | None
+) -> ChunkRelay | None:
+    """A generator's relay for weights.peer_fanout (None when off); it binds at the first poll."""
+    from stream_dapo.weights.fanout import ChunkRelay
+
+    t, w = cfg.transport, cfg.weights
+    if w.peer_fanout == 0:
+        return None
+    return ChunkRelay(
+        w.peer_host or t.host,
+        curve=CurveKeys(curve.public, curve.secret) if curve is not None else None,
+        allowed_clients_dir=Path(t.curve_dir) / CLIENTS_DIR if t.curve_dir else None,
+        hold_s=w.peer_timeout_s,
+        hwm=t.hwm,
+        sent_metric=sent_metric,
     )
 
 

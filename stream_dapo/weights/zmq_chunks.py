@@ -23,7 +23,12 @@ the same chunk of the version the generator holds are not asked for at all; the 
 for with that version as a base, and the server answers with a zlib'd XOR delta where that is
 smaller (`delta`), computed once per (version, base, chunk) and cached for every generator. A
 chunk that fails its digest is asked for again, raw; failing twice discards the whole transfer
-(the next poll starts over). `fetch_weights_zmq` is the older path, kept for the benchmark's
+(the next poll starts over).
+
+Fan-out (``peer_fanout`` > 0, `stream_dapo.weights.fanout`): a query may name the asker's relay, and
+the manifest then names the peers to ask for the chunks first (the asker's parent in a relay tree,
+then its ancestors); the learner serves what none of them delivers. Chunks from peers are checked
+against the same digests. `fetch_weights_zmq` is the older path, kept for the benchmark's
 baseline and for tools: one chunk at a time into a temporary file, renamed when its sha256 matches.
 """
 
@@ -38,7 +43,7 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -80,6 +85,7 @@ from stream_dapo.weights.delta import (
     state_checksum,
     xor_delta,
 )
+from stream_dapo.weights.fanout import ChunkRelay, RelayTree
 from stream_dapo.weights.image import WeightImage, close_all
 
 if TYPE_CHECKING:
@@ -88,6 +94,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REQUEST_MAX_BYTES",
+    "PeerOptions",
     "StreamedVersion",
     "WeightServer",
     "ZmqWeightSource",
@@ -129,6 +136,9 @@ class WeightServer:
     with a ``reason`` label (the learner's ``messages_rejected``), counts refused requests as
     `rejected` does; ``sent_metric`` (label ``encoding``: raw, xor_zlib) the chunk bytes sent.
     ``delta``: answer requests that name a base with XOR deltas where they are smaller.
+    ``peer_fanout`` > 0: manifests name the peers (generators' relays) to fetch the chunks from, in
+    a tree of that many children per relay (`stream_dapo.weights.fanout`); 0: every generator
+    fetches from here.
     """
 
     def __init__(
@@ -146,6 +156,7 @@ class WeightServer:
         refused_metric: prometheus_client.Counter | None = None,
         sent_metric: prometheus_client.Counter | None = None,
         delta: bool = True,
+        peer_fanout: int = 0,
     ) -> None:
         if not 4096 <= chunk_bytes <= WEIGHTS_MAX_BYTES - _CHUNK_OVERHEAD:
             raise ValueError(
@@ -168,6 +179,7 @@ class WeightServer:
         self.hwm = hwm
         self.poll_ms = max(10, poll_ms)
         self.delta = delta
+        self._tree = RelayTree(peer_fanout) if peer_fanout else None  # serving thread only
         self._payloads: OrderedDict[int, _Published] = OrderedDict()
         self._deltas: dict[tuple[int, int], dict[int, bytes | None]] = {}
         """(version, base) -> chunk index -> its delta, or None where raw is smaller (serving thread only)."""
@@ -319,7 +331,7 @@ class WeightServer:
     def _answer(self, msg: Message) -> messages.Body:
         body = msg.body
         if isinstance(body, messages.WeightsQuery):
-            return self._answer_query(body.have_version)
+            return self._answer_query(body)
         if isinstance(body, messages.ChunkRequest):
             return self._answer_chunk(body)
         return self._refuse(
@@ -344,12 +356,12 @@ class WeightServer:
         if self._rejected_metric is not None:
             self._rejected_metric.labels(reason=reason).inc(n)
 
-    def _answer_query(self, have_version: int) -> messages.Body:
+    def _answer_query(self, query: messages.WeightsQuery) -> messages.Body:
         self.stats["queries"] += 1
         current = self._current()
         if current is None:
             self.stats["not_available"] += 1
-            return messages.NotAvailable(have_version, 0, "no_weights_yet")
+            return messages.NotAvailable(query.have_version, 0, "no_weights_yet")
         self.stats["manifests"] += 1
         payload = current.payload
         return messages.WeightsManifest.of(
@@ -360,7 +372,22 @@ class WeightServer:
             chunk_digests=current.digests,
             state_checksum=current.state_checksum,
             published_at=current.published_at,
+            peers=self._peers(payload.version, query),
         )
+
+    def _peers(self, version: int, query: messages.WeightsQuery) -> list[messages.PeerSource]:
+        """The relays the asker fetches ``version`` from (none without fan-out)."""
+        if self._tree is None:
+            return []
+        with self._lock:
+            servable = set(self._payloads)
+        self._tree.keep_only(servable)
+        self._tree.forget(query.unreachable)
+        return self._tree.sources(version, query.relay, query.relay_key)
+
+    def holders(self, version: int) -> list[str]:
+        """The relays in ``version``'s fan-out order, first asker first ([] without fan-out)."""
+        return self._tree.holders(version) if self._tree is not None else []
 
     def _answer_chunk(self, ask: messages.ChunkRequest) -> messages.Body:
         version, index = ask.version, ask.index
@@ -433,17 +460,45 @@ def connect_weight_server(address: str, curve: CurveKeys | None = None) -> Endpo
     )
 
 
+def connect_relay(peer: messages.PeerSource, curve: CurveKeys | None) -> Endpoint | None:
+    """A DEALER to another generator's relay, or None where the keys do not fit (one end runs Curve
+    and the other does not): the chunks then come from the next source."""
+    if (curve is not None) != bool(peer.key):
+        log.warning("relay %s: Curve on one end only; fetching from the next source", peer.address)
+        return None
+    keys = CurveKeys(curve.public, curve.secret, server_public=peer.key.encode()) if curve else None
+    return open_endpoint(
+        zmq.Context.instance(),
+        zmq.DEALER,
+        connect=peer.address,
+        max_bytes=WEIGHTS_MAX_BYTES,
+        peer="generator relay",
+        curve=keys,
+        send_timeout_ms=1000,
+    )
+
+
 class ZmqWeightSource(FileSource):
     """Streams newer versions from the learner's weight server into memory (`fetch_weights_stream`);
     the engine loads them from there.
 
     With ``delta`` it keeps the version last loaded (one copy of the weights in this process's
-    memory) as the base of the next transfer."""
+    memory) as the base of the next transfer. With a ``relay`` (weights.peer_fanout) it keeps it
+    too, and serves it, and the version being fetched, to other generators; its chunks then come
+    from the peers the learner names first."""
 
     startup: Literal["look", "answer", "announcement"] = "answer"
 
     def __init__(
-        self, address: str, timeout_s: float, curve: CurveKeys | None, *, window: int = 4, delta: bool = True
+        self,
+        address: str,
+        timeout_s: float,
+        curve: CurveKeys | None,
+        *,
+        window: int = 4,
+        delta: bool = True,
+        relay: ChunkRelay | None = None,
+        peer_timeout_s: float = 5.0,
     ) -> None:
         if window < 1:
             raise ValueError(f"weights.fetch_window must be >= 1, got {window}")
@@ -452,18 +507,31 @@ class ZmqWeightSource(FileSource):
         self.curve = curve
         self.window = window
         self.delta = delta
+        self.relay = relay
+        self.peer_timeout_s = peer_timeout_s
         self.latest_seen = -1
+        self.unreachable: list[str] = []
+        """Relays that failed this generator since its last query (reported in the next one)."""
         self._endpoint: Endpoint | None = None
         self._held: HeldWeights | None = None
         self._fetched: HeldWeights | None = None
+        self._retired: HeldWeights | None = None
+        """With a relay: the version held before the current one, still served (children fetching
+        deltas against it) until the next poll."""
 
     def _ep(self) -> Endpoint:
+        if self.relay is not None and not self.relay.address:
+            self.relay.start()
         if self._endpoint is None:
             self._endpoint = connect_weight_server(self.address, self.curve)
         return self._endpoint
 
     def __call__(self, have: int) -> WeightUpdate | None:
         start = time.perf_counter()
+        self._drop_unloaded()
+        retired, self._retired = self._retired, None
+        if retired is not None:
+            self._release(retired, keep_offered=False)
         try:
             got = fetch_weights_stream(
                 self._ep(),
@@ -472,6 +540,7 @@ class ZmqWeightSource(FileSource):
                 base=self._held,
                 window=self.window,
                 retries=0,
+                peers=PeerOptions(self.relay, self.curve, self.peer_timeout_s, self.unreachable),
             )
         except TransportTimeout:
             # A DEALER that timed out may still get late replies: start the next poll on a fresh socket.
@@ -496,13 +565,34 @@ class ZmqWeightSource(FileSource):
     def load(self, engine: WeightTarget, update: WeightUpdate) -> float:
         seconds = super().load(engine, update)
         fetched, self._fetched = self._fetched, None
-        if self.delta and fetched is not None and fetched.version == update.version:
-            old, self._held = self._held, fetched  # the base of the next transfer
-            if old is not None and isinstance(old.owner, WeightImage):
-                old.owner.recycle()  # its pages serve the next fetch
+        if (
+            (self.delta or self.relay is not None)
+            and fetched is not None
+            and fetched.version == update.version
+        ):
+            old, self._held = self._held, fetched  # the base of the next transfer, served to peers
+            if old is not None and self.relay is not None and old.version != fetched.version:
+                self._retired = old  # children may still ask for deltas against it
+            elif old is not None:
+                self._release(old, keep_offered=old.version == fetched.version)
         elif isinstance(update.data, WeightImage):
-            update.data.recycle()
+            self._release(HeldWeights(update.version, b"", [], 1, owner=update.data), keep_offered=False)
         return seconds
+
+    def _drop_unloaded(self) -> None:
+        """A version fetched but never loaded (the engine refused it) is not served any more."""
+        fetched, self._fetched = self._fetched, None
+        if fetched is not None:
+            held = self._held.version if self._held is not None else None
+            self._release(fetched, keep_offered=fetched.version == held)
+
+    def _release(self, weights: HeldWeights, *, keep_offered: bool) -> None:
+        """Done with ``weights``: the relay stops serving it (unless the same version is served from
+        newer memory), then its pages become the spare image."""
+        if self.relay is not None and not keep_offered:
+            self.relay.withdraw(weights.version)
+        if isinstance(weights.owner, WeightImage):
+            weights.owner.recycle()
 
     def _drop_endpoint(self) -> None:
         if self._endpoint is not None:
@@ -510,10 +600,33 @@ class ZmqWeightSource(FileSource):
             self._endpoint = None
 
     def close(self) -> None:
-        """Shut down: the socket, and every weight image of this process (held, fetched, spare)."""
+        """Shut down: the relay, the socket, and every weight image of this process (held, fetched,
+        spare)."""
+        if self.relay is not None:
+            self.relay.close()
         self._drop_endpoint()
-        self._held = self._fetched = None
+        self._held = self._fetched = self._retired = None
         close_all()
+
+
+@dataclass
+class PeerOptions:
+    """What `fetch_weights_stream` needs for fan-out (weights.peer_fanout): this generator's relay
+    (announced to the learner, and offered each chunk as it passes its check), its Curve keys (to
+    connect to other relays), how long a silent relay is waited for, and the relays that failed
+    (reported in the next query, then cleared; appended to during the transfer)."""
+
+    relay: ChunkRelay | None = None
+    curve: CurveKeys | None = None
+    timeout_s: float = 5.0
+    unreachable: list[str] = field(default_factory=list)
+
+    def query(self, have_version: int) -> messages.WeightsQuery:
+        failed, self.unreachable[:] = self.unreachable[: messages.MAX_PEERS], []
+        relay = self.relay
+        if relay is None or not relay.address:
+            return messages.WeightsQuery(have_version, unreachable=failed)
+        return messages.WeightsQuery(have_version, relay.address, relay.key, failed)
 
 
 @dataclass(frozen=True)
@@ -527,14 +640,16 @@ class StreamedVersion:
     digests: list[bytes]
     chunk_bytes: int
     wire_bytes: int = 0
-    """Chunk data received (deltas count their compressed size)."""
+    """Chunk data received (deltas count their compressed size), from the learner and peers."""
     reused_chunks: int = 0
     """Chunks copied from the base because their digest matched (not asked for)."""
     delta_chunks: int = 0
     raw_chunks: int = 0
     retried_chunks: int = 0
-    """Chunks that failed their digest once and were asked for again, raw."""
+    """Chunks that failed their digest once and were asked for again (raw, or from the next source)."""
     published_at: float = 0.0
+    peer_bytes: int = 0
+    """Of ``wire_bytes``, what came from other generators' relays."""
 
 
 def fetch_weights_stream(
@@ -545,6 +660,7 @@ def fetch_weights_stream(
     base: HeldWeights | None = None,
     window: int = 4,
     retries: int = 2,
+    peers: PeerOptions | None = None,
 ) -> StreamedVersion | None:
     """Ask the learner's weight server for its current version and stream it into memory if it
     differs from ``have_version``.
@@ -557,6 +673,8 @@ def fetch_weights_stream(
             the others are asked for as deltas against it. None: every chunk comes whole.
         window: chunk requests kept in flight.
         retries: how many times requests in flight are sent again after ``timeout`` of silence.
+        peers: fan-out (`PeerOptions`): the chunks come from the relays the manifest names first,
+            and the caller's relay serves them on. None: from the learner only.
 
     Returns:
         None when the server has published nothing yet; a `StreamedVersion` with ``data`` None
@@ -572,8 +690,9 @@ def fetch_weights_stream(
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     timeout_ms = max(1, int(timeout * 1000))
-    query = messages.WeightsQuery(max(have_version, 0))  # see _fetch: 0 stands in for "nothing"
+    opts = peers if peers is not None else PeerOptions()
     for _attempt in range(3):
+        query = opts.query(max(have_version, 0))  # see _fetch: 0 stands in for "nothing"
         reply = request(
             ep,
             query,
@@ -586,18 +705,9 @@ def fetch_weights_stream(
         manifest: messages.WeightsManifest = reply.body
         if manifest.version == have_version:
             return StreamedVersion(manifest.version, None, [], manifest.chunk_bytes)
-        if not manifest.chunk_digests:
-            raise WeightsError(
-                f"the weight server at {ep.address} sends no chunk digests: it runs an older stream-dapo than "
-                "this generator; run the same version on the learner and the generators"
-            )
-        if have_version > manifest.version:
-            log.warning(
-                "learner serves version %d, older than ours (%d): following it",
-                manifest.version,
-                have_version,
-            )
-        got = _ChunkStream(ep, manifest, base, window, timeout_ms, retries).run()
+        _check_manifest(manifest, have_version, ep.address)
+        sources = _sources(ep, manifest, opts, timeout_ms)
+        got = _ChunkStream(sources, manifest, base, window, retries, opts).run()
         if got is not None:
             return got
         log.info("version %d was superseded while streaming; asking again", manifest.version)
@@ -607,24 +717,73 @@ def fetch_weights_stream(
     )
 
 
+def _check_manifest(manifest: messages.WeightsManifest, have_version: int, address: str) -> None:
+    if not manifest.chunk_digests:
+        raise WeightsError(
+            f"the weight server at {address} sends no chunk digests: it runs an older stream-dapo than "
+            "this generator; run the same version on the learner and the generators"
+        )
+    if have_version > manifest.version:
+        log.warning(
+            "learner serves version %d, older than ours (%d): following it", manifest.version, have_version
+        )
+
+
+@dataclass
+class _Source:
+    """Where chunks are asked for: a peer's relay, or the learner's weight server (always last)."""
+
+    ep: Endpoint
+    timeout_ms: int
+    peer: bool
+    in_flight: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
+    """request id -> (chunk index, this source's place in the list, raw only)."""
+    heard: float = 0.0
+    """When it last answered, or was asked after a quiet spell (monotonic seconds)."""
+    silent: int = 0
+    dead: bool = False
+
+
+def _sources(
+    ep: Endpoint, manifest: messages.WeightsManifest, opts: PeerOptions, timeout_ms: int
+) -> list[_Source]:
+    """The manifest's relays (nearest first, this generator's own left out), then the learner."""
+    out: list[_Source] = []
+    own = opts.relay.address if opts.relay is not None else ""
+    peer_ms = max(1, int(opts.timeout_s * 1000))
+    for peer in manifest.peers:
+        if peer.address == own:
+            continue
+        peer_ep = connect_relay(peer, opts.curve)
+        if peer_ep is not None:
+            out.append(_Source(peer_ep, peer_ms, peer=True))
+    return [*out, _Source(ep, timeout_ms, peer=False)]
+
+
 class _ChunkStream:
     """One version's transfer: ``window`` chunk requests in flight, each chunk checked on arrival.
 
-    This thread sends requests and receives replies; placing a chunk (copy, or inflate and XOR) and
-    hashing it run on ``CHECK_THREADS`` helper threads (sha256, zlib and numpy release the GIL), so
-    the next chunks arrive while earlier ones are checked."""
+    Each chunk is asked for from the first live source (the relays the manifest names, then the
+    learner); a relay that stays silent for its timeout, refuses, or sends a chunk that fails its
+    digest is dropped for the rest of the transfer (and reported), and its chunks go to the next
+    source. This thread sends requests and receives replies; placing a chunk (copy, or inflate and
+    XOR) and hashing it run on ``CHECK_THREADS`` helper threads (sha256, zlib and numpy release the
+    GIL), so the next chunks arrive while earlier ones are checked. Each chunk that passes is
+    offered to this generator's own relay at once, so its children need not wait for the whole
+    version."""
 
     def __init__(
         self,
-        ep: Endpoint,
+        sources: list[_Source],
         manifest: messages.WeightsManifest,
         base: HeldWeights | None,
         window: int,
-        timeout_ms: int,
         retries: int,
+        opts: PeerOptions,
     ) -> None:
-        self.ep, self.manifest, self.window = ep, manifest, window
-        self.timeout_ms, self.retries = timeout_ms, retries
+        self.sources, self.manifest, self.window = sources, manifest, window
+        self.learner = sources[-1]
+        self.retries, self.opts = retries, opts
         self.out = WeightImage.new(manifest.total_bytes)
         self.view = self.out.view
         usable = (
@@ -635,62 +794,58 @@ class _ChunkStream:
         self.base = base if usable else None
         self.base_view = memoryview(base.data) if base is not None and usable else None
         self.digests: list[bytes] = [b""] * manifest.num_chunks
-        self.todo: deque[tuple[int, bool]] = deque()
-        """(chunk index, raw only) still to ask for."""
-        self.in_flight: dict[int, tuple[int, bool]] = {}
-        """request id -> (chunk index, raw only)."""
+        self.todo: deque[tuple[int, int, bool]] = deque()
+        """(chunk index, first source it may come from, raw only) still to ask for."""
         self.counts: Counter[str] = Counter()
-        self.placing: dict[Future[str | None], tuple[int, bool, int, bool]] = {}
-        """A chunk being placed and checked -> (index, raw only, wire bytes, was a delta)."""
+        self.placing: dict[Future[str | None], tuple[int, int, bool, int, bool]] = {}
+        """A chunk being placed and checked -> (index, source, raw only, wire bytes, was a delta)."""
+        self.poller = zmq.Poller()
+        for source in sources:
+            self.poller.register(source.ep.socket, zmq.POLLIN)
         self.pool = ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="weights-check")
 
     def run(self) -> StreamedVersion | None:
         """The checked version, or None when the server dropped it meanwhile; on any failure the
-        shared memory assembled so far is freed."""
+        shared memory assembled so far is withdrawn from the relay and freed."""
+        relay, version = self.opts.relay, self.manifest.version
+        if relay is not None:
+            relay.offer(
+                version, self.view, self.manifest.chunk_bytes, state_checksum=self.manifest.state_checksum
+            )
         try:
             got = self._run()
         except BaseException:
             self.pool.shutdown(wait=True, cancel_futures=True)
-            self.out.close()
+            self._discard()
             raise
         finally:
             self.pool.shutdown(wait=True)
             if self.base_view is not None:
                 self.base_view.release()
+            for source in self.sources[:-1]:
+                source.ep.close()
         if got is None:
-            self.out.close()
+            self._discard()
         return got
+
+    def _discard(self) -> None:
+        if self.opts.relay is not None:
+            self.opts.relay.withdraw(self.manifest.version)
+        self.out.close()
 
     def _run(self) -> StreamedVersion | None:
         m = self.manifest
-        for i in range(m.num_chunks):
-            if self.base is not None and self.base.digests[i] == m.chunk_digests[i]:
-                lo, hi = self._span(i)
-                self.view[lo:hi] = self.base_view[lo:hi]  # type: ignore[index]
-                self.digests[i] = m.chunk_digests[i]
-                self.counts["reused"] += 1
-            else:
-                self.todo.append((i, False))
-        silent = 0
-        while self.todo or self.in_flight or self.placing:
-            while self.todo and len(self.in_flight) < self.window:
+        self._reuse_base()
+        while self.todo or self._in_flight() or self.placing:
+            while self.todo and self._in_flight() < self.window:
                 self._ask(*self.todo.popleft())
-            self._harvest(block=not self.in_flight)
-            if not self.in_flight:
+            self._harvest(block=not self._in_flight())
+            if not self._in_flight():
                 continue
-            got = self.ep.recv(self.timeout_ms)
+            got = self._recv()
             if got is None:
-                silent += 1
-                if silent > self.retries:
-                    raise TransportTimeout(
-                        f"no chunk of weights version {m.version} from {self.ep.address} within "
-                        f"{self.timeout_ms} ms ({silent} time(s)): is the learner running at {self.ep.address}?"
-                    )
-                self.todo.extendleft(reversed(list(self.in_flight.values())))
-                self.in_flight.clear()  # late replies to these ids are dropped as unknown
-                continue
-            silent = 0
-            if not self._take(got[1]):
+                self._expire()
+            elif not self._take(*got):
                 return None
         if state_checksum(self.digests) != m.state_checksum:
             raise ChecksumMismatch(
@@ -698,23 +853,47 @@ class _ChunkStream:
                 f"{m.state_checksum[:16]}...; discarded. A corrupting link or a buggy publisher: the next "
                 "poll retries"
             )
+        c = self.counts
         return StreamedVersion(
             m.version,
             self.out,
             self.digests,
             m.chunk_bytes,
-            wire_bytes=self.counts["wire_bytes"],
-            reused_chunks=self.counts["reused"],
-            delta_chunks=self.counts["delta"],
-            raw_chunks=self.counts["raw"],
-            retried_chunks=self.counts["retried"],
+            wire_bytes=c["wire_bytes"],
+            reused_chunks=c["reused"],
+            delta_chunks=c["delta"],
+            raw_chunks=c["raw"],
+            retried_chunks=c["retried"],
             published_at=m.published_at,
+            peer_bytes=c["peer_bytes"],
         )
+
+    def _reuse_base(self) -> None:
+        """Copy the chunks the base already holds; queue the others."""
+        m = self.manifest
+        for i in range(m.num_chunks):
+            if self.base is not None and self.base.digests[i] == m.chunk_digests[i]:
+                lo, hi = self._span(i)
+                self.view[lo:hi] = self.base_view[lo:hi]  # type: ignore[index]
+                self.digests[i] = m.chunk_digests[i]
+                self.counts["reused"] += 1
+                self._ready(i)
+            else:
+                self.todo.append((i, 0, False))
+
+    def _ready(self, index: int) -> None:
+        if self.opts.relay is not None:
+            self.opts.relay.ready(self.manifest.version, index)
+
+    def _in_flight(self) -> int:
+        return sum(len(s.in_flight) for s in self.sources)
 
     def _span(self, index: int) -> tuple[int, int]:
         return chunk_span(index, self.manifest.chunk_bytes, self.manifest.total_bytes)
 
-    def _ask(self, index: int, raw_only: bool) -> None:
+    def _ask(self, index: int, first: int, raw_only: bool) -> None:
+        place = next(i for i in range(first, len(self.sources)) if not self.sources[i].dead)
+        source = self.sources[place]
         rid = new_request_id()
         if self.base is None or raw_only:
             ask = messages.ChunkRequest(self.manifest.version, index)
@@ -722,31 +901,95 @@ class _ChunkStream:
             ask = messages.ChunkRequest(
                 self.manifest.version, index, self.base.version, self.base.state_checksum
             )
-        self.ep.send(ask, request_id=rid)
-        self.in_flight[rid] = (index, raw_only)
+        if not source.in_flight:
+            source.heard = time.monotonic()
+        source.in_flight[rid] = (index, place, raw_only)
+        try:
+            source.ep.send(ask, request_id=rid)
+        except TransportTimeout:
+            if not source.peer:
+                raise
+            self._drop_peer(source, "its queue is full")
 
-    def _take(self, msg: Message) -> bool:
-        """Place one reply; False when the version is gone from the server."""
+    def _recv(self) -> tuple[_Source, Message] | None:
+        """The next reply from any source asked, or None when the nearest deadline passed first."""
+        waiting = [s for s in self.sources if s.in_flight]
+        deadline = min(s.heard + s.timeout_ms / 1000 for s in waiting)
+        ready = dict(self.poller.poll(max(0, int((deadline - time.monotonic()) * 1000))))
+        for source in waiting:
+            if source.ep.socket in ready:
+                got = source.ep.recv(0)
+                if got is not None:
+                    source.heard, source.silent = time.monotonic(), 0
+                    return source, got[1]
+        return None
+
+    def _expire(self) -> None:
+        """Sources silent past their timeout: a relay is dropped, the learner asked again."""
+        now = time.monotonic()
+        for source in self.sources:
+            if not source.in_flight or now < source.heard + source.timeout_ms / 1000:
+                continue
+            if source.peer:
+                self._drop_peer(source, f"silent for {source.timeout_ms} ms")
+                continue
+            source.silent += 1
+            if source.silent > self.retries:
+                raise TransportTimeout(
+                    f"no chunk of weights version {self.manifest.version} from {source.ep.address} within "
+                    f"{source.timeout_ms} ms ({source.silent} time(s)): is the learner running at "
+                    f"{source.ep.address}?"
+                )
+            self.todo.extendleft(reversed(list(source.in_flight.values())))
+            source.in_flight.clear()  # late replies to these ids are dropped as unknown
+            source.heard = now
+
+    def _drop_peer(self, source: _Source, why: str) -> None:
+        """Stop asking ``source`` (a relay) for this version: its chunks go to the next source."""
+        if source.dead:
+            return
+        log.warning(
+            "weights version %d: relay %s %s; fetching its chunks from the next source",
+            self.manifest.version,
+            source.ep.address,
+            why,
+        )
+        source.dead = True
+        self.poller.unregister(source.ep.socket)
+        self.opts.unreachable.append(source.ep.address)
+        self.todo.extendleft(reversed(list(source.in_flight.values())))
+        source.in_flight.clear()
+
+    def _take(self, source: _Source, msg: Message) -> bool:
+        """Place one reply; False when the version is gone from the learner."""
+        asked = source.in_flight.pop(msg.request_id, None) if msg.request_id is not None else None
+        if msg.type in (messages.ERROR, messages.NOT_AVAILABLE) and source.peer:
+            if asked is not None:
+                self.todo.appendleft(asked)
+            self._drop_peer(source, f"answered {msg.type} ({getattr(msg.body, 'reason', '')})")
+            return True
         if msg.type == messages.ERROR:
-            raise RemoteError(msg.body.reason, msg.body.detail, self.ep.address)
-        asked = self.in_flight.pop(msg.request_id, None) if msg.request_id is not None else None
+            raise RemoteError(msg.body.reason, msg.body.detail, source.ep.address)
         if asked is None:
-            self.ep.discarded += 1  # a late reply to a request sent again since
+            source.ep.discarded += 1  # a late reply to a request sent again since
             return True
         if msg.type == messages.NOT_AVAILABLE:
             return False
-        index, raw_only = asked
+        index, place, raw_only = asked
         body = msg.body
         if not isinstance(body, messages.Chunk) or (body.version, body.index) != (
             self.manifest.version,
             index,
         ):
             self._retry(
-                index, raw_only, f"a {msg.type} that is not chunk {index} of version {self.manifest.version}"
+                index,
+                place,
+                raw_only,
+                f"a {msg.type} that is not chunk {index} of version {self.manifest.version}",
             )
             return True
         future = self.pool.submit(self._place, body)
-        self.placing[future] = (index, raw_only, len(body.data), body.encoding != "raw")
+        self.placing[future] = (index, place, raw_only, len(body.data), body.encoding != "raw")
         return True
 
     def _harvest(self, block: bool) -> None:
@@ -755,13 +998,16 @@ class _ChunkStream:
             return
         done, _ = wait(list(self.placing), timeout=None if block else 0, return_when=FIRST_COMPLETED)
         for future in done:
-            index, raw_only, wire, delta = self.placing.pop(future)
+            index, place, raw_only, wire, delta = self.placing.pop(future)
             problem = future.result()
             if problem is not None:
-                self._retry(index, raw_only, problem)
+                self._retry(index, place, raw_only, problem)
                 continue
             self.counts["wire_bytes"] += wire
             self.counts["delta" if delta else "raw"] += 1
+            if self.sources[place].peer:
+                self.counts["peer_bytes"] += wire
+            self._ready(index)
 
     def _place(self, body: messages.Chunk) -> str | None:
         """Write chunk ``body`` into the image and check its digest (a helper thread); the problem
@@ -792,9 +1038,16 @@ class _ChunkStream:
         self.digests[body.index] = digest
         return None
 
-    def _retry(self, index: int, raw_only: bool, problem: str) -> None:
-        """A chunk failed its check: ask once more, raw; a second failure discards the transfer."""
+    def _retry(self, index: int, place: int, raw_only: bool, problem: str) -> None:
+        """A chunk failed its check. From a relay: the relay is dropped and the chunk asked for from
+        the next source. From the learner: once more, raw; a second failure discards the transfer."""
         version = self.manifest.version
+        self.counts["retried"] += 1
+        source = self.sources[place]
+        if source.peer:
+            self.todo.appendleft((index, place + 1, False))
+            self._drop_peer(source, f"sent chunk {index} that failed its check ({problem})")
+            return
         if raw_only:
             raise ChecksumMismatch(
                 f"weights version {version}: chunk {index} failed its check twice ({problem}); the transfer is "
@@ -803,8 +1056,7 @@ class _ChunkStream:
         log.warning(
             "weights version %d: chunk %d failed its check (%s); asking for it again", version, index, problem
         )
-        self.counts["retried"] += 1
-        self.todo.appendleft((index, True))
+        self.todo.appendleft((index, place, True))
 
 
 def fetch_weights_zmq(

@@ -35,9 +35,15 @@ TARGET_WINDOW = 10
 CELL_RECORD = "ablation_cell.json"
 # What does not change what a cell computes: where it listens and logs, and where it writes.
 _UNCOMPARED_SECTIONS = ("transport", "metrics")
-_UNCOMPARED_KEYS = (("weights", "fetch_window"), ("weights", "delta"))
-"""How a version travels (issue 38: the fetch window, deltas): the weights that arrive are the same,
-checked bit for bit, whatever these say."""
+_UNCOMPARED_KEYS = (
+    ("weights", "fetch_window"),
+    ("weights", "delta"),
+    ("weights", "peer_fanout"),
+    ("weights", "peer_timeout_s"),
+    ("weights", "peer_host"),
+)
+"""How a version travels (issue 38: the fetch window, deltas, fan-out through other generators): the
+weights that arrive are the same, checked bit for bit, whatever these say."""
 _NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {
     ("buffer", "in_flight_hold_s"): 0.0,
     ("warmup", "track_every"): 0,  # tracking never changes the warm weights; off, it is not even timed
