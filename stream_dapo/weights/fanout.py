@@ -37,12 +37,14 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from stream_dapo.errors import ConfigError
 from stream_dapo.runtime.service_runner import release
 from stream_dapo.transport import messages
 from stream_dapo.transport.sockets import (
     CurveKeys,
     Endpoint,
     PeerUnreachable,
+    TransportError,
     TransportTimeout,
     open_endpoint,
 )
@@ -215,17 +217,24 @@ class ChunkRelay:
             from stream_dapo.transport.curve import start_authenticator
 
             self._auth = start_authenticator(self._ctx, self.allowed_clients_dir)
-        self._endpoint = open_endpoint(
-            self._ctx,
-            zmq.ROUTER,
-            bind=f"tcp://{self.host}:*",
-            max_bytes=REQUEST_MAX_BYTES,
-            peer="generator",
-            hwm=self.hwm,
-            curve=self.curve,
-            curve_server=self.curve is not None,
-            send_timeout_ms=0,
-        )
+        try:
+            self._endpoint = open_endpoint(
+                self._ctx,
+                zmq.ROUTER,
+                bind=f"tcp://{self.host}:*",
+                max_bytes=REQUEST_MAX_BYTES,
+                peer="generator",
+                hwm=self.hwm,
+                curve=self.curve,
+                curve_server=self.curve is not None,
+                send_timeout_ms=0,
+            )
+        except (zmq.ZMQError, TransportError) as exc:
+            self.close()
+            raise ConfigError(
+                f"the weight relay cannot bind {self.host!r} ({exc}): set weights.peer_host to an address of "
+                "this generator's machine that the other generators reach, or weights.peer_fanout = 0"
+            ) from exc
         self.address = advertised(self._endpoint.address)
         self._thread = threading.Thread(target=self._serve, name="weight-relay", daemon=True)
         self._thread.start()

@@ -362,3 +362,11 @@ def handshake_refused(address: str, keys: CurveKeys) -> bool:
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
+
+
+def test_a_relay_host_that_is_not_this_machines_names_the_key_to_set() -> None:
+    from stream_dapo.errors import ConfigError
+
+    # 192.0.2.1 (TEST-NET-1) is never an address of this machine: the bind fails.
+    with pytest.raises(ConfigError, match=r"set weights.peer_host to an address of this generator's machine"):
+        ChunkRelay("192.0.2.1").start()
