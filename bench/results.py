@@ -659,6 +659,12 @@ EXTERNAL = (
         "flock /tmp/stream-dapo-cpu.lock python -m bench.perf.learner_memory",
     ),
     (
+        "Weight fan-out through generator relays: learner egress with 1-8 receivers (wall times not "
+        "comparable: measured beside a training run)",
+        "weight_fanout.json",
+        "python -m bench.perf.weight_fanout --receivers 1,2,4,8 --mb 128 --versions 3 --fanout 2",
+    ),
+    (
         "A real pretrained model (SmolLM2-135M-Instruct) through the whole pipeline, before and after RL",
         "real-model.md",
         "flock /tmp/stream-dapo-cpu.lock python -m bench.studies.real_model --config C --seed N "

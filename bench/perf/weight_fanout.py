@@ -207,7 +207,25 @@ def measure_fanout(receivers: tuple[int, ...], total_mb: int, versions: int, fan
                     f"{row['learner_egress_bytes'] / 1e6:.1f} MB ({row['learner_egress_copies']:.2f} copies)",
                     flush=True,
                 )
+    out["table"] = flat_rows(out["cases"])
     return out
+
+
+def flat_rows(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (receivers, mode, version): what the results page shows as a table."""
+    return [
+        {
+            "receivers": case["receivers"],
+            "mode": case["mode"],
+            "version": row["version"],
+            "learner_egress_copies": round(row["learner_egress_copies"], 3),
+            "learner_egress_MB": round(row["learner_egress_bytes"] / 1e6, 1),
+            "received_MB": round(row["received_bytes"] / 1e6, 1),
+            "all_loaded_s": round(row["all_loaded_s"], 2),
+        }
+        for case in cases
+        for row in case["versions"]
+    ]
 
 
 def main() -> None:
