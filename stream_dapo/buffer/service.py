@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ import zmq
 from stream_dapo.buffer.journal import CompactionMark, Journal, JournalError
 from stream_dapo.buffer.replay import AdmissionPolicy, BufferInputError, ReplayBuffer
 from stream_dapo.buffer.rollout_tally import RolloutTally
-from stream_dapo.config import Config
+from stream_dapo.config import BufferConfig, Config, MetricsConfig, TransportConfig
 from stream_dapo.errors import ConfigError
 from stream_dapo.learner.resume import (
     BUFFER_SETTINGS,
@@ -68,7 +69,7 @@ from stream_dapo.transport.sockets import (
     open_endpoint,
 )
 
-__all__ = ["BufferService", "persist_path"]
+__all__ = ["BufferService", "BufferSettings", "build_buffer", "persist_path"]
 
 log = logging.getLogger("stream_dapo.buffer")
 
@@ -101,6 +102,42 @@ def persist_path(cfg: Config) -> Path:
     return Path(cfg.run.out_dir) / "buffer" / "state.msgpack"
 
 
+@dataclass(frozen=True)
+class BufferSettings:
+    """What the buffer service reads of the configuration: three of its sections whole, and the few
+    values it takes from others. `from_config` builds it; tests may build one directly."""
+
+    buffer: BufferConfig
+    transport: TransportConfig
+    metrics: MetricsConfig
+    out_dir: str
+    """run.out_dir: bound ports and final figures go under it."""
+    policy: AdmissionPolicy
+    """What the state machine decides with (`Config.admission_policy`)."""
+    sampling: m.Sampling
+    """The generators' sampling settings every peer must share (generator.*)."""
+    journaled: dict[str, Any]
+    """The settings stored with the state and compared at the next start (resume.BUFFER_SETTINGS)."""
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> BufferSettings:
+        return cls(
+            buffer=cfg.buffer,
+            transport=cfg.transport,
+            metrics=cfg.metrics,
+            out_dir=cfg.run.out_dir,
+            policy=cfg.admission_policy(),
+            sampling=m.Sampling.of(cfg.generator),
+            journaled=settings_of(cfg.model_dump(mode="json"), BUFFER_SETTINGS),
+        )
+
+
+def build_buffer(cfg: Config, *, clock: Callable[[], float] = time.monotonic) -> BufferService:
+    """The buffer's composition root: its settings and journal from `cfg`, then the service (which
+    restores the state, binds its sockets and its metrics server)."""
+    return BufferService(BufferSettings.from_config(cfg), Journal(persist_path(cfg)), clock=clock)
+
+
 class BufferService:
     """The buffer's sockets, journal, metrics and poll loop around a `ReplayBuffer`.
 
@@ -110,11 +147,14 @@ class BufferService:
     thread) or drive it with `step(timeout_ms)`; `close()` persists and releases everything.
     """
 
-    def __init__(self, cfg: Config, *, clock: Callable[[], float] = time.monotonic) -> None:
-        """`clock`: what times leases, holds and ages (monotonic; a test injects its own)."""
-        self.cfg = cfg
-        policy = cfg.admission_policy()
-        self.journal = Journal(persist_path(cfg))
+    def __init__(
+        self, settings: BufferSettings, journal: Journal, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """`journal`: where the state is restored from and recorded; `clock`: what times leases,
+        holds and ages (monotonic; a test injects its own). `build_buffer(cfg)` makes both."""
+        self.settings = settings
+        policy = settings.policy
+        self.journal = journal
         self._ctx: zmq.Context[Any] | None = None
         self._endpoints: list[Endpoint] = []
         self._refused: list[RefusedConnections] = []
@@ -160,7 +200,7 @@ class BufferService:
         self.health.detail.update(
             {"samples": self.samples.address, "batches": self.batches.address, "ports": self.bound_ports}
         )
-        write_bound_ports(cfg.run.out_dir, "buffer", self.bound_ports)
+        write_bound_ports(settings.out_dir, "buffer", self.bound_ports)
         self.health.ready = True
         log.info(
             "buffer ready: generators -> %s, learner -> %s, metrics on port %d, admission capacity %d groups",
@@ -200,7 +240,7 @@ class BufferService:
         """Compare the settings stored with the state (`resume.BUFFER_SETTINGS`) with this start's:
         a change of one the stored groups depend on is refused (ConfigError: exit 2, naming key, old
         and new value and the way out), any other is applied and logged; then store this start's."""
-        current = settings_of(self.cfg.model_dump(mode="json"), BUFFER_SETTINGS)
+        current = self.settings.journaled
         stored = buffer.run_config
         if stored is not None:
             applied, refused = split_changes(config_changes(stored, current), FIXED_FOR_BUFFER)
@@ -220,7 +260,7 @@ class BufferService:
         self.journal.sync()
 
     def _bind_sockets(self) -> None:
-        t = self.cfg.transport
+        t = self.settings.transport
         self._ctx = zmq.Context()
         curve = self._curve_keys()
         for name, port, peer in (
@@ -253,7 +293,7 @@ class BufferService:
     def _curve_keys(self) -> CurveKeys | None:
         """CurveZMQ: the server keys of transport.curve_dir; only clients whose public keys are in
         `curve_dir/clients/` may connect (`transport/curve.py`)."""
-        server = curve_server(self.cfg.transport.curve_dir)
+        server = curve_server(self.settings.transport.curve_dir)
         if server is None:
             return None
         keys, allowed = server
@@ -262,12 +302,12 @@ class BufferService:
         return keys
 
     def _start_metrics(self) -> None:
-        mc = self.cfg.metrics
+        mc = self.settings.metrics
         self.registry, self.health, self.metrics_server = start_metrics(
             mc.host, mc.buffer_port, setting="metrics.buffer_port"
         )
         self.metrics = BufferMetrics(self.registry)
-        self.metrics.max_staleness.set(self.cfg.algo.max_staleness)
+        self.metrics.max_staleness.set(self.settings.policy.max_staleness)
 
     @property
     def metrics_port(self) -> int:
@@ -434,7 +474,7 @@ class BufferService:
         but a drifting gauge would show it. An older peer that does not say (None) is let in."""
         if theirs is None:
             return
-        ours = m.Sampling.of(self.cfg.generator)
+        ours = self.settings.sampling
         differ = [
             f"generator.{name} = {getattr(theirs, name)!r} there, {getattr(ours, name)!r} here"
             for name in m.Sampling.KEYS
@@ -464,7 +504,7 @@ class BufferService:
             body.learner_version,
             body.max_groups,
             body.max_tokens,
-            max_bytes=max(1, self.cfg.transport.max_message_bytes - BATCH_BYTES_HEADROOM),
+            max_bytes=max(1, self.settings.transport.max_message_bytes - BATCH_BYTES_HEADROOM),
             request_id=rid,
         )
         if result.retried:
@@ -511,7 +551,7 @@ class BufferService:
                 "generator %s not heard from for %.0f s (buffer.generator_lease_s): its %d credits return to the "
                 "admission line",
                 gen,
-                self.cfg.buffer.generator_lease_s,
+                self.settings.buffer.generator_lease_s,
                 n,
             )
 
@@ -539,7 +579,7 @@ class BufferService:
                 elapsed,
             )
             return
-        due = time.monotonic() - self._last_compaction >= self.cfg.buffer.persist_every_s
+        due = time.monotonic() - self._last_compaction >= self.settings.buffer.persist_every_s
         if due and self.journal.records_since_compaction:
             self._last_compaction = time.monotonic()
             t0 = time.perf_counter()
@@ -642,7 +682,7 @@ class BufferService:
                 *(endpoint.close for endpoint in self._endpoints),
                 self._auth and self._auth.stop,
                 self._ctx and self._ctx.term,
-                self.metrics_server and (lambda: self.metrics_server.stop(self.cfg.metrics.final_scrape_wait_s)),
+                self.metrics_server and (lambda: self.metrics_server.stop(self.settings.metrics.final_scrape_wait_s)),
                 lambda: self._compactor.shutdown(wait=True),  # a snapshot still being written
                 self.journal.close,
             )
@@ -653,7 +693,7 @@ class BufferService:
         if self.metrics_server is None:
             return
         self._export_metrics()
-        path = final_metrics_path(self.cfg.run.out_dir, "buffer")
+        path = final_metrics_path(self.settings.out_dir, "buffer")
         try:
             write_final_metrics(self.registry, path)
         except OSError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from stream_dapo.buffer.journal import JournalError
-from stream_dapo.buffer.service import BufferService
+from stream_dapo.buffer.service import BufferService, build_buffer
 from stream_dapo.config import Config
 from stream_dapo.runtime.exit_codes import ExitCode
 from stream_dapo.runtime.service_runner import run_service
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     return run_service(
         "buffer",
         cfg,
-        lambda: BufferService(cfg),
+        lambda: build_buffer(cfg),
         BufferService.serve_forever,
         startup_errors={JournalError: ExitCode.CONFIG},
         serve_errors={JournalError: ExitCode.FAILURE},

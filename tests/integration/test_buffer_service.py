@@ -27,7 +27,7 @@ import zmq.auth
 
 from stream_dapo.buffer import service as buffer_service
 from stream_dapo.buffer.journal import Journal, JournalError
-from stream_dapo.buffer.service import BufferService, persist_path
+from stream_dapo.buffer.service import BufferService, build_buffer, persist_path
 from stream_dapo.cli import buffer as buffer_cli
 from stream_dapo.config import Config, load_config
 from stream_dapo.runtime.ports import ServiceExited
@@ -113,7 +113,7 @@ class Peers:
 
 @contextmanager
 def service_in_thread(cfg: Config) -> Iterator[BufferService]:
-    svc = BufferService(cfg)
+    svc = build_buffer(cfg)
     stop = threading.Event()
     thread = threading.Thread(target=svc.serve_forever, args=(stop,), kwargs={"poll_ms": 20}, daemon=True)
     thread.start()
@@ -361,11 +361,11 @@ def test_a_taken_port_fails_at_start_naming_the_setting(tmp_path: Path) -> None:
     cfg = load_config(overrides=[*overrides(tmp_path), f"transport.batches_port={taken}"], environ={})
     try:
         with pytest.raises(TransportError, match=r"transport\.batches_port"):
-            BufferService(cfg)
+            build_buffer(cfg)
     finally:
         squatter.close(linger=0)
         ctx.term()
-    BufferService(load_config(overrides=overrides(tmp_path), environ={})).close()  # nothing left open
+    build_buffer(load_config(overrides=overrides(tmp_path), environ={})).close()  # nothing left open
 
 
 def test_the_command_exits_2_when_it_cannot_start(tmp_path: Path) -> None:
@@ -387,7 +387,7 @@ def test_unreadable_state_fails_at_start_naming_the_files(tmp_path: Path) -> Non
     with pytest.raises(
         JournalError, match=r"cannot restore the buffer from .*state\.msgpack.*Move both aside"
     ):
-        BufferService(cfg)
+        build_buffer(cfg)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -571,13 +571,13 @@ def test_missing_curve_keys_fail_at_start_naming_the_fix(tmp_path: Path) -> None
     with pytest.raises(
         CurveKeyError, match=r"server\.key_secret; create them with `stream-dapo keys generate"
     ):
-        BufferService(cfg)
+        build_buffer(cfg)
 
 
 def test_the_periodic_status_line_names_every_key(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Regression: a status key that only the service's stats() has crashed the buffer after 60 s."""
     cfg = load_config(overrides=overrides(tmp_path), environ={})
-    svc = BufferService(cfg)
+    svc = build_buffer(cfg)
     try:
         svc._last_status = float("-inf")  # due now
         with caplog.at_level("INFO", logger="stream_dapo.buffer"):
@@ -799,3 +799,21 @@ def test_numbered_groups_are_forgotten_past_their_horizon_and_background_snapsho
             assert resend.body.duplicates == [g.group_id for g in sent] and resend.body.accepted == []
             s = svc.stats()
             assert (s["accepted"], s["committed"], s["duplicates"], s["seen_ids"]) == (12, 12, 12, 2)
+
+
+def test_the_service_takes_its_settings_and_journal_from_its_composition_root(tmp_path: Path) -> None:
+    """`build_buffer(cfg)` composes; the service itself takes what it reads (issue 39: narrow inputs),
+    so a caller can hand it another journal without touching the config."""
+    from stream_dapo.buffer.service import BufferSettings
+
+    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    settings = BufferSettings.from_config(cfg)
+    assert settings.policy == cfg.admission_policy() and settings.out_dir == str(tmp_path)
+    elsewhere = Journal(tmp_path / "elsewhere" / "state.msgpack")
+    svc = BufferService(settings, elsewhere)
+    try:
+        assert svc.journal is elsewhere
+    finally:
+        svc.close()
+    assert (tmp_path / "elsewhere" / "state.msgpack").is_file(), "the state went to the injected journal"
+    assert not persist_path(cfg).exists(), "not to the one the config names"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_dapo.buffer.service import BufferService
+from stream_dapo.buffer.service import build_buffer
 from stream_dapo.cli import buffer as buffer_cli
 from stream_dapo.config import load_config
 from stream_dapo.errors import ConfigError
@@ -70,7 +70,7 @@ def test_a_restart_with_another_group_size_exits_2_and_a_changed_capacity_is_app
         overrides=[*overrides(tmp_path), "algo.group_size=4", "learner.mini_batch_samples=8"], environ={}
     )
     with pytest.raises(ConfigError) as refused:
-        BufferService(changed)
+        build_buffer(changed)
     message = str(refused.value)
     assert "algo.group_size 2 -> 4" in message and "state.msgpack" in message
     assert "put them back" in message and "run.out_dir" in message
