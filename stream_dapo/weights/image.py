@@ -20,13 +20,14 @@ fix, before anything is allocated.
 
 from __future__ import annotations
 
+import _posixshmem  # the POSIX shm_open SharedMemory itself uses (Linux, macOS)
 import atexit
 import contextlib
+import mmap
 import os
 import threading
 import weakref
 from collections.abc import Iterator
-from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 
 from stream_dapo.weights.errors import WeightsError
@@ -125,19 +126,13 @@ class WeightImage:
 def map_image(name: str, nbytes: int) -> Iterator[memoryview]:
     """Map the image ``name`` made by another process (the engine's worker side), read-only use.
 
-    Not registered with this process's resource tracker: the generator owns the segment, and a
-    tracker here would unlink it (and warn of a leak) when the worker exits."""
-    try:
-        shm = SharedMemory(name=name)
-    except FileNotFoundError:
-        raise WeightsError(
-            f"shared-memory weight image {name!r} is gone: the generator unlinked it before the engine "
-            "mapped it (it retries with the next poll)"
-        ) from None
-    with contextlib.suppress(Exception):
-        # Python < 3.13 registers every attach; undo it (3.13 has track=False for this).
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    view = _buffer(shm)[:nbytes]
+    Mapped without Python's resource tracker: the generator owns the segment. Attaching through
+    ``SharedMemory`` registers the name (Python < 3.13), and vLLM's processes share the generator's
+    tracker, so undoing that registration here removed the generator's own: its unlink then made the
+    tracker print a KeyError traceback and warn of a leak at exit. Opening the segment directly
+    (3.13's ``track=False``) leaves the tracker to the generator."""
+    mapped = _attach(name)
+    view = memoryview(mapped)[:nbytes]
     try:
         if len(view) != nbytes:
             raise WeightsError(
@@ -147,7 +142,22 @@ def map_image(name: str, nbytes: int) -> Iterator[memoryview]:
     finally:
         with contextlib.suppress(BufferError):  # a tensor still holds the pages: the GC unmaps them later
             view.release()
-            shm.close()
+            mapped.close()
+
+
+def _attach(name: str) -> mmap.mmap:
+    """The pages of shared-memory segment ``name``, mapped read-write, not tracked."""
+    try:
+        fd = _posixshmem.shm_open("/" + name.lstrip("/"), os.O_RDWR, mode=0o600)
+    except FileNotFoundError:
+        raise WeightsError(
+            f"shared-memory weight image {name!r} is gone: the generator unlinked it before the engine "
+            "mapped it (it retries with the next poll)"
+        ) from None
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
 
 
 def _buffer(shm: SharedMemory) -> memoryview:
