@@ -147,11 +147,12 @@ def _cached(path: Path, build: Any) -> Any:
     return value
 
 
-def _cached_evals(path: Path, data: dict[str, str], build: Any) -> dict:
+def _cached_evals(path: Path, data: dict[str, str], build: Any, refresh: Sequence[str] = ()) -> dict:
     """The evals kept in ``path``, with the eval sets it lacks evaluated (``build(missing data)``)
-    and added: a set added to the study later is measured without measuring the others again."""
+    and added: a set added to the study later is measured without measuring the others again.
+    ``refresh``: set names measured again even when kept (an older file without per-template figures)."""
     have = json.loads(path.read_text()) if path.is_file() else {}
-    missing = {name: p for name, p in data.items() if f"{name}_sampled" not in have}
+    missing = {name: p for name, p in data.items() if f"{name}_sampled" not in have or name in refresh}
     if missing:
         have = {**have, **build(missing)}
         save_json(path, have)
@@ -262,6 +263,15 @@ def report(
                 "num_prompts": before["num_prompts"],
                 "k": before["k"],
             }
+            if "by_group" in before and "by_group" in after:
+                sets[label]["by_template"] = {
+                    g: {
+                        "prompts": b["prompts"],
+                        "before": b["avg_at_k"],
+                        "after": after["by_group"][g]["avg_at_k"],
+                    }
+                    for g, b in before["by_group"].items()
+                }
     launch = trained["launch"]
     steps = [r for r in rows if "wall_time" in r]
     per_step = (steps[-1]["wall_time"] - steps[0]["wall_time"]) / (len(steps) - 1) if len(steps) > 1 else None
@@ -329,8 +339,12 @@ def render_page(reports: Sequence[dict]) -> str:
     ]
     for rep in reports:
         t, sft = rep["training"], rep.get("warm_start") or {}
+        changed = [
+            o for o in rep.get("overrides", []) if not o.startswith(("learner.seed=", "generator.seed="))
+        ]
         lines += [
-            f"## Seed {rep['seed']} ({rep['config']}, {rep['cores']} cores, {rep['machine'].get('cpu_model', '')})",
+            f"## Seed {rep['seed']} ({rep['config']}{''.join(f' --set {o}' for o in changed)}, {rep['cores']} cores, "
+            f"{rep['machine'].get('cpu_model', '')})",
             "",
             f"Warm start: {sft.get('steps')} supervised steps on {sft.get('examples')} worked solutions "
             f"({sft.get('seconds')} s, final loss {sft.get('final_loss', 0):.3f}).",
@@ -356,8 +370,23 @@ def render_page(reports: Sequence[dict]) -> str:
                 f"{b['truncation_rate']:.3f} / {a['truncation_rate']:.3f} | "
                 f"{b['mean_response_len']:.0f} / {a['mean_response_len']:.0f} |"
             )
-        lines.append("")
+        lines += ["", *_template_table(rep["eval"])]
     return "\n".join(lines) + "\n" + PAGE_NOTES
+
+
+def _template_table(sets: dict) -> list[str]:
+    """avg@k before / after per template of the sampled sets that carry it (what a gain is made of)."""
+    out = []
+    for label, e in sets.items():
+        if "by_template" not in e or not label.endswith("_sampled"):
+            continue
+        out += [f"Per template, {label} (avg@{e['k']} before -> after, prompts):", ""]
+        out += ["| template | prompts | before | after | gain (points) |", "|---|---|---|---|---|"]
+        for name, g in e["by_template"].items():
+            gain = 100 * (g["after"] - g["before"])
+            out.append(f"| {name} | {g['prompts']} | {g['before']:.3f} | {g['after']:.3f} | {gain:+.1f} |")
+        out.append("")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -371,10 +400,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=3600.0, help="seconds of training after launch")
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "real-model")
     parser.add_argument(
-        "--json", type=Path, default=None, help="default: docs/results/real_model_[<config stem>_]seed<N>.json"
+        "--json",
+        type=Path,
+        default=None,
+        help="default: docs/results/real_model_[<config stem>_]seed<N>.json",
     )
     parser.add_argument(
         "--render", action="store_true", help="only write docs/results/real-model.md from the JSONs"
+    )
+    parser.add_argument(
+        "--refresh",
+        action="append",
+        default=[],
+        metavar="SET",
+        help="evaluate this eval set again before and after (e.g. heldout), even if its figures are kept",
     )
     args = parser.parse_args(argv)
     if args.render:
@@ -384,7 +423,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     default = args.config.resolve() == DEFAULT_CONFIG.resolve()
     tag = "" if default else f"{args.config.stem}_"
-    work = (args.work if default else args.work.with_name(f"{args.work.name}-{args.config.stem}")) / f"seed-{args.seed}"
+    work = (
+        args.work if default else args.work.with_name(f"{args.work.name}-{args.config.stem}")
+    ) / f"seed-{args.seed}"
     work.mkdir(parents=True, exist_ok=True)
     overrides = [*args.overrides, f"learner.seed={args.seed}", f"generator.seed={args.seed}"]
     data = prepare(args.config, overrides)
@@ -394,6 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work / "evals-start.json",
         data,
         lambda sets: evaluate_model(args.config, overrides, cfg.model.path, sets, args.eval_seed),
+        args.refresh,
     )
     print(f"seed {args.seed}: training for {args.budget_s:.0f} s ...", flush=True)
     trained = _cached(work / "trained.json", lambda: train(args.config, overrides, work, args.budget_s))
@@ -403,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work / "evals-final.json",
         data,
         lambda sets: evaluate_model(args.config, overrides, final_dir, sets, args.eval_seed),
+        args.refresh,
     )
     rep = {
         "what": f"SmolLM2-135M-Instruct trained by the whole pipeline on {Path(cfg.data.train_path).parent.name}, "

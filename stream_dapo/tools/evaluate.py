@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from stream_dapo.verifier import VerifierPool
 
-__all__ = [ "evaluate", "pass_at_k",]
+__all__ = ["evaluate", "pass_at_k", "summarise"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -74,7 +74,8 @@ def evaluate(
 
     Returns:
         avg_at_k, pass_at_k, k, n, num_prompts, num_samples, mean_response_len, truncation_rate,
-        answered_rate (share of responses with an extractable answer), accuracy_when_answered.
+        answered_rate (share of responses with an extractable answer), accuracy_when_answered, and
+        ``by_group`` per template when the prompts' rows name one (see `summarise`).
     """
     from vllm import SamplingParams, TokensPrompt
 
@@ -119,21 +120,76 @@ def evaluate(
         with VerifierPool(num_workers=1) as pool:
             results = pool.verify_batch(pairs)
 
-    correct_per_prompt = [sum(r.correct for r in results[i * n : (i + 1) * n]) for i in range(len(prompts))]
-    answered = sum(r.extracted is not None for r in results)
-    return {
-        "avg_at_k": sum(correct_per_prompt) / (n * len(prompts)),
-        "pass_at_k": sum(pass_at_k(n, c, k) for c in correct_per_prompt) / len(prompts),
+    return summarise(
+        [bool(r.correct) for r in results],
+        [r.extracted is not None for r in results],
+        lengths,
+        truncated,
+        k=k,
+        n=n,
+        groups=[str(p.extra_info.get("template", "")) for p in prompts],
+    )
+
+
+def summarise(
+    correct: Sequence[bool],
+    answered: Sequence[bool],
+    lengths: Sequence[int],
+    truncated: int,
+    *,
+    k: int,
+    n: int,
+    groups: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The eval's figures from per-sample outcomes in prompt-major order (``n`` per prompt).
+
+    ``groups``: one name per prompt (a word problem's template, from its row's ``extra_info``); when
+    any is non-empty the result has ``by_group``: per name, prompts, avg@k, pass@k, answered_rate and
+    accuracy_when_answered, so a gain on a held-out set can be told apart by problem structure.
+    """
+    num_prompts = len(correct) // n
+    if num_prompts * n != len(correct) or not num_prompts:
+        raise ValueError(f"{len(correct)} outcomes are not a positive multiple of n={n}")
+    per_prompt = [sum(correct[i * n : (i + 1) * n]) for i in range(num_prompts)]
+    out = {
+        **_rates(per_prompt, answered, n, k),
         "k": k,
         "n": n,
-        "num_prompts": len(prompts),
-        "num_samples": len(pairs),
+        "num_prompts": num_prompts,
+        "num_samples": len(correct),
         "mean_response_len": sum(lengths) / len(lengths),
         "truncation_rate": truncated / len(lengths),
+    }
+    if any(groups):
+        if len(groups) != num_prompts:
+            raise ValueError(f"{len(groups)} group names for {num_prompts} prompts")
+        by: dict[str, list[int]] = {}
+        for i, name in enumerate(groups):
+            by.setdefault(name, []).append(i)
+        out["by_group"] = {
+            name: {
+                "prompts": len(idx),
+                **_rates(
+                    [per_prompt[i] for i in idx],
+                    [a for i in idx for a in answered[i * n : (i + 1) * n]],
+                    n,
+                    k,
+                ),
+            }
+            for name, idx in sorted(by.items())
+        }
+    return out
+
+
+def _rates(per_prompt: Sequence[int], answered: Sequence[bool], n: int, k: int) -> dict[str, float]:
+    right, said = sum(per_prompt), sum(answered)
+    return {
+        "avg_at_k": right / (n * len(per_prompt)),
+        "pass_at_k": sum(pass_at_k(n, c, k) for c in per_prompt) / len(per_prompt),
         # Learning the answer format and learning to solve, told apart: the share of responses with
         # an answer the verifier could extract, and the accuracy among those.
-        "answered_rate": answered / len(results),
-        "accuracy_when_answered": sum(correct_per_prompt) / answered if answered else 0.0,
+        "answered_rate": said / len(answered),
+        "accuracy_when_answered": right / said if said else 0.0,
     }
 
 
