@@ -503,16 +503,10 @@ def evaluate_models(
     Weights are swapped in place (``update_weights_from_file``, the generator's path); the start
     weights are evaluated again last, and that figure must equal the first one.
     """
-    import vllm
     from transformers import AutoTokenizer
 
     from stream_dapo.data.dataset import load_prompts
-    from stream_dapo.generator.vllm_utils import (
-        apply_cpu_env,
-        is_cpu_platform,
-        shutdown_llm,
-        vllm_engine_kwargs,
-    )
+    from stream_dapo.generator.vllm_utils import running_llm
     from stream_dapo.generator.worker_ext import WORKER_EXTENSION
     from stream_dapo.tools.evaluate import evaluate, resolve_eval_data
     from stream_dapo.verifier import VerifierPool
@@ -522,56 +516,49 @@ def evaluate_models(
         resolve_eval_data(cfg), AutoTokenizer.from_pretrained(start_model), cfg.model.max_prompt_len
     )
     prompts = prompts[: cfg.eval.max_prompts]
-    if is_cpu_platform():
-        apply_cpu_env(gen)
-    kwargs = vllm_engine_kwargs(
-        start_model,
-        gen,
-        dtype=cfg.model.dtype,
-        max_model_len=cfg.model.max_prompt_len + cfg.algo.max_response_len,
-        seed=seed,
-    )
-    llm = vllm.LLM(**kwargs, worker_extension_cls=WORKER_EXTENSION)
     results: dict[str, Any] = {}
-    try:
-        with VerifierPool.from_config(cfg.verifier) as pool:
+    with (
+        running_llm(  # stopped on SIGTERM too, not orphaned
+            start_model,
+            gen,
+            dtype=cfg.model.dtype,
+            max_model_len=cfg.model.max_prompt_len + cfg.algo.max_response_len,
+            seed=seed,
+            worker_extension_cls=WORKER_EXTENSION,
+        ) as llm,
+        VerifierPool.from_config(cfg.verifier) as pool,
+    ):
 
-            def score(label: str) -> dict[str, Any]:
-                t0 = time.perf_counter()
-                r = evaluate(
-                    llm,
-                    prompts,
-                    k=cfg.eval.k,
-                    temperature=cfg.eval.temperature,
-                    top_p=cfg.eval.top_p,
-                    max_tokens=cfg.algo.max_response_len,
-                    seed=seed,
-                    verifier=pool,
-                )
-                print(
-                    f"eval {label}: avg@{r['k']} {r['avg_at_k']:.4f} ({time.perf_counter() - t0:.1f} s)",
-                    flush=True,
-                )
-                return r
+        def score(label: str) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            r = evaluate(
+                llm,
+                prompts,
+                k=cfg.eval.k,
+                temperature=cfg.eval.temperature,
+                top_p=cfg.eval.top_p,
+                max_tokens=cfg.algo.max_response_len,
+                seed=seed,
+                verifier=pool,
+            )
+            print(
+                f"eval {label}: avg@{r['k']} {r['avg_at_k']:.4f} ({time.perf_counter() - t0:.1f} s)",
+                flush=True,
+            )
+            return r
 
-            def load(directory: str) -> None:
-                llm.collective_rpc(
-                    "update_weights_from_file", args=(str(Path(directory) / "model.safetensors"),)
-                )
-                llm.reset_prefix_cache()
+        def load(directory: str) -> None:
+            llm.collective_rpc("update_weights_from_file", args=(str(Path(directory) / "model.safetensors"),))
+            llm.reset_prefix_cache()
 
-            results["start"] = score("start")
-            for directory in checkpoints:
-                load(directory)
-                results[directory] = score(directory)
-            load(start_model)
-            again = score("start (reloaded)")
-            if again != results["start"]:
-                raise RuntimeError(
-                    f"reloading the start weights changed the eval: {results['start']} vs {again}"
-                )
-    finally:
-        shutdown_llm(llm)
+        results["start"] = score("start")
+        for directory in checkpoints:
+            load(directory)
+            results[directory] = score(directory)
+        load(start_model)
+        again = score("start (reloaded)")
+        if again != results["start"]:
+            raise RuntimeError(f"reloading the start weights changed the eval: {results['start']} vs {again}")
     return results
 
 

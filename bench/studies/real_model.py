@@ -94,48 +94,47 @@ def evaluate_model(
     from transformers import AutoTokenizer
 
     from stream_dapo.data.dataset import load_prompts
-    from stream_dapo.generator.vllm_utils import make_llm, shutdown_llm
+    from stream_dapo.generator.vllm_utils import running_llm
     from stream_dapo.tools.evaluate import evaluate
     from stream_dapo.verifier import VerifierPool
 
     cfg = _load(config, overrides)
     tokenizer = AutoTokenizer.from_pretrained(model)
     gen = cfg.generator.model_copy(update={"threads": 2})
-    llm = make_llm(
-        model,
-        gen,
-        dtype=cfg.model.dtype,
-        max_model_len=cfg.model.max_prompt_len + cfg.algo.max_response_len,
-        seed=seed,
-    )
     out: dict[str, Any] = {"model": model}
-    try:
-        with VerifierPool.from_config(cfg.verifier) as pool:
-            for name, path in data.items():
-                prompts = load_prompts(path, tokenizer, cfg.model.max_prompt_len)[0][: cfg.eval.max_prompts]
-                for mode, k, temperature in (
-                    ("sampled", cfg.eval.k, cfg.eval.temperature),
-                    ("greedy", 1, 0.0),
-                ):
-                    t0 = time.perf_counter()
-                    r = evaluate(
-                        llm,
-                        prompts,
-                        k=k,
-                        temperature=temperature,
-                        top_p=cfg.eval.top_p if temperature else 1.0,
-                        max_tokens=cfg.algo.max_response_len,
-                        seed=seed,
-                        verifier=pool,
-                    )
-                    r["seconds"] = round(time.perf_counter() - t0, 1)
-                    out[f"{name}_{mode}"] = r
-                    print(
-                        f"  {name} {mode}: avg@{k} {r['avg_at_k']:.4f} answered {r['answered_rate']:.3f}",
-                        flush=True,
-                    )
-    finally:
-        shutdown_llm(llm)
+    with (
+        running_llm(  # stopped on SIGTERM too: the study is often stopped that way
+            model,
+            gen,
+            dtype=cfg.model.dtype,
+            max_model_len=cfg.model.max_prompt_len + cfg.algo.max_response_len,
+            seed=seed,
+        ) as llm,
+        VerifierPool.from_config(cfg.verifier) as pool,
+    ):
+        for name, path in data.items():
+            prompts = load_prompts(path, tokenizer, cfg.model.max_prompt_len)[0][: cfg.eval.max_prompts]
+            for mode, k, temperature in (
+                ("sampled", cfg.eval.k, cfg.eval.temperature),
+                ("greedy", 1, 0.0),
+            ):
+                t0 = time.perf_counter()
+                r = evaluate(
+                    llm,
+                    prompts,
+                    k=k,
+                    temperature=temperature,
+                    top_p=cfg.eval.top_p if temperature else 1.0,
+                    max_tokens=cfg.algo.max_response_len,
+                    seed=seed,
+                    verifier=pool,
+                )
+                r["seconds"] = round(time.perf_counter() - t0, 1)
+                out[f"{name}_{mode}"] = r
+                print(
+                    f"  {name} {mode}: avg@{k} {r['avg_at_k']:.4f} answered {r['answered_rate']:.3f}",
+                    flush=True,
+                )
     return out
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from stream_dapo.data.dataset import load_prompts
-    from stream_dapo.generator.vllm_utils import make_llm, shutdown_llm
+    from stream_dapo.generator.vllm_utils import running_llm
     from stream_dapo.verifier import VerifierPool
 
     cfg: Config = args.cfg
@@ -58,39 +57,33 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts, _ = load_prompts(data, tokenizer, cfg.model.max_prompt_len)
     prompts = prompts[:max_prompts]
-    # SIGTERM (a supervisor, `timeout`, `kill`) unwinds like Ctrl-C, so the finally below stops vLLM's
-    # engine processes: by default the signal ends only this process and leaves them running.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    llm = make_llm(
-        model,
-        cfg.generator,
-        dtype=cfg.model.dtype,
-        max_model_len=cfg.model.max_prompt_len + max_tokens,
-        seed=args.seed,
-    )
-    try:
-        with VerifierPool.from_config(cfg.verifier) as pool:
-            result = evaluate(
-                llm,
-                prompts,
-                k=k,
-                n=args.n,
-                temperature=_pick(args.temperature, cfg.eval.temperature),
-                top_p=_pick(args.top_p, cfg.eval.top_p),
-                top_k=_pick(args.top_k, cfg.eval.top_k),
-                min_p=_pick(args.min_p, cfg.eval.min_p),
-                max_tokens=max_tokens,
-                seed=args.seed,
-                verifier=pool,
-            )
-    finally:
-        shutdown_llm(llm)
+    # running_llm stops vLLM's engine processes however this ends, SIGTERM (a supervisor, `timeout`,
+    # `kill`) included: by default the signal ends only this process and leaves them running.
+    with (
+        running_llm(
+            model,
+            cfg.generator,
+            dtype=cfg.model.dtype,
+            max_model_len=cfg.model.max_prompt_len + max_tokens,
+            seed=args.seed,
+        ) as llm,
+        VerifierPool.from_config(cfg.verifier) as pool,
+    ):
+        result = evaluate(
+            llm,
+            prompts,
+            k=k,
+            n=args.n,
+            temperature=_pick(args.temperature, cfg.eval.temperature),
+            top_p=_pick(args.top_p, cfg.eval.top_p),
+            top_k=_pick(args.top_k, cfg.eval.top_k),
+            min_p=_pick(args.min_p, cfg.eval.min_p),
+            max_tokens=max_tokens,
+            seed=args.seed,
+            verifier=pool,
+        )
     print(json.dumps({**result, "model": model, "data": str(data)}))
     return 0
-
-
-def _exit_on_sigterm(signum: int, _frame: Any) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _pick(value: Any, default: Any) -> Any:

@@ -30,6 +30,7 @@ from stream_dapo.tools.launch import (
     stop_on_signals,
     train,
 )
+from stream_dapo.weights.image import sweep_orphaned_images
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     except PortInUse as exc:
         print(f"stream-dapo run: {exc}", file=sys.stderr)
         return ExitCode.CONFIG
+    sweep_orphaned_images()  # weight images of an earlier run's generators that were killed
     check_data(cfg)  # first: it writes data.gsm_symbolic's files, which [sft] trains on
     prepare_model(cfg)
     run_dir = prepare_run_dir(cfg, args.resume)

@@ -85,6 +85,7 @@ from stream_dapo.transport.sockets import (
 )
 from stream_dapo.weights.base import WeightsError, WeightSource, WeightUpdate
 from stream_dapo.weights.factory import make_source, shared_dir_path
+from stream_dapo.weights.image import sweep_orphaned_images
 
 if TYPE_CHECKING:
     from stream_dapo.data.dataset import PromptItem, PromptStream
@@ -216,6 +217,7 @@ class GeneratorService:
 
     def start(self) -> None:
         """Everything that can fail, in order of cost: files, ports, peers, prompts, engine, weights."""
+        sweep_orphaned_images()  # the RAM a killed predecessor's weight images still hold
         if self.engine is None or self.prompts is None:
             self._check_model_dir()  # the engine's weights, the prompts' tokenizer
         self._check_peer_ports()

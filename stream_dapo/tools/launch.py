@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -89,20 +90,9 @@ class Supervisor:
         KillMode=mixed. Only the service itself gets SIGTERM, so that the processes it owns (vLLM's
         engine) keep working while it drains; whatever is left of the group after it exits, or after
         timeout_s, is killed."""
-        if child.popen.poll() is None:
-            try:
-                child.popen.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                child.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0f s: killing it", child.name, timeout_s)
-        # Whatever the leader did, nothing of its group may outlive the run.
-        _signal_group(child.popen.pid, signal.SIGKILL)
-        child.popen.wait()
+        returncode = stop_process_group(child.popen, child.name, timeout_s)
         child.log_file.close()
-        return child.popen.returncode
+        return returncode
 
     def stop_all(self, timeout_s: float | Mapping[str, float] = 30.0) -> None:
         """Stop every child in drain order, each waited for before the next gets SIGTERM: generators
@@ -130,6 +120,24 @@ def stop_timeouts(cfg: Config) -> dict[str, float]:
 
 _ENGINE_SHUTDOWN_S = 30.0  # vLLM's processes and the verifier pool
 _BUFFER_STOP_S = 60.0  # close the sockets, persist the state, write the final figures
+
+
+def stop_process_group(popen: subprocess.Popen[Any], name: str, timeout_s: float) -> int | None:
+    """SIGTERM the leader of a child started in its own session, wait up to `timeout_s` for it, then
+    SIGKILL whatever is left of its process group (see `Supervisor.stop`). Returns its exit code."""
+    if popen.poll() is None:
+        try:
+            popen.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0f s: killing it", name, timeout_s)
+    # Whatever the leader did, nothing of its group may outlive the run.
+    _signal_group(popen.pid, signal.SIGKILL)
+    popen.wait()
+    return popen.returncode
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -515,19 +523,35 @@ def service_argv(service: str, config_path: Path, *extra: str) -> list[str]:
 
 
 def evaluate_subprocess(cfg: Config, config_path: Path, model_dir: Path, label: str, run_dir: Path) -> dict:
-    """Run `stream-dapo eval` in a child (vLLM needs its own process) and return its JSON."""
+    """Run `stream-dapo eval` in a child (vLLM needs its own process) and return its JSON.
+
+    The child runs in its own session, like a service: when the launcher is stopped meanwhile, it
+    gets SIGTERM (it stops its vLLM engine, `running_llm`) and then its process group SIGKILL. A plain
+    kill of the child alone would leave vLLM's engine-core and worker processes running."""
     out_path = run_dir / f"eval_{label}.json"
+    log_path = run_dir / "logs" / f"eval_{label}.log"
+    log_path.parent.mkdir(exist_ok=True)
     argv = service_argv("eval", config_path, "--model", str(model_dir))
     log.info("evaluating %s policy (%s)", label, model_dir)
-    proc = subprocess.run(argv, capture_output=True, env=child_env(cfg, "eval"), text=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    (run_dir / "logs" / f"eval_{label}.log").write_text(proc.stderr)
-    if proc.returncode != 0:
-        raise ServiceFailed(
-            f"evaluation of {model_dir} failed (exit code {proc.returncode}); last lines of "
-            f"{run_dir}/logs/eval_{label}.log:\n" + "\n".join(proc.stderr.splitlines()[-30:])
+    # stdout to a file, not a pipe: vLLM logs there, and nothing reads a pipe while the child stops.
+    with open(log_path, "wb") as stderr, tempfile.TemporaryFile() as stdout:
+        popen = subprocess.Popen(
+            argv, stdout=stdout, stderr=stderr, env=child_env(cfg, "eval"), start_new_session=True
         )
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+        try:
+            popen.wait()
+        except BaseException:  # StopRequested, or anything else that ends the launcher here
+            stop_process_group(popen, f"eval-{label}", _ENGINE_SHUTDOWN_S)
+            raise
+        _signal_group(popen.pid, signal.SIGKILL)  # anything it left behind
+        stdout.seek(0)
+        printed = stdout.read().decode(errors="replace")
+    if popen.returncode != 0:
+        raise ServiceFailed(
+            f"evaluation of {model_dir} failed (exit code {popen.returncode}); last lines of "
+            f"{log_path}:\n" + tail(log_path)
+        )
+    result = json.loads(printed.strip().splitlines()[-1])
     out_path.write_text(json.dumps(result, indent=2))
     return result
 

@@ -718,7 +718,12 @@ def test_refused_curve_connections_are_counted_and_logged_by_socket_and_reason(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Regression: with CurveZMQ on, rogue connections (no keys, an unknown client key, a wrong server
-    key) got no replies, but no counter, log line or alert recorded a single rejection."""
+    key) got no replies, but no counter, log line or alert recorded a single rejection.
+
+    What libzmq guarantees, and so what is asserted: a client the ZAP handler refuses gets an ERROR
+    and never retries (exactly one not_allowed); a client with the wrong server key only sees the
+    connection drop and reconnects every 100 ms while it is open, so it is refused at least once,
+    and how many times depends on how long it stays open (an exact count of 1 failed under load)."""
     keys = tmp_path / "keys"
     (keys / "clients").mkdir(parents=True)
     for name in ("server", "gen-0", "rogue", "other-server"):
@@ -745,6 +750,15 @@ def test_refused_curve_connections_are_counted_and_logged_by_socket_and_reason(
             if line.startswith(prefix) and 'socket="batches"' in line
         }
 
+    def refused_once_more(before: dict[str, float]) -> dict[str, float]:
+        """The counts once the open attempt has been refused (the event, polled: no fixed wait)."""
+        deadline = time.monotonic() + 60  # only reached when a refusal is never counted
+        while sum((counts := refused()).values()) <= sum(before.values()):
+            assert time.monotonic() < deadline, counts
+            time.sleep(0.05)
+        return counts
+
+    counts: list[dict[str, float]] = [{}]
     with caplog.at_level("WARNING", logger="stream_dapo.buffer"), service_in_thread(cfg) as svc:
         try:
             for curve in attempts:
@@ -752,14 +766,13 @@ def test_refused_curve_connections_are_counted_and_logged_by_socket_and_reason(
                     ctx, zmq.DEALER, connect=svc.batches.address, max_bytes=MAX_BYTES, curve=curve
                 ) as ep:
                     ep.send(m.LearnerHello(0, 0))
-                    deadline = time.monotonic() + 30  # only reached when a refusal is never counted
-                    while sum(refused().values()) < attempts.index(curve) + 1:
-                        assert time.monotonic() < deadline, refused()
-                        time.sleep(0.05)
-            counts = refused()
+                    counts.append(refused_once_more(counts[-1]))
         finally:
             ctx.destroy(linger=0)
-    assert counts.get("not_allowed") == 1 and sum(counts.values()) == 2, counts
+    unknown_client, wrong_server_key = counts[1], counts[2]
+    assert unknown_client == {"not_allowed": 1}, counts
+    assert wrong_server_key.pop("not_allowed") == 1, counts  # the refused client did not come back
+    assert wrong_server_key and set(wrong_server_key) <= {"protocol", "handshake"}, counts
     assert "refused a connection to the batches socket: Curve handshake failed (not_allowed" in caplog.text
 
 

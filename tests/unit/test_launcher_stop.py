@@ -7,14 +7,18 @@ was killed mid-drain, its last step lost and its commit never sent, and only the
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from stream_dapo.config import load_config
-from stream_dapo.tools.launch import Supervisor, stop_timeouts
+from stream_dapo.tools import launch
+from stream_dapo.tools.launch import StopRequested, Supervisor, stop_timeouts
 
 pytestmark = pytest.mark.process
 
@@ -38,7 +42,11 @@ while True:
 
 def test_the_bounds_follow_the_config() -> None:
     cfg = load_config(
-        overrides=["transport.timeout_s=20", "run.learner_stop_timeout_s=1200", "metrics.final_scrape_wait_s=30"],
+        overrides=[
+            "transport.timeout_s=20",
+            "run.learner_stop_timeout_s=1200",
+            "metrics.final_scrape_wait_s=30",
+        ],
         environ={},
     )
     assert stop_timeouts(cfg) == {"generator": 2 * 20 + 30 + 30, "learner": 1200 + 30, "buffer": 60 + 30}
@@ -69,3 +77,59 @@ def test_services_stop_one_after_the_other_generators_learner_buffer(tmp_path: P
     stopper.join()
     assert [c.popen.returncode for c in sup.children] == [0, 0, 0, 0], "each drained, none was killed"
     assert signalled() == expected
+
+
+# A stand-in `stream-dapo eval`: it starts a grandchild (vLLM's engine-core process in the real
+# one), and once its SIGTERM handler is in place asks the launcher (its parent) to stop, with
+# SIGUSR1. On SIGTERM it records it and exits without stopping the grandchild.
+FAKE_EVAL = r"""
+import os, signal, subprocess, sys
+folder = sys.argv[1]
+engine = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+with open(os.path.join(folder, "engine.pid"), "w") as f:
+    f.write(str(engine.pid))
+def on_term(*_):
+    open(os.path.join(folder, "eval-got-sigterm"), "w").close()
+    os._exit(143)
+signal.signal(signal.SIGTERM, on_term)
+os.kill(os.getppid(), signal.SIGUSR1)
+while True:
+    signal.pause()
+"""
+
+
+def test_a_stop_during_the_launchers_eval_sigterms_it_and_kills_its_process_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: `stream-dapo run` ran its before/after eval with `subprocess.run`, which answers
+    the launcher's stop with SIGKILL to the eval process alone: its vLLM engine-core and worker
+    processes ran on with ppid 1. Now the eval gets SIGTERM (its engine shuts down) and then its
+    whole process group SIGKILL, like a service."""
+    monkeypatch.setattr(launch, "service_argv", lambda *_a: [sys.executable, "-c", FAKE_EVAL, str(tmp_path)])
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise StopRequested(signal.SIGTERM)  # what the launcher's handler raises on SIGTERM
+
+    before = signal.signal(signal.SIGUSR1, stop)
+    try:
+        with pytest.raises(StopRequested):
+            launch.evaluate_subprocess(
+                load_config(environ={}), tmp_path / "config.toml", tmp_path, "before", tmp_path
+            )
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    assert (tmp_path / "eval-got-sigterm").exists(), "the eval was not asked to stop its engine"
+    engine = int((tmp_path / "engine.pid").read_text())
+    deadline = time.monotonic() + 60  # the group's SIGKILL is sent; only its reaping by init is awaited
+    while _alive(engine):
+        assert time.monotonic() < deadline, f"the eval's engine process {engine} outlived the stop"
+        threading.Event().wait(0.01)
+
+
+def _alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting for init to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
