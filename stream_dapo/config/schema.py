@@ -123,10 +123,23 @@ class _CachedDataSection(_Section):
 
     FORMAT_VERSION: ClassVar[int] = 1
     """Bumped when the files' content changes for the same settings (a new cache key)."""
+    ADDED_SETTINGS: ClassVar[dict[str, object]] = {}
+    """Settings added after caches were written, with the value that writes what the code wrote
+    before. At that value a setting is left out of the key (and the manifest), so existing caches,
+    and the models trained on them, stay valid; at any other value it counts."""
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting, less those at their ADDED_SETTINGS value: what the key and manifests record."""
+        return {
+            key: value
+            for key, value in self.model_dump(mode="json").items()
+            if key not in self.ADDED_SETTINGS or value != self.ADDED_SETTINGS[key]
+        }
 
     def cache_key(self) -> str:
         """Hash of every setting that determines the files (and the format version)."""
-        payload = {"cfg": self.model_dump(mode="json", exclude={"dir"}), "format": self.FORMAT_VERSION}
+        cfg = {key: value for key, value in self.settings().items() if key != "dir"}
+        payload = {"cfg": cfg, "format": self.FORMAT_VERSION}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -165,6 +178,8 @@ class GsmSymbolicConfig(_CachedDataSection):
 
 
 class WordProblemsConfig(_CachedDataSection):
+    ADDED_SETTINGS: ClassVar[dict[str, object]] = {"train_templates": "base"}
+
     seed: int = 0
     """Seeds the template split and every instance drawn."""
     eval_templates: int = Field(6, ge=1)
@@ -177,6 +192,12 @@ class WordProblemsConfig(_CachedDataSection):
     """Keep templates of at most this many calculations (1: one-step problems only)."""
     answer_format: Literal["boxed", "answer"] = "boxed"
     """boxed: final number in \\boxed{}; answer: DAPO's last line `Answer: n`."""
+    train_templates: Literal["base", "wide"] = "base"
+    """base: the 24 templates, split into train and held-out eval (6 held out by default). wide: the
+    same split plus 24 more templates (new stories and phrasings: rates, distances, prices per item,
+    minutes, "fewer than", unknown starts) on the train side only, so the eval file is the same as
+    base's, row for row. For testing whether a wider train set transfers better to the same held-out
+    templates; per_template applies to every train template."""
     dir: str = "runs/data"
     """Cache folder; files land in `<dir>/word-problems-<key of these settings>/`."""
 

@@ -30,7 +30,9 @@ from typing import Any
 from stream_dapo.config import WordProblemsConfig
 from stream_dapo.errors import ConfigError
 
-__all__ = ["TEMPLATES", "WordProblemFiles", "ensure_word_problem_data", "render", "split_names"]
+__all__ = [
+    "TEMPLATES", "WIDE_TEMPLATES", "WordProblemFiles", "ensure_word_problem_data", "render", "split_names",
+]
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +247,225 @@ TEMPLATES: tuple[Template, ...] = tuple(
 )
 
 
+# The wide set: train-only templates (data.word_problems.train_templates = "wide"). New stories and
+# phrasings over the same four operations (rates, distances, prices per item, minutes, "fewer than",
+# "how many more to reach", unknown starts), none a copy of a held-out template's story and steps.
+
+
+def _hours_to_minutes(r: random.Random) -> Problem:
+    (p,), h = _people(r, 1), r.randint(1, 5)
+    what = r.choice(("hike", "piano lesson", "train ride", "football match"))
+    return (f"{p}'s {what} lasts {h} hours. How many minutes is that?",
+            f"An hour has 60 minutes, so {h} hours is {h} * 60 = {h * 60} minutes.", h * 60)
+
+
+def _minutes_left(r: random.Random) -> Problem:
+    (p,), what = _people(r, 1), r.choice(("film", "concert", "podcast", "audiobook chapter"))
+    b = r.randint(5, 60)
+    a = b + r.randint(5, 40)
+    return (f"A {what} lasts {a} minutes. {p} is {b} minutes into it. How many minutes are still to go?",
+            f"There are {a} - {b} = {a - b} minutes still to go.", a - b)
+
+
+def _reach_goal(r: random.Random) -> Problem:
+    (p,), o, b = _people(r, 1), r.choice(THINGS), r.randint(3, 60)
+    goal = b + r.randint(2, 40)
+    return (f"{p} wants to collect {goal} {o} and has {b} so far. "
+            f"How many more {o} does {p} need to reach {goal}?",
+            f"{p} needs {goal} - {b} = {goal - b} more {o}.", goal - b)
+
+
+def _fewer_than(r: random.Random) -> Problem:
+    (p, q), o, b = _people(r, 2), r.choice(THINGS), r.randint(2, 20)
+    a = b + r.randint(2, 40)
+    return (f"{p} has {a} {o}. {q} has {b} fewer {o} than {p}. How many {o} does {q} have?",
+            f"{q} has {a} - {b} = {a - b} {o}.", a - b)
+
+
+def _unknown_start(r: random.Random) -> Problem:
+    (p,), o, a, b = _people(r, 1), r.choice(THINGS), r.randint(2, 40), r.randint(2, 30)
+    return (f"{p} had some {o}. After getting {b} more from a friend, {p} has {a + b} {o}. "
+            f"How many {o} did {p} have at first?",
+            f"At first {p} had {a + b} - {b} = {a} {o}.", a)
+
+
+def _friends_bring(r: random.Random) -> Problem:
+    o, n, k = r.choice(THINGS), r.randint(2, 9), r.randint(2, 12)
+    return (f"Each of {n} friends brings {k} {o} to a party. How many {o} are there at the party in total?",
+            f"The friends bring {n} * {k} = {n * k} {o} in total.", n * k)
+
+
+def _hourly_pay(r: random.Random) -> Problem:
+    (p,), a, b = _people(r, 1), r.randint(5, 20), r.randint(2, 8)
+    return (f"{p} earns ${a} per hour at a summer job. How many dollars does {p} earn for {b} hours of work?",
+            f"For {b} hours {p} earns {a} * {b} = {a * b} dollars.", a * b)
+
+
+def _afford(r: random.Random) -> Problem:
+    (p,), item = _people(r, 1), r.choice(("comic", "plant", "ball", "puzzle"))
+    each, count = r.randint(2, 12), r.randint(2, 8)
+    money = each * count
+    return (f"{p} has ${money}. A {item} costs ${each}. How many {item}s can {p} buy with all of the money?",
+            f"{p} can buy {money} / {each} = {count} {item}s.", count)
+
+
+def _bake_per_day(r: random.Random) -> Problem:
+    (p,), item = _people(r, 1), r.choice(("loaves", "cakes", "pies", "muffins"))
+    days, per_day = r.randint(2, 7), r.randint(3, 14)
+    total = days * per_day
+    return (f"{p} bakes {total} {item} in {days} days, the same number every day. "
+            f"How many {item} does {p} bake per day?",
+            f"{p} bakes {total} / {days} = {per_day} {item} per day.", per_day)
+
+
+def _speed(r: random.Random) -> Problem:
+    (p,), hours, per_hour = _people(r, 1), r.randint(2, 6), r.randint(4, 16)
+    km = hours * per_hour
+    return (f"{p} cycles {km} km in {hours} hours at a steady pace. How many km does {p} cycle each hour?",
+            f"Each hour {p} cycles {km} / {hours} = {per_hour} km.", per_hour)
+
+
+def _walk_there_and_back(r: random.Random) -> Problem:
+    (p,), place = _people(r, 1), r.choice(("park", "library", "lake", "market"))
+    a, b = r.randint(1, 9), r.randint(1, 9)
+    return (f"{p} walks {a} km to the {place} and then {b} km to a friend's house. "
+            f"How many km does {p} walk in total?",
+            f"{p} walks {a} + {b} = {a + b} km in total.", a + b)
+
+
+def _temperature(r: random.Random) -> Problem:
+    a, b = r.randint(2, 20), r.randint(2, 15)
+    return (f"In the morning it was {a} degrees. By noon it was {b} degrees warmer. "
+            f"What was the temperature at noon?",
+            f"At noon it was {a} + {b} = {a + b} degrees.", a + b)
+
+
+def _trip_distance(r: random.Random) -> Problem:
+    (p,), per_hour, hours, extra = _people(r, 1), r.randint(20, 60), r.randint(2, 4), r.randint(3, 30)
+    return (f"{p}'s family drives {per_hour} km every hour for {hours} hours, then {extra} km more to the "
+            f"campsite. How many km do they drive in total?",
+            f"In {hours} hours they drive {per_hour} * {hours} = {per_hour * hours} km.\nWith the last "
+            f"stretch, {per_hour * hours} + {extra} = {per_hour * hours + extra} km in total.",
+            per_hour * hours + extra)
+
+
+def _practice_left(r: random.Random) -> Problem:
+    (p,), a, b = _people(r, 1), r.randint(5, 30), r.randint(5, 30)
+    goal = a + b + r.randint(5, 30)
+    return (f"{p} wants to practise the violin for {goal} minutes today. {p} practised {a} minutes before "
+            f"lunch and {b} minutes after lunch. How many more minutes does {p} need to reach {goal}?",
+            f"So far {p} practised {a} + {b} = {a + b} minutes.\n{p} needs {goal} - {a + b} = "
+            f"{goal - a - b} more minutes.", goal - a - b)
+
+
+def _unknown_start_two(r: random.Random) -> Problem:
+    (p, q), o, b, c = _people(r, 2), r.choice(THINGS), r.randint(2, 20), r.randint(2, 20)
+    a = b + r.randint(2, 30)
+    now = a - b + c
+    return (f"{p} gave {b} {o} to {q} and then bought {c} new ones. Now {p} has {now} {o}. "
+            f"How many {o} did {p} have at the start?",
+            f"Before buying, {p} had {now} - {c} = {a - b} {o}.\n"
+            f"At the start {p} had {a - b} + {b} = {a} {o}.",
+            a)
+
+
+def _split_bill(r: random.Random) -> Problem:
+    n, each = r.randint(2, 5), r.randint(3, 15)
+    total = n * each
+    pizza = r.randint(1, total - 1)
+    drinks = total - pizza
+    return (f"{n} friends buy a pizza for ${pizza} and drinks for ${drinks}. They split the cost equally. "
+            f"How many dollars does each friend pay?",
+            f"Everything costs {pizza} + {drinks} = {total} dollars.\n"
+            f"Each friend pays {total} / {n} = {each} dollars.", each)
+
+
+def _bike_weeks(r: random.Random) -> Problem:
+    (p,), has, per_week, weeks = _people(r, 1), r.randint(5, 40), r.randint(2, 10), r.randint(2, 6)
+    price = has + per_week * weeks
+    return (f"A bike costs ${price}. {p} already has ${has} and saves ${per_week} every week. "
+            f"How many weeks until {p} can buy the bike?",
+            f"{p} still needs {price} - {has} = {price - has} dollars.\n"
+            f"That takes {price - has} / {per_week} = {weeks} weeks.", weeks)
+
+
+def _fewer_then_total(r: random.Random) -> Problem:
+    (p, q), fruit, b = _people(r, 2), r.choice(("apples", "pears", "plums", "cherries")), r.randint(2, 15)
+    a = b + r.randint(2, 30)
+    return (f"{p} picked {a} {fruit}. {q} picked {b} fewer {fruit} than {p}. How many {fruit} did they pick "
+            f"together?",
+            f"{q} picked {a} - {b} = {a - b} {fruit}.\n"
+            f"Together they picked {a} + {a - b} = {2 * a - b} {fruit}.",
+            2 * a - b)
+
+
+def _crates(r: random.Random) -> Problem:
+    goods = r.choice(("jars", "bottles", "cans", "tubes"))
+    crates, boxes, jars = r.randint(2, 5), r.randint(2, 6), r.randint(2, 6)
+    return (f"A truck carries {crates} crates. Each crate holds {boxes} boxes, and each box holds {jars} "
+            f"{goods}. How many {goods} are on the truck?",
+            f"There are {crates} * {boxes} = {crates * boxes} boxes.\nThey hold {crates * boxes} * {jars} = "
+            f"{crates * boxes * jars} {goods}.", crates * boxes * jars)
+
+
+def _leaking_tank(r: random.Random) -> Problem:
+    per_hour, hours = r.randint(2, 9), r.randint(2, 8)
+    full = per_hour * hours + r.randint(1, 28)  # at most 100
+    return (f"A water tank holds {full} liters. It leaks {per_hour} liters every hour. How many liters are "
+            f"left after {hours} hours?",
+            f"In {hours} hours it leaks {per_hour} * {hours} = {per_hour * hours} liters.\n{full} - "
+            f"{per_hour * hours} = {full - per_hour * hours} liters are left.", full - per_hour * hours)
+
+
+def _share_then_bonus(r: random.Random) -> Problem:
+    (p,), o = _people(r, 1), r.choice(THINGS)
+    n, each, more = r.randint(2, 6), r.randint(2, 9), r.randint(2, 9)
+    return (f"{n * each} {o} are shared equally among {n} friends. Then {p} gives each of them {more} more "
+            f"{o}. How many {o} does each friend have now?",
+            f"Each friend first gets {n * each} / {n} = {each} {o}.\nNow each has {each} + {more} = "
+            f"{each + more} {o}.", each + more)
+
+
+def _printer(r: random.Random) -> Problem:
+    minutes, per_minute, later = r.randint(2, 6), r.randint(2, 12), r.randint(2, 9)
+    pages = minutes * per_minute
+    return (f"A printer prints {pages} pages in {minutes} minutes. At the same rate, how many pages does it "
+            f"print in {later} minutes?",
+            f"It prints {pages} / {minutes} = {per_minute} pages a minute.\nIn {later} minutes it prints "
+            f"{per_minute} * {later} = {per_minute * later} pages.", per_minute * later)
+
+
+def _class_pencils(r: random.Random) -> Problem:
+    boys, girls, each = r.randint(3, 15), r.randint(3, 15), r.randint(2, 5)
+    return (f"A class has {boys} boys and {girls} girls. The teacher gives every student {each} pencils. "
+            f"How many pencils does the teacher give out?",
+            f"There are {boys} + {girls} = {boys + girls} students.\nThey get {boys + girls} * {each} = "
+            f"{(boys + girls) * each} pencils.", (boys + girls) * each)
+
+
+def _split_earnings(r: random.Random) -> Problem:
+    (p,), people, hours = _people(r, 1), r.randint(2, 4), r.randint(2, 6)
+    rate = people * r.randint(2, 6)
+    total = rate * hours
+    return (f"{p}'s band plays for {hours} hours and is paid ${rate} per hour. The {people} band members "
+            f"share the money equally. How many dollars does each member get?",
+            f"The band earns {rate} * {hours} = {total} dollars.\nEach member gets {total} / {people} = "
+            f"{total // people} dollars.", total // people)
+
+
+WIDE_TEMPLATES: tuple[Template, ...] = tuple(
+    Template(fn.__name__.lstrip("_"), steps, fn)
+    for steps, fns in (
+        (1, (_hours_to_minutes, _minutes_left, _reach_goal, _fewer_than, _unknown_start, _friends_bring,
+             _hourly_pay, _afford, _bake_per_day, _speed, _walk_there_and_back, _temperature)),
+        (2, (_trip_distance, _practice_left, _unknown_start_two, _split_bill, _bike_weeks, _fewer_then_total,
+             _crates, _leaking_tank, _share_then_bonus, _printer, _class_pencils, _split_earnings)),
+    )
+    for fn in fns
+)
+"""Train-only templates of data.word_problems.train_templates = "wide"; never in the eval split."""
+
+
 @dataclass(frozen=True)
 class WordProblemFiles:
     """Where the two splits were written, and which templates went where."""
@@ -286,7 +507,10 @@ def _instances(template: Template, count: int, cfg: WordProblemsConfig, split: s
 
 
 def split_names(cfg: WordProblemsConfig) -> tuple[list[str], list[str]]:
-    """The seeded, template-disjoint (train, eval) split of the templates with at most max_steps."""
+    """The seeded, template-disjoint (train, eval) split of the templates with at most max_steps.
+
+    The base templates are split; with train_templates = "wide" the wide set joins the train side.
+    """
     names = sorted(t.name for t in TEMPLATES if t.steps <= cfg.max_steps)
     if not 0 < cfg.eval_templates < len(names):
         raise ConfigError(
@@ -295,7 +519,14 @@ def split_names(cfg: WordProblemsConfig) -> tuple[list[str], list[str]]:
         )
     shuffled = list(names)
     random.Random(f"word-problems-split-{cfg.seed}").shuffle(shuffled)
-    return sorted(shuffled[cfg.eval_templates :]), sorted(shuffled[: cfg.eval_templates])
+    train, held = shuffled[cfg.eval_templates :], shuffled[: cfg.eval_templates]
+    if cfg.train_templates == "wide":  # added after the split: the base split, so the eval file, is unchanged
+        train += [t.name for t in WIDE_TEMPLATES if t.steps <= cfg.max_steps]
+    return sorted(train), sorted(held)
+
+
+def _templates(cfg: WordProblemsConfig) -> tuple[Template, ...]:
+    return TEMPLATES + WIDE_TEMPLATES if cfg.train_templates == "wide" else TEMPLATES
 
 
 def ensure_word_problem_data(cfg: WordProblemsConfig) -> WordProblemFiles:
@@ -307,7 +538,7 @@ def ensure_word_problem_data(cfg: WordProblemsConfig) -> WordProblemFiles:
         return WordProblemFiles(files["train"], files["eval"], json.loads(manifest.read_text()))
     from stream_dapo.data.synthetic import _write_jsonl_atomic
 
-    by_name = {t.name: t for t in TEMPLATES}
+    by_name = {t.name: t for t in _templates(cfg)}
     train_names, eval_names = split_names(cfg)
     rows: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
     for split, names, count in (("train", train_names, cfg.per_template), ("eval", eval_names, cfg.eval_per_template)):
@@ -317,10 +548,10 @@ def ensure_word_problem_data(cfg: WordProblemsConfig) -> WordProblemFiles:
     folder.mkdir(parents=True, exist_ok=True)
     for name, path in files.items():
         _write_jsonl_atomic(path, rows[name])
-    digest = hashlib.sha256("".join(t.name for t in TEMPLATES).encode()).hexdigest()[:8]
+    digest = hashlib.sha256("".join(t.name for t in _templates(cfg)).encode()).hexdigest()[:8]
     info = {
         "key": cfg.cache_key(),
-        "settings": cfg.model_dump(mode="json"),
+        "settings": cfg.settings(),
         "train_templates": train_names,
         "eval_templates": eval_names,
         "rows": {k: len(v) for k, v in rows.items()},

@@ -12,14 +12,20 @@ from pathlib import Path
 import pytest
 
 from stream_dapo.config import WordProblemsConfig, load_config
-from stream_dapo.data.word_problems import TEMPLATES, ensure_word_problem_data, render, split_names
+from stream_dapo.data.word_problems import (
+    TEMPLATES,
+    WIDE_TEMPLATES,
+    ensure_word_problem_data,
+    render,
+    split_names,
+)
 from stream_dapo.errors import ConfigError
 
 EQUATION = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)")
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
 
 
-@pytest.mark.parametrize("template", TEMPLATES, ids=lambda t: t.name)
+@pytest.mark.parametrize("template", TEMPLATES + WIDE_TEMPLATES, ids=lambda t: t.name)
 def test_every_solution_computes_the_graded_answer_in_its_stated_steps(template) -> None:
     rng = random.Random(7)
     for _ in range(200):
@@ -29,6 +35,7 @@ def test_every_solution_computes_the_graded_answer_in_its_stated_steps(template)
         assert len(equations) == template.steps, solution
         for a, op, b, result in equations:
             assert OPS[op](int(a), int(b)) == int(result), solution
+            assert int(result) <= 300, solution  # small intermediate values too
         gold = row["reward_model"]["ground_truth"]
         assert equations[-1][3] == gold, solution
         assert solution.endswith(f"The answer is \\boxed{{{gold}}}.")
@@ -79,3 +86,50 @@ def test_the_config_points_the_run_at_the_word_problems_and_sft_at_gsm_symbolic(
     with pytest.raises(ConfigError, match=r'needs a \[data.gsm_symbolic\] section; add one or set sft.data = "train"'):
         sft_data(load_config(overrides=[f'data.word_problems.dir="{tmp_path}"', 'sft.data="gsm_symbolic"'], environ={}))
     assert sft_data(cfg) == folder / "train.jsonl"
+
+
+def test_the_wide_set_has_new_names_twelve_of_each_step_count() -> None:
+    names = [t.name for t in WIDE_TEMPLATES]
+    assert len(set(names)) == 24 and not set(names) & {t.name for t in TEMPLATES}
+    assert sorted(t.steps for t in WIDE_TEMPLATES) == [1] * 12 + [2] * 12
+
+
+def test_wide_adds_the_new_templates_to_train_and_keeps_the_eval_file_bit_for_bit(tmp_path: Path) -> None:
+    settings = {"per_template": 3, "eval_per_template": 20}
+    base = ensure_word_problem_data(WordProblemsConfig(dir=str(tmp_path), **settings))
+    wide = ensure_word_problem_data(WordProblemsConfig(dir=str(tmp_path), train_templates="wide", **settings))
+    assert wide.eval.read_bytes() == base.eval.read_bytes() and wide.eval != base.eval
+    held = ["change", "give", "half_then_give", "price", "teams", "twice_then_more"]
+    assert base.info["eval_templates"] == held == wide.info["eval_templates"]
+    added = set(wide.info["train_templates"]) - set(base.info["train_templates"])
+    assert added == {t.name for t in WIDE_TEMPLATES}
+    assert set(base.info["train_templates"]) <= set(wide.info["train_templates"])
+    train = [json.loads(line) for line in wide.train.read_text().splitlines()]
+    assert len(train) == 3 * (18 + 24)  # per_template applies to every train template
+    one_step = WordProblemsConfig(max_steps=1, eval_templates=2, train_templates="wide")
+    assert set(split_names(one_step)[0]) >= {t.name for t in WIDE_TEMPLATES if t.steps == 1}
+    assert not set(split_names(one_step)[0]) & {t.name for t in WIDE_TEMPLATES if t.steps == 2}
+
+
+def test_the_default_cache_key_is_unchanged_and_wide_has_its_own() -> None:
+    """The key of the default settings predates train_templates: base leaves it out, so the cached
+    files (and the runs and warm models built on them) keep their key."""
+    assert WordProblemsConfig().cache_key() == "169fa7a1194151fe"
+    assert WordProblemsConfig(train_templates="base").settings() == WordProblemsConfig().model_dump(
+        mode="json", exclude={"train_templates"}
+    )
+    wide = WordProblemsConfig(train_templates="wide")
+    assert wide.cache_key() != "169fa7a1194151fe" and wide.settings()["train_templates"] == "wide"
+
+
+def test_the_wide_recipe_differs_from_the_words_recipe_only_in_train_templates() -> None:
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    words = load_config([configs / "smollm2-words-cpu.toml"], environ={}).model_dump(mode="json")
+    wide = load_config([configs / "smollm2-words-wide-cpu.toml"], environ={}).model_dump(mode="json")
+    assert wide["data"]["word_problems"]["train_templates"] == "wide"
+    assert wide["sft"] == words["sft"] and wide["learner"] == words["learner"]  # the warm model is reused
+    for cfg in (words, wide):
+        cfg["data"]["word_problems"].pop("train_templates")
+        cfg["data"].pop("train_path"), cfg["data"].pop("eval_path")  # the folder is keyed
+        cfg["run"].pop("out_dir")
+    assert wide == words
