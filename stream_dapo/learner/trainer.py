@@ -686,10 +686,16 @@ class Learner:
         Collective under ZeRO-3 (every rank must pass the same number of micro-batches, which
         `prepare` guarantees). Used for the proximal log-probs of the decoupled loss.
         """
+        return [logp for logp, _ in self.compute_token_stats(micro_batches)]
+
+    @torch.no_grad()
+    def compute_token_stats(self, micro_batches: Sequence[MicroBatch]) -> list[tuple[Tensor, Tensor]]:
+        """(log-probs, entropies), each [B, W] in the per-sample view, of each micro-batch under the
+        current weights, no gradient (collective under ZeRO-3, as `compute_logprobs`)."""
         out = []
         for mb in micro_batches:
             mb = mb.to(self.device)
-            out.append(self._token_stats(self.engine, mb, entropy_grad=False)[0])
+            out.append(self._token_stats(self.engine, mb, entropy_grad=False))
         return out
 
     @torch.no_grad()
