@@ -466,9 +466,9 @@ class LearnerConfig(_Section):
     rounding). Saves G - 1 copies of the prompt per group (with G = algo.group_size): it pays when
     prompts are long next to responses (a 96-token prompt with 48-token responses, G = 8: 487
     tokens per group instead of 1152). Attention cost grows with the square of the row, and the
-    mask takes rows^2 bytes, so for long responses it pays little or costs: keep it off for long
-    chain-of-thought. A group whose row exceeds micro_batch_tokens is split into rows that fit.
-    Needs sdpa or eager attention (refused at start-up otherwise)."""
+    mask takes T^2 bytes per row of T tokens, so for long responses it pays little or costs: keep
+    it off for long chain-of-thought. A group whose row exceeds micro_batch_tokens is split into
+    rows that fit. Needs sdpa or eager attention (refused at start-up otherwise)."""
     gradient_checkpointing: bool = False
     """Activation checkpointing of every decoder layer (Hugging Face's, non-reentrant): only each
     layer's input is kept for backward and the layer is recomputed there. Needed at long context;
