@@ -5,7 +5,10 @@ One step (``train_step``), for a mini-batch of groups:
 1. ``prepare``: every data-parallel rank gets the whole mini-batch, takes a token-balanced share of
    its sequences, packs the share into micro-batches and pads the micro-batch count to the largest
    on any rank (ZeRO-2/3 communicate inside forward/backward, so all ranks must run the same number).
-   The valid-token count T (and the sequence count) is all-reduced over ranks.
+   The valid-token count T (and the sequence count) is all-reduced over ranks. With
+   learner.share_prompt a group's samples share forward rows (the prompt once; the log-probs are
+   gathered back to one row per sample right after the forward, so the loss sees the same layout
+   either way: `stream_dapo.learner.packing`).
 2. ``accumulate_gradients``: forward/backward of every micro-batch with ``policy_loss(...,
    global_tokens=T)``. DeepSpeed's own scaling is undone exactly: ``backward(scale_wrt_gas=False)``
    skips its division by the accumulation steps, and the loss is multiplied by the data-parallel
