@@ -480,6 +480,16 @@ class LearnerConfig(_Section):
     logits (about 4 x chunk x vocab float32 values at peak instead of several tokens x vocab
     tensors). 0: the full-logits path. Same values and gradients either way; the chunked path
     redoes the lm_head matmul once in backward."""
+    share_prompt: bool = False
+    """The samples of a group share one forward row: the prompt once, then each response after its
+    own copy of the prompt's last token, under an attention mask that lets each response see the
+    prompt and itself only (same log-probs and gradients as one row per sample, up to float
+    rounding). Saves G - 1 copies of the prompt per group (with G = algo.group_size): it pays when
+    prompts are long next to responses (a 96-token prompt with 48-token responses, G = 8: 487
+    tokens per group instead of 1152). Attention cost grows with the square of the row, and the
+    mask takes T^2 bytes per row of T tokens, so for long responses it pays little or costs: keep
+    it off for long chain-of-thought. A group whose row exceeds micro_batch_tokens is split into
+    rows that fit. Needs sdpa or eager attention (refused at start-up otherwise)."""
     gradient_checkpointing: bool = False
     """Activation checkpointing of every decoder layer (Hugging Face's, non-reentrant): only each
     layer's input is kept for backward and the layer is recomputed there. Needed at long context;

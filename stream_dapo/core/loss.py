@@ -64,7 +64,8 @@ Aggregation (``agg_mode``), with m the token mask:
 ``global_tokens`` and ``global_seqs`` must be counted over the whole mini-batch (all micro-batches and
 all data-parallel ranks) and passed in: normalising per micro-batch silently reweights samples under
 gradient accumulation. They are counted on the ``mask`` argument as given (see ``policy_loss``).
-Sequence-level quantities need a sample's tokens in one call: the learner packs one sample per row.
+Sequence-level quantities need a sample's tokens in one row: the learner hands the loss one sample per row
+(shared-prompt forward rows are unpacked into that per-sample view first, `stream_dapo.learner.packing`).
 """
 
 from __future__ import annotations

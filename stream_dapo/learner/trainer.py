@@ -5,7 +5,10 @@ One step (``train_step``), for a mini-batch of groups:
 1. ``prepare``: every data-parallel rank gets the whole mini-batch, takes a token-balanced share of
    its sequences, packs the share into micro-batches and pads the micro-batch count to the largest
    on any rank (ZeRO-2/3 communicate inside forward/backward, so all ranks must run the same number).
-   The valid-token count T (and the sequence count) is all-reduced over ranks.
+   The valid-token count T (and the sequence count) is all-reduced over ranks. With
+   learner.share_prompt a group's samples share forward rows (the prompt once; the log-probs are
+   gathered back to one row per sample right after the forward, so the loss sees the same layout
+   either way: `stream_dapo.learner.packing`).
 2. ``accumulate_gradients``: forward/backward of every micro-batch with ``policy_loss(...,
    global_tokens=T)``. DeepSpeed's own scaling is undone exactly: ``backward(scale_wrt_gas=False)``
    skips its division by the accumulation steps, and the loss is multiplied by the data-parallel
@@ -65,7 +68,11 @@ from stream_dapo.learner.packing import (
     pack_micro_batches,
     packing_efficiency,
     placeholder_micro_batch,
+    plan_rows,
+    row_tokens,
     sequences_from_groups,
+    shared_prompt_attention,
+    unpack_to_samples,
 )
 from stream_dapo.transport.messages import Group
 from stream_dapo.weights.base import gather_full_state_dict
@@ -78,7 +85,9 @@ __all__ = [
     "AccumulatedStep",
     "Learner",
     "MiniBatch",
+    "SHARE_PROMPT_ATTENTION",
     "StepMetrics",
+    "check_share_prompt",
     "deepspeed_config",
     "enable_gradient_checkpointing",
     "init_distributed",
@@ -190,6 +199,33 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
 
 
+SHARE_PROMPT_ATTENTION = ("sdpa", "eager")
+"""Attention implementations that take the custom 4D mask of shared-prompt rows."""
+
+
+def check_share_prompt(model: torch.nn.Module) -> None:
+    """Refuse learner.share_prompt where the model would not honour its mask.
+
+    Raises:
+        ConfigError: the attention implementation ignores a custom 4D mask (flash-attention kernels
+            take none), or some layers attend through another mask (sliding windows, chunks), which
+            the shared-prompt mask would silently replace.
+    """
+    config = getattr(model, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    if impl not in SHARE_PROMPT_ATTENTION:
+        raise ConfigError(
+            f"learner.share_prompt = true needs attention that takes a 4D mask ({' or '.join(SHARE_PROMPT_ATTENTION)}); "
+            f"{type(model).__name__} uses {impl!r}: set learner.share_prompt = false"
+        )
+    other = sorted({t for t in getattr(config, "layer_types", None) or () if t != "full_attention"})
+    if other:
+        raise ConfigError(
+            f"learner.share_prompt = true replaces the attention mask of every layer, but "
+            f"{type(model).__name__} has {', '.join(other)} layers: set learner.share_prompt = false"
+        )
+
+
 def _import_deepspeed() -> Any:
     """Import DeepSpeed with the CPU accelerator where there is no GPU, and without its shm op.
 
@@ -268,7 +304,9 @@ class MiniBatch:
         global_tokens: loss tokens (mask sum) over the whole mini-batch and all ranks: the T of the
             token-mean loss.
         global_seqs: samples with at least one loss token, over the mini-batch (seq-mean modes).
-        global_real_tokens: prompt + response tokens of the mini-batch (for tokens/s).
+        global_real_tokens: tokens the forward passes process (real, unpadded), over all ranks: prompt
+            + response per sample, or with learner.share_prompt a group's prompt once and one copy
+            of its last token per response (for tokens/s).
         group_ids: ids of the groups, in order.
         reward_mean / accuracy / response_len_mean / truncation_rate: over all samples of the
             mini-batch (response length in tokens; truncated: stopped at algo.max_response_len).
@@ -324,7 +362,9 @@ class StepMetrics:
     loss_tokens: int
     """Tokens the loss averaged over (T)."""
     tokens: int
-    """Prompt + response tokens processed (real, unpadded)."""
+    """Tokens the forward passes processed (real, unpadded): prompt + response per sample; with
+    learner.share_prompt a group's prompt counts once (plus one copy of its last token per response),
+    so tokens/s then measures work done, not samples trained: compare step_seconds across the two."""
     tokens_per_second: float
     step_seconds: float
     packing_efficiency: float
@@ -442,6 +482,10 @@ class Learner:
         model = model.to(dtype)
         model.config.use_cache = False
         model.train()
+        if cfg.learner.share_prompt:
+            check_share_prompt(model)
+        self._dtype = dtype
+        self._attn_implementation = getattr(model.config, "_attn_implementation", None)
         self.logprob_chunk_tokens = cfg.learner.logprob_chunk_tokens
         if self.logprob_chunk_tokens > 0:
             install_chunked_head(model)  # before DeepSpeed wraps the model (ZeRO-3 hooks every module)
@@ -523,17 +567,21 @@ class Learner:
     # ------------------------------------------------------------------ data
 
     def shard(self, sequences: Sequence[TrainSequence]) -> list[int]:
-        """Indices of the sequences this rank trains on: longest first, each to the rank with the
-        fewest tokens so far (deterministic, so every rank computes the same split)."""
+        """Indices of the sequences this rank trains on: forward rows (`plan_rows`: one per sample,
+        or a group's shared-prompt rows) longest first, each to the rank with the fewest tokens so
+        far (deterministic, so every rank computes the same split)."""
         if self.world_size == 1:
             return list(range(len(sequences)))
+        lc = self.cfg.learner
+        rows = plan_rows(sequences, lc.micro_batch_tokens, lc.share_prompt)
+        lengths = [row_tokens([sequences[i] for i in row]) for row in rows]
         loads = [0] * self.world_size
         mine: list[int] = []
-        for i in sorted(range(len(sequences)), key=lambda i: (-len(sequences[i]), i)):
+        for k in sorted(range(len(rows)), key=lambda k: (-lengths[k], rows[k][0])):
             r = min(range(self.world_size), key=lambda r: (loads[r], r))
-            loads[r] += len(sequences[i])
+            loads[r] += lengths[k]
             if r == self.rank:
-                mine.append(i)
+                mine.extend(rows[k])
         return sorted(mine)
 
     def prepare(self, groups: Sequence[Group]) -> MiniBatch:
@@ -542,7 +590,12 @@ class Learner:
             raise ValueError("a mini-batch needs at least one group")
         seqs = sequences_from_groups(groups)
         local = [seqs[i] for i in self.shard(seqs)]
-        micro = pack_micro_batches(local, self.cfg.learner.micro_batch_tokens, self.pad_id) if local else []
+        lc = self.cfg.learner
+        micro = (
+            pack_micro_batches(local, lc.micro_batch_tokens, self.pad_id, share_prompt=lc.share_prompt)
+            if local
+            else []
+        )
         local_tokens = sum(float(mb.mask.sum()) for mb in micro)
         local_seqs = sum(float((mb.mask.sum(dim=-1) > 0).sum()) for mb in micro)
         local_real = sum(mb.real_tokens for mb in micro)
@@ -571,25 +624,46 @@ class Learner:
 
     # ------------------------------------------------------------------ forward passes
 
-    def _logits(self, model: Any, mb: MicroBatch) -> Tensor:
-        """[B, W, V] logits of the micro-batch's window (the full-logits path), of the sampling
-        distribution: divided by the generators' temperature, truncated tokens at -inf
-        (``sampling_logits``; the raw logits themselves at temperature 1 without truncation).
+    def _forward(self, model: Any, mb: MicroBatch) -> Any:
+        """The model's forward over the micro-batch's rows (its ``logits_to_keep`` positions).
 
-        No attention mask is passed: rows are right-padded and attention is causal, so real tokens
-        never see padding, and padding rows stay finite (a fully masked query row would not).
+        Per-sample rows get no attention mask: rows are right-padded and attention is causal, so
+        real tokens never see padding, and padding rows stay finite (a fully masked query row would
+        not). Shared-prompt rows get their 4D mask (`shared_prompt_attention`: boolean for sdpa,
+        additive for eager) and their position ids.
         """
-        out = model(input_ids=mb.input_ids, logits_to_keep=mb.logits_to_keep, use_cache=False)
+        kwargs: dict[str, Any] = {}
+        if mb.segments is not None:
+            allowed = shared_prompt_attention(mb.segments)
+            if self._attn_implementation == "eager":  # eager adds the mask to the scores
+                additive = torch.zeros(allowed.shape, dtype=self._dtype, device=allowed.device)
+                allowed = additive.masked_fill_(~allowed, torch.finfo(self._dtype).min)
+            kwargs = {"attention_mask": allowed, "position_ids": mb.position_ids}
+        return model(input_ids=mb.input_ids, logits_to_keep=mb.logits_to_keep, use_cache=False, **kwargs)
+
+    def _logits(self, model: Any, mb: MicroBatch) -> Tensor:
+        """[R, W', V] logits of the micro-batch's forward window (the full-logits path), of the
+        sampling distribution: divided by the generators' temperature, truncated tokens at -inf
+        (``sampling_logits``; the raw logits themselves at temperature 1 without truncation)."""
+        out = self._forward(model, mb)
         return sampling_logits(out.logits[:, :-1], self.sampling)
 
     def _token_stats(self, model: Any, mb: MicroBatch, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
-        """[B, W] log-probs of the targets and [B, W] entropies of the micro-batch's window.
+        """[B, W] log-probs of the targets and [B, W] entropies, in the micro-batch's per-sample view.
 
         Chunked path (learner.logprob_chunk_tokens > 0): the model's `ChunkedLMHead` scores the
-        targets chunk by chunk inside the forward, so no [B, W, V] tensor exists. Full path: logits,
+        targets chunk by chunk inside the forward, so no [R, W', V] tensor exists. Full path: logits,
         then `token_logprobs` / `token_entropy`. The entropy carries a gradient only if
-        ``entropy_grad`` (the entropy bonus); otherwise it is a metric.
+        ``entropy_grad`` (the entropy bonus); otherwise it is a metric. Shared-prompt rows are
+        gathered into the per-sample view (`unpack_to_samples`; 0 off the response tokens).
         """
+        logp, ent = self._window_stats(model, mb, entropy_grad=entropy_grad)
+        if mb.unpack is not None:
+            logp, ent = unpack_to_samples(logp, mb.unpack), unpack_to_samples(ent, mb.unpack)
+        return logp, ent
+
+    def _window_stats(self, model: Any, mb: MicroBatch, *, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+        """`_token_stats` over the forward window [R, W'], before any unpacking."""
         chunk = self.logprob_chunk_tokens
         if chunk == 0:
             logits = self._logits(model, mb)
@@ -600,10 +674,10 @@ class Learner:
                 return logp, token_entropy(logits.detach())
         head = getattr(model, "module", model).get_output_embeddings()
         assert isinstance(head, ChunkedLMHead), "the chunked head is installed at construction"
-        # The head sees logits_to_keep = W + 1 positions; the last one predicts nothing (target 0).
+        # The head sees logits_to_keep = W' + 1 positions; the last one predicts nothing (target 0).
         targets = torch.nn.functional.pad(mb.targets.long(), (0, 1))
         with head.scoring(targets, chunk, self.sampling):
-            out = model(input_ids=mb.input_ids, logits_to_keep=mb.logits_to_keep, use_cache=False)
+            out = self._forward(model, mb)
         stats = out.logits[:, :-1]
         logp, ent = stats[..., 0], stats[..., 1]
         return logp, ent if entropy_grad else ent.detach()
@@ -615,10 +689,16 @@ class Learner:
         Collective under ZeRO-3 (every rank must pass the same number of micro-batches, which
         `prepare` guarantees). Used for the proximal log-probs of the decoupled loss.
         """
+        return [logp for logp, _ in self.compute_token_stats(micro_batches)]
+
+    @torch.no_grad()
+    def compute_token_stats(self, micro_batches: Sequence[MicroBatch]) -> list[tuple[Tensor, Tensor]]:
+        """(log-probs, entropies), each [B, W] in the per-sample view, of each micro-batch under the
+        current weights, no gradient (collective under ZeRO-3, as `compute_logprobs`)."""
         out = []
         for mb in micro_batches:
             mb = mb.to(self.device)
-            out.append(self._token_stats(self.engine, mb, entropy_grad=False)[0])
+            out.append(self._token_stats(self.engine, mb, entropy_grad=False))
         return out
 
     @torch.no_grad()

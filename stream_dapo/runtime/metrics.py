@@ -329,7 +329,11 @@ class LearnerMetrics:
         self.accuracy = Gauge(
             p + "accuracy_ratio", "Fraction correct in the last step's samples.", registry=registry
         )
-        self.tokens = Counter(p + "tokens", "Tokens trained on (prompt + response).", registry=registry)
+        self.tokens = Counter(
+            p + "tokens",
+            "Tokens trained on (prompt + response; with learner.share_prompt a group's prompt once).",
+            registry=registry,
+        )
         self.tokens_per_second = Gauge(
             p + "tokens_per_second", "Trained tokens per second (last step).", registry=registry
         )

@@ -1,7 +1,8 @@
 """Gradient accumulation equals one big batch: the token-level loss is normalised globally.
 
 A DeepSpeed learner (world size 1, ZeRO stage 0, fp32) takes one step on the same mini-batch packed
-into 1 and into 3 micro-batches; both must give the gradient and the parameter update of a plain
+into 1 and into 3 micro-batches, and into 3 with shared prompts (learner.share_prompt: a group's
+samples in one forward row); each must give the gradient and the parameter update of a plain
 torch reference that computes the token-mean loss over the whole mini-batch, sequence by sequence,
 without padding. Normalising per micro-batch (the bug to avoid) reweights the three micro-batches
 and fails the gradient comparison.
@@ -117,9 +118,13 @@ CORRECTIONS = {
 @pytest.mark.parametrize("algo", CORRECTIONS.values(), ids=CORRECTIONS.keys())
 def test_one_vs_three_micro_batches_match_one_big_batch_reference(algo: dict[str, object]) -> None:
     big, small = make_cfg(4096, algo), make_cfg(64, algo)
+    # Shared prompts at 64 tokens: group a's row (5 + 25 + 23 + 20) does not fit and splits into
+    # rows of 53 and 25 tokens, group b's is 44: three micro-batches of one or two rows.
+    shared = make_cfg(64, algo, share_prompt=True)
     learners = {
-        1: Learner(big, tiny_model(), source_dir="."),
-        3: Learner(small, tiny_model(), source_dir="."),
+        (1, "per-sample"): Learner(big, tiny_model(), source_dir="."),
+        (3, "per-sample"): Learner(small, tiny_model(), source_dir="."),
+        (3, "shared"): Learner(shared, tiny_model(), source_dir="."),
     }
     reference = tiny_model()
     opt = torch.optim.AdamW(
@@ -134,7 +139,7 @@ def test_one_vs_three_micro_batches_match_one_big_batch_reference(algo: dict[str
     for step, seed in enumerate((1, 2)):
         groups = make_groups(seed)
         ref_loss, ref_grads, ref_norm, ref_masked = reference_step(reference, opt, groups, big)
-        for expected_micro, learner in learners.items():
+        for (expected_micro, _), learner in learners.items():
             metrics, grads, n_micro = learner_step(learner, groups)
             assert n_micro == expected_micro
             assert metrics.version == step + 1

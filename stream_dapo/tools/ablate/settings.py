@@ -60,6 +60,8 @@ _NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {
     ("model", "source"): None,
     ("data", "gsm_symbolic"): None,
     ("data", "word_problems"): None,
+    # Shared-prompt rows in the learner's forward: off, one row per sample as before.
+    ("learner", "share_prompt"): False,
     # Shutdown bounds: how long a stop may take, never what is trained.
     ("metrics", "final_scrape_wait_s"): 0.0,
     ("run", "learner_stop_timeout_s"): 900.0,
