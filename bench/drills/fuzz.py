@@ -1309,10 +1309,11 @@ def host_generator(config: Path, info: Path) -> int:
     the loop steps that do not need an engine."""
     import threading
 
-    from stream_dapo.generator.service import IDLE_POLL_MS, GeneratorService
+    from stream_dapo.generator.root import build_generator
+    from stream_dapo.generator.service import IDLE_POLL_MS
 
     cfg = load_config([config], environ={})
-    svc = GeneratorService(
+    svc = build_generator(
         cfg,
         0,
         engine=_NoEngine(),  # type: ignore[arg-type]

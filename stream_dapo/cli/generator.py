@@ -7,6 +7,7 @@ import logging
 
 from stream_dapo.config import Config
 from stream_dapo.generator.engine import WeightUpdateError
+from stream_dapo.generator.root import build_generator
 from stream_dapo.generator.service import GeneratorService, StartupError, StoppedBeforeStart
 from stream_dapo.runtime.exit_codes import ExitCode
 from stream_dapo.runtime.service_runner import run_service
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     return run_service(
         "generator",
         cfg,
-        lambda: GeneratorService(cfg, getattr(args, "index", 0)),
+        lambda: build_generator(cfg, getattr(args, "index", 0)),
         start_and_serve,
         startup_errors={StartupError: ExitCode.CONFIG},
         serve_errors={StartupError: ExitCode.CONFIG, WeightUpdateError: ExitCode.FAILURE},

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from stream_dapo.config import Config
+from stream_dapo.learner.root import build_learner
 from stream_dapo.learner.service import LearnerService
 from stream_dapo.runtime.service_runner import run_service
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     return run_service(
         "learner",
         cfg,
-        lambda: LearnerService(cfg, max_steps=getattr(args, "max_steps", None)),
+        lambda: build_learner(cfg, max_steps=getattr(args, "max_steps", None)),
         LearnerService.run,
         stop_message="finishing the current step, then checkpointing",
         log_config=int(os.environ.get("RANK", "0")) == 0,

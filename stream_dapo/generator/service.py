@@ -46,17 +46,17 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import zmq
 from prometheus_client import CollectorRegistry
 
-from stream_dapo.config import Config
 from stream_dapo.generator.credits import CreditLedger, Heartbeat, UnackedGroups
-from stream_dapo.generator.prompts import PromptCursor, ShardLayout
+from stream_dapo.generator.prompts import PromptCursor
 from stream_dapo.generator.rollout import FinishedGroup, GroupOutcome, RolloutSettings, process_group
 from stream_dapo.generator.weight_watcher import WeightWatcher
 from stream_dapo.runtime.metrics import (
@@ -84,17 +84,22 @@ from stream_dapo.transport.sockets import (
     request,
 )
 from stream_dapo.weights.base import WeightsError, WeightSource, WeightUpdate
-from stream_dapo.weights.factory import make_source, shared_dir_path
 from stream_dapo.weights.image import sweep_orphaned_images
 
 if TYPE_CHECKING:
+    import prometheus_client
+
+    from stream_dapo.config import GeneratorConfig, MetricsConfig, TransportConfig
+    from stream_dapo.core.admission import AdmissionRule
     from stream_dapo.data.dataset import PromptItem, PromptStream
     from stream_dapo.generator.engine import RolloutEngine
     from stream_dapo.generator.vllm_utils import CoreClaims
     from stream_dapo.verifier import VerifierPool
 
 __all__ = [
+    "GeneratorCollaborators",
     "GeneratorService",
+    "GeneratorSettings",
     "StartupError",
 ]
 
@@ -125,6 +130,75 @@ class StartupError(RuntimeError):
 
 
 # --------------------------------------------------------------------------------------------------
+# What the service takes
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GeneratorSettings:
+    """What the generator service reads of the configuration: three of its sections whole, and the
+    few values it takes from others. `build_generator` (``root.py``) builds it once from the
+    config (`generator_settings`); a test may build one directly or `dataclasses.replace` one."""
+
+    index: int
+    """--index: the generator's id, its metrics port offset, its prompt shard."""
+    generator: GeneratorConfig
+    transport: TransportConfig
+    metrics: MetricsConfig
+    out_dir: str
+    """run.out_dir: bound ports and final figures go under it."""
+    model_path: str
+    """model.path: checked at start-up when the engine or the prompts are built from it."""
+    generator_lease_s: float
+    """buffer.generator_lease_s: how long a restart waits for the previous holder's lease."""
+    weights_method: Literal["zmq", "shared_dir", "nccl"]
+    """weights.method: whether the learner's weight port must be known at start-up."""
+    shared_dir: Path
+    """weights.shared_dir as resolved (default run.out_dir/weights), named when nothing is there yet."""
+    rollout: RolloutSettings
+    """The recipe switches of post-processing (algo.*)."""
+    admission: AdmissionRule
+    """The staleness budget (`Config.admission`): its lag gate decides when a credited group starts."""
+
+    @property
+    def generator_id(self) -> str:
+        """How the buffer, the metrics and the files name this generator."""
+        return f"generator-{self.index}"
+
+    def __post_init__(self) -> None:
+        index, count = self.index, self.generator.num_generators
+        if index < 0:
+            raise StartupError(f"--index must be >= 0, got {index}")
+        if self.weights_method == "nccl" and index >= count:
+            # Its process group has a fixed size: every member is counted in generator.num_generators.
+            raise StartupError(
+                f"--index {index} is outside 0..{count - 1}: with weights.method = "
+                '"nccl" the weight group has a fixed membership; raise generator.num_generators (and restart '
+                'the learner), or use weights.method = "zmq" or "shared_dir" for an elastic fleet'
+            )
+
+
+class GeneratorCollaborators(Protocol):
+    """How ``start()`` builds each collaborator that was not injected, in its turn of the start-up
+    order (prompts, then the verifier pool, the engine, the weight source). `build_generator` passes
+    the one that builds them from the configuration (``root.ConfiguredCollaborators``)."""
+
+    def load_prompts(self, alive: Callable[[], None]) -> tuple[PromptStream, PromptCursor]:
+        """This generator's shard of the prompts and the cursor that keeps its position across
+        restarts; `alive` is called while a large file is indexed."""
+        ...
+
+    def start_verifier(self) -> VerifierPool: ...
+
+    def start_engine(self) -> RolloutEngine: ...
+
+    def weight_source(self, relay_sent_metric: prometheus_client.Counter) -> WeightSource:
+        """The source of weights.method (nothing contacted yet); `relay_sent_metric` counts what its
+        relay sends to other generators."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------------
 # The service
 # --------------------------------------------------------------------------------------------------
 
@@ -135,45 +209,38 @@ class GeneratorService:
     ``start()`` performs every start-up check (raising ``StartupError`` with the fix), ``serve()``
     runs until ``request_stop()`` and drains, ``close()`` releases everything (idempotent).
 
-    Collaborators not given are built by ``start()`` from the config: the vLLM ``engine``, the
-    ``verifier`` pool, the ``prompts`` stream (this generator's shard, position kept across
-    restarts) and the ``weights`` source of ``weights.method``. Tests and benchmarks inject
-    their own (``bench/drills/fuzz.py`` runs the service on a stand-in engine).
+    It reads what `settings` holds and never the configuration; `build_generator(cfg, index)`
+    (``root.py``) composes both. Collaborators not given are built by ``start()`` with
+    `collaborators`: the vLLM ``engine``, the ``verifier`` pool, the ``prompts`` stream (this
+    generator's shard, position kept across restarts) and the ``weights`` source of
+    ``weights.method``. Tests and benchmarks inject their own (``bench/drills/fuzz.py`` runs the
+    service on a stand-in engine).
     """
 
     def __init__(
         self,
-        cfg: Config,
-        index: int = 0,
+        settings: GeneratorSettings,
+        collaborators: GeneratorCollaborators,
         *,
         engine: RolloutEngine | None = None,
         verifier: VerifierPool | None = None,
         prompts: Iterator[PromptItem] | None = None,
         weights: WeightSource | None = None,
     ) -> None:
-        if index < 0:
-            raise StartupError(f"--index must be >= 0, got {index}")
-        if cfg.weights.method == "nccl" and index >= cfg.generator.num_generators:
-            # Its process group has a fixed size: every member is counted in generator.num_generators.
-            raise StartupError(
-                f"--index {index} is outside 0..{cfg.generator.num_generators - 1}: with weights.method = "
-                '"nccl" the weight group has a fixed membership; raise generator.num_generators (and restart '
-                'the learner), or use weights.method = "zmq" or "shared_dir" for an elastic fleet'
-            )
-        self.cfg = cfg
-        self.index = index
-        self.generator_id = f"generator-{index}"
+        self.settings = settings
+        self.collaborators = collaborators
+        self.index = settings.index
+        self.generator_id = settings.generator_id
         self.holder = process_name()
         """Who this process is, in its hello: a generator id belongs to one live process."""
-        self.settings = RolloutSettings.from_config(cfg.algo)
-        t = cfg.transport
+        t = settings.transport
         self.buffer_address = t.buffer_address("samples")
         self.weights_address = t.weights_address()
         # Credits carry the learner version at which the buffer granted them; a credited group
         # starts only when the admission rule's lag gate allows it (`AdmissionRule.may_start`).
-        self.admission = cfg.admission
+        self.admission = settings.admission
         self._credit_version = 0
-        self.credits = CreditLedger(cfg.generator.max_groups_in_flight, timeout_s=t.timeout_s)
+        self.credits = CreditLedger(settings.generator.max_groups_in_flight, timeout_s=t.timeout_s)
         self.unacked = UnackedGroups(resend_after_s=t.timeout_s)
         self._stop = threading.Event()
         self._engine_lost = False  # the engine's processes stopped with a stop signal (drain without it)
@@ -247,7 +314,7 @@ class GeneratorService:
         )
 
     def _check_model_dir(self) -> None:
-        path = Path(self.cfg.model.path)
+        path = Path(self.settings.model_path)
         if not (path / "config.json").is_file():
             raise StartupError(
                 f"model.path = {path} is not a Hugging Face model directory (no config.json); build the tiny "
@@ -255,7 +322,7 @@ class GeneratorService:
             )
 
     def _start_metrics(self) -> None:
-        mc = self.cfg.metrics
+        mc = self.settings.metrics
         port = mc.generator_port + self.index if mc.generator_port else 0
         *_, self.metrics_server = start_metrics(
             mc.host,
@@ -270,21 +337,21 @@ class GeneratorService:
         log.info("metrics on http://%s:%d/metrics and /healthz", mc.host, self.metrics_server.port)
         ports = {"metrics.generator_port": self.metrics_server.port}
         self.health.detail["ports"] = ports
-        write_bound_ports(self.cfg.run.out_dir, self.generator_id, ports)
+        write_bound_ports(self.settings.out_dir, self.generator_id, ports)
 
     def _check_peer_ports(self) -> None:
         """The buffer's and the learner's ports must be known here: 0 ("any free port") is a
         server's setting, refused with where to read the bound port (`stream_dapo/runtime/ports.py`)."""
-        t = self.cfg.transport
+        t = self.settings.transport
         require_bound("transport.samples_port", t.samples_port, "buffer")
-        if self.weights is None and self.cfg.weights.method != "shared_dir":
+        if self.weights is None and self.settings.weights_method != "shared_dir":
             require_bound("transport.weights_port", t.weights_port, "learner")
 
     def _curve(self) -> CurveKeys | None:
-        return curve_client(self.cfg.transport.curve_dir)
+        return curve_client(self.settings.transport.curve_dir)
 
     def _buffer_endpoint(self, curve: CurveKeys | None, send_timeout_ms: int = 5000) -> Endpoint:
-        t = self.cfg.transport
+        t = self.settings.transport
         return open_endpoint(
             self._ctx,
             zmq.DEALER,
@@ -301,7 +368,7 @@ class GeneratorService:
         for its lease to run out (a restart after a crash), or exit 2 naming both once the holder has
         outlived a lease (two generators with one --index)."""
         self.buffer = self._buffer_endpoint(self._curve())
-        patience_s = self.cfg.buffer.generator_lease_s + 2 * self.cfg.generator.heartbeat_s
+        patience_s = self.settings.generator_lease_s + 2 * self.settings.generator.heartbeat_s
         refused_since: float | None = None
         while True:
             try:
@@ -318,7 +385,7 @@ class GeneratorService:
                     log.warning("%s; waiting up to %.0f s for that lease to run out", exc.detail, patience_s)
                 if now - refused_since > patience_s:
                     raise StartupError(f"the buffer refused this generator: {exc.detail}") from None
-                if self._stop.wait(self.cfg.generator.heartbeat_s):
+                if self._stop.wait(self.settings.generator.heartbeat_s):
                     raise StoppedBeforeStart(
                         f"stopped while waiting for {self.generator_id} to be free"
                     ) from None
@@ -328,12 +395,12 @@ class GeneratorService:
         self._monitor = self.buffer.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
 
     def _hello(self) -> Message:
-        t = self.cfg.transport
+        t = self.settings.transport
         assert self.buffer is not None
         try:
             return request(
                 self.buffer,
-                m.Hello(self.generator_id, 0, self.holder, m.Sampling.of(self.cfg.generator)),
+                m.Hello(self.generator_id, 0, self.holder, m.Sampling.of(self.settings.generator)),
                 timeout_ms=int(t.timeout_s * 1000),
                 retries=0,
                 accept=lambda msg: msg.type == m.CREDIT,
@@ -347,45 +414,15 @@ class GeneratorService:
             ) from None
 
     def _load_prompts(self) -> PromptStream:
-        from transformers import AutoTokenizer
-
-        from stream_dapo.data.dataset import LazyPrompts
-        from stream_dapo.data.synthetic import ensure_synthetic_data
-
-        data = self.cfg.data
-        path = data.train_path
-        if path is None:
-            path = str(ensure_synthetic_data(data, Path(self.cfg.run.out_dir) / "data")[0])
-        elif not Path(path).is_file():
-            raise StartupError(
-                f"data.train_path = {path} does not exist; point it at a .parquet or .jsonl file"
-            )
-        tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
-
-        def progress(rows: int, fraction: float) -> None:
-            self.health.beat()  # a huge file takes a while: live (not ready) meanwhile
-            log.info("indexing the prompts of %s: %d rows, %.0f%% of the file", path, rows, 100 * fraction)
-
-        # Indexed in one pass, tokenized as served: this generator tokenizes only its shard's prompts.
-        items = LazyPrompts(path, tokenizer, self.cfg.model.max_prompt_len, progress=progress)
-        layout = ShardLayout.of(
-            str(path), len(items), data.seed, self.cfg.generator.num_generators, self.index
-        )
-        self._cursor = PromptCursor(
-            Path(self.cfg.run.out_dir) / "generators" / f"{self.generator_id}.prompts.json", layout
-        )
-        return self._cursor.stream(items)
+        stream, self._cursor = self.collaborators.load_prompts(self.health.beat)  # live, not ready
+        return stream
 
     def _start_verifier(self) -> None:
-        from stream_dapo.verifier import VerifierPool
-
-        self.verifier = VerifierPool.from_config(self.cfg.verifier)
+        self.verifier = self.collaborators.start_verifier()
 
     def _start_engine(self) -> None:
-        from stream_dapo.generator.engine import RolloutEngine
-
         self._claim_cores()
-        self.engine = RolloutEngine.start(self.cfg, index=self.index)
+        self.engine = self.collaborators.start_engine()
         self.metrics.engine_start_seconds.set(self.engine.startup_seconds)
 
     def _claim_cores(self) -> None:
@@ -396,7 +433,7 @@ class GeneratorService:
         if not is_cpu_platform():
             return
         bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or cpu_thread_env(
-            self.cfg.generator, index=self.index
+            self.settings.generator, index=self.index
         ).get("VLLM_CPU_OMP_THREADS_BIND", "")
         self._cores = CoreClaims(bound_cores(bind), f"{self.generator_id} ({self.holder})")
         if self._cores.conflicts:
@@ -411,12 +448,10 @@ class GeneratorService:
     def _load_initial_weights(self) -> None:
         """The late-joiner rule: load the learner's current version before the first prompt."""
         if self.weights is None:
-            self.weights = make_source(
-                self.cfg, self.index, relay_sent_metric=self.metrics.weight_relay_sent_bytes
-            )
+            self.weights = self.collaborators.weight_source(self.metrics.weight_relay_sent_bytes)
         self.weights.join(self._engine)
         self.watcher = WeightWatcher(
-            self.weights, self.cfg.generator.weight_poll_s, self.weights.first_version
+            self.weights, self.settings.generator.weight_poll_s, self.weights.first_version
         )
         update = self._first_weights()
         if update is not None:
@@ -425,7 +460,7 @@ class GeneratorService:
         elif self.weights.startup == "look":
             log.warning(
                 "nothing published in %s yet: starting from the initial model (version 0)",
-                shared_dir_path(self.cfg),
+                self.settings.shared_dir,
             )
         self.watcher.start()
 
@@ -447,7 +482,7 @@ class GeneratorService:
                     )
                     warned = True
                 self.health.beat()  # waiting on purpose: /livez passes, /readyz fails until then
-                self._stop.wait(self.cfg.generator.weight_poll_s)
+                self._stop.wait(self.settings.generator.weight_poll_s)
         return None
 
     def _first_weights(self) -> WeightUpdate | None:
@@ -460,7 +495,7 @@ class GeneratorService:
         assert self.watcher is not None and self.weights is not None
         if self.weights.startup == "look":
             return self._look_for_weights()
-        wait_s = 4 * self.cfg.transport.timeout_s
+        wait_s = 4 * self.settings.transport.timeout_s
         deadline = time.monotonic() + wait_s
         while not self._stop.is_set() and time.monotonic() < deadline:
             try:
@@ -469,7 +504,7 @@ class GeneratorService:
                 log.info("waiting for the learner to announce its weights at %s", self.weights_address)
             except TransportTimeout:
                 log.info("waiting for the learner's weight server at %s", self.weights_address)
-            time.sleep(min(1.0, self.cfg.generator.weight_poll_s))
+            time.sleep(min(1.0, self.settings.generator.weight_poll_s))
         if self._stop.is_set():
             return None
         raise PeerUnavailable(
@@ -524,7 +559,7 @@ class GeneratorService:
         """kv_on_update = "between-groups": an update waits for the in-flight groups to finish; no
         new group starts meanwhile (it would sample from weights already superseded)."""
         return (
-            self.cfg.generator.kv_on_update == "between-groups"
+            self.settings.generator.kv_on_update == "between-groups"
             and self.watcher is not None
             and self.watcher.pending
         )
@@ -621,7 +656,7 @@ class GeneratorService:
         self._heartbeat = Heartbeat(
             lambda: self._buffer_endpoint(curve, send_timeout_ms=0),
             self.generator_id,
-            self.cfg.generator.heartbeat_s,
+            self.settings.generator.heartbeat_s,
             filtered_total=lambda: self.credits.filtered_total,
             progressing=lambda: time.monotonic() - health.last_progress < health.stall_after_s,
             rollouts=lambda: dict(self._rollouts),
@@ -644,7 +679,9 @@ class GeneratorService:
                 dropped,
             )
         silent_s = time.monotonic() - beat.last_answer
-        responding = silent_s <= max(self.cfg.transport.timeout_s, 3 * self.cfg.generator.heartbeat_s)
+        responding = silent_s <= max(
+            self.settings.transport.timeout_s, 3 * self.settings.generator.heartbeat_s
+        )
         if responding != self.health.detail.get("buffer_responding", True):
             if responding:
                 log.info("the buffer answers heartbeats again")
@@ -663,7 +700,7 @@ class GeneratorService:
             self.metrics.groups_rejected.labels(reason=reason).inc()
 
     def _ask_for_credits(self) -> None:
-        if len(self.unacked) > UNACKED_FACTOR * self.cfg.generator.max_groups_in_flight:
+        if len(self.unacked) > UNACKED_FACTOR * self.settings.generator.max_groups_in_flight:
             return
         req = self.credits.request(self._engine.num_in_flight, time.monotonic())
         if req is not None:
@@ -677,7 +714,7 @@ class GeneratorService:
         if self._holding_for_weights():
             return
         started = False
-        while engine.num_in_flight < self.cfg.generator.max_groups_in_flight and self.credits.take():
+        while engine.num_in_flight < self.settings.generator.max_groups_in_flight and self.credits.take():
             engine.add_group(next(self.prompts))
             started = True
         if started and self._cursor is not None and self._stream is not None:
@@ -692,7 +729,7 @@ class GeneratorService:
                 (
                     group.start_version,
                     self._verify_pool.submit(
-                        process_group, group, verifier, self.settings, self.generator_id
+                        process_group, group, verifier, self.settings.rollout, self.generator_id
                     ),
                 )
             )
@@ -806,7 +843,7 @@ class GeneratorService:
 
     def _drain(self) -> None:
         """Finish what is in flight (bounded), send it, report unused credits, wait for acks (bounded)."""
-        engine, budget_s = self._engine, self.cfg.transport.timeout_s
+        engine, budget_s = self._engine, self.settings.transport.timeout_s
         log.info("draining: %d groups in flight, %d unacknowledged", engine.num_in_flight, len(self.unacked))
         deadline = time.monotonic() + budget_s
         try:
@@ -836,7 +873,7 @@ class GeneratorService:
     def _write_final_metrics(self) -> None:
         if self.engine is None:
             return  # it never generated anything
-        path = final_metrics_path(self.cfg.run.out_dir, self.generator_id)
+        path = final_metrics_path(self.settings.out_dir, self.generator_id)
         try:
             write_final_metrics(self.registry, path)
         except OSError as exc:
@@ -866,7 +903,8 @@ class GeneratorService:
             self.buffer and self.buffer.close,
             self._cores and self._cores.close,
             lambda: self._ctx.destroy(linger=0),
-            self.metrics_server and (lambda: self.metrics_server.stop(self.cfg.metrics.final_scrape_wait_s)),
+            self.metrics_server
+            and (lambda: self.metrics_server.stop(self.settings.metrics.final_scrape_wait_s)),
         )
 
 

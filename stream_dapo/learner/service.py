@@ -35,16 +35,17 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 from prometheus_client import CollectorRegistry
 
-from stream_dapo.config import Config
 from stream_dapo.errors import ConfigError
 from stream_dapo.learner import distributed
-from stream_dapo.learner.checkpoints import LEARNER_STATE_FILE, Checkpoints
+from stream_dapo.learner.checkpoints import LEARNER_STATE_FILE, Checkpoints, CheckpointWriter
 from stream_dapo.learner.resume import Change, config_changes, refusal, split_changes
 from stream_dapo.runtime.disk import write_text_atomic
 from stream_dapo.runtime.metrics import (
@@ -72,12 +73,16 @@ from stream_dapo.transport.sockets import (
 )
 
 if TYPE_CHECKING:  # torch and DeepSpeed load in start(), so `stream-dapo learner --help` is instant
-    from transformers import PreTrainedModel
+    import torch
 
+    from stream_dapo.config import LearnerConfig, MetricsConfig, TransportConfig
+    from stream_dapo.core.loss_params import RatioMode
+    from stream_dapo.learner.packing import MicroBatch
+    from stream_dapo.learner.trainer import MiniBatch, StepMetrics
     from stream_dapo.runtime.tracking import Tracker
     from stream_dapo.weights.base import WeightPublisher
 
-__all__ = ["LearnerService",]
+__all__ = ["LearnerCollaborators", "LearnerService", "LearnerSettings", "Trainer"]
 
 log = logging.getLogger("stream_dapo.learner")
 
@@ -88,30 +93,107 @@ BATCH_BACKOFF_S = (0.05, 1.0)
 _WAITING, _DATA = 0, 1
 
 
+# --------------------------------------------------------------------------------------------------
+# What the service takes
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """What the learner service reads of the configuration: three of its sections whole, and the
+    few values it takes from others. `build_learner` (``root.py``) builds it once from the config
+    (`learner_settings`); a test may build one directly or `dataclasses.replace` one."""
+
+    learner: LearnerConfig
+    transport: TransportConfig
+    metrics: MetricsConfig
+    out_dir: str
+    """run.out_dir: checkpoints, the trained-group log, bound ports and final figures go under it."""
+    total_steps: int
+    """The version to train to: learner.total_steps, or --max-steps."""
+    groups_per_version: int
+    """Groups per optimizer step (`Config.admission`): the mini-batches a rollout batch is cut into."""
+    group_size: int
+    """algo.group_size: the generators' rollout figures are per sample."""
+    ratio_mode: RatioMode
+    """algo.ratio_mode: "decoupled" computes the proximal log-probs of a rollout batch's later
+    mini-batches before its first step."""
+    sampling: m.Sampling
+    """The generators' sampling settings (generator.*), said in the hello: every peer must share them."""
+    run_config: dict[str, Any]
+    """The whole resolved configuration as JSON: stored in each checkpoint, and what a resume
+    compares with the configuration it was written with (`resume.py`)."""
+
+    def __post_init__(self) -> None:
+        if self.total_steps < 1:
+            raise ConfigError(f"--max-steps must be >= 1, got {self.total_steps}")
+
+
+class Trainer(CheckpointWriter, Protocol):
+    """What the service needs of the model it trains (`trainer.Learner` is one): its steps, the
+    collectives' device, its weights and its checkpoints."""
+
+    version: int
+    """Optimizer steps taken: the policy version."""
+    device: torch.device
+
+    def prepare(self, groups: Sequence[m.Group]) -> MiniBatch: ...
+
+    def compute_logprobs(self, micro_batches: Sequence[MicroBatch]) -> list[torch.Tensor]: ...
+
+    def train_step(
+        self, batch: MiniBatch, prox: Sequence[torch.Tensor] | None, prox_version: int | None
+    ) -> StepMetrics: ...
+
+    def gather_state_dict(self) -> dict[str, torch.Tensor] | None: ...
+
+    def apply_optimizer_settings(
+        self, lr: float, betas: tuple[float, float], weight_decay: float
+    ) -> None: ...
+
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> dict[str, Any]: ...
+
+
+class LearnerCollaborators(Protocol):
+    """How ``start()`` builds the service's collaborators, in its order: the weight publisher (rank 0,
+    first, so that a taken port fails in a second), the trainer (every rank; after the resume check,
+    so a refused change does not load the model), the tracker (rank 0). `build_learner` passes the
+    one that builds them from the configuration (``root.ConfiguredCollaborators``)."""
+
+    def publisher(self, metrics: LearnerMetrics) -> WeightPublisher:
+        """Started: bound, serving; `metrics` counts what it refuses and sends."""
+        ...
+
+    def trainer(self) -> Trainer:
+        """Collective: every rank builds its own, inside the process group."""
+        ...
+
+    def tracker(self, resumed_at: int | None) -> Tracker: ...
+
+
+# --------------------------------------------------------------------------------------------------
+# The service
+# --------------------------------------------------------------------------------------------------
+
+
 class LearnerService:
     """The learner service; ``run()`` trains until done or stopped. Usable in-process (tests).
 
-    ``model`` replaces loading ``cfg.model.path`` (tests pass a built model); ``max_steps`` overrides
-    ``learner.total_steps``. Call `request_stop` (e.g. from a signal handler) to drain.
+    It reads what `settings` holds and never the configuration; `collaborators` builds the trainer,
+    the weight publisher and the tracker in ``start()``. `build_learner(cfg)` (``root.py``) composes
+    both. Call `request_stop` (e.g. from a signal handler) to drain.
     """
 
-    def __init__(
-        self, cfg: Config, *, model: PreTrainedModel | None = None, max_steps: int | None = None
-    ) -> None:
-        self.cfg = cfg
-        self.total_steps = max_steps if max_steps is not None else cfg.learner.total_steps
-        if self.total_steps < 1:
-            raise ConfigError(f"--max-steps must be >= 1, got {self.total_steps}")
-        from stream_dapo.learner.trainer import deepspeed_config
-
-        deepspeed_config(cfg, int(os.environ.get("WORLD_SIZE", "1")))  # dtype/ZeRO errors before any start-up
-        self.out = Path(cfg.run.out_dir)
+    def __init__(self, settings: LearnerSettings, collaborators: LearnerCollaborators) -> None:
+        self.settings = settings
+        self.collaborators = collaborators
+        self.total_steps = settings.total_steps
+        self.out = Path(settings.out_dir)
         self.ckpt_root = self.out / "checkpoints"
         self.trained_log = self.out / "learner" / "trained_groups.jsonl"
-        self.checkpoints = Checkpoints(self.ckpt_root, cfg.learner.keep_checkpoints, self.trained_log)
+        self.checkpoints = Checkpoints(self.ckpt_root, settings.learner.keep_checkpoints, self.trained_log)
         self.metrics_log = self.out / "learner" / "metrics.jsonl"
-        self.groups_per_version = cfg.admission.groups_per_version
-        self._model = model
+        self.groups_per_version = settings.groups_per_version
         self._stop = threading.Event()
         self._ctx: zmq.Context[Any] | None = None
         self._buffer: Endpoint | None = None
@@ -130,7 +212,8 @@ class LearnerService:
         self._rollouts_at_time: float | None = None
         self._rollout_window: dict[str, float] = {}
         self.tracker: Tracker | None = None
-        self.learner: Any = None
+        self.learner: Trainer | None = None
+        """Built in ``start()``."""
         self.health: Health | None = None
         self.rank, self.world_size = 0, 1
 
@@ -144,13 +227,13 @@ class LearnerService:
         """Train until ``total_steps`` or a stop request; returns the exit code (0)."""
         try:
             self.start()
-            while self.learner.version < self.total_steps:
+            while self._learner.version < self.total_steps:
                 groups = self._next_rollout()
                 if groups is None:  # stop requested while waiting for data
                     break
                 if not self._train_rollout(groups):
                     break
-            self._finish(completed=self.learner.version >= self.total_steps)
+            self._finish(completed=self._learner.version >= self.total_steps)
         finally:
             self.close()
         return 0
@@ -160,24 +243,24 @@ class LearnerService:
         False when told to stop."""
         size = self.groups_per_version
         t0 = time.perf_counter()
-        batches = [self.learner.prepare(groups[i : i + size]) for i in range(0, len(groups), size)]
+        batches = [self._learner.prepare(groups[i : i + size]) for i in range(0, len(groups), size)]
         t1 = time.perf_counter()
-        decoupled = self.cfg.algo.ratio_mode == "decoupled"
-        prox_version = self.learner.version
+        decoupled = self.settings.ratio_mode == "decoupled"
+        prox_version = self._learner.version
         # The first mini-batch trains on the weights the rollout batch starts from, so its forward
         # gives its proximal log-probs (None); only the later ones need a pass before the first step.
         prox = [None] + [
-            self.learner.compute_logprobs(b.micro_batches) if decoupled else None for b in batches[1:]
+            self._learner.compute_logprobs(b.micro_batches) if decoupled else None for b in batches[1:]
         ]
         self._last_prepare_s, self._last_proximal_s = t1 - t0, time.perf_counter() - t1
         for batch, batch_prox in zip(batches, prox, strict=True):
-            metrics = self.learner.train_step(batch, batch_prox, prox_version)
+            metrics = self._learner.train_step(batch, batch_prox, prox_version)
             self._after_step(metrics, batch.group_ids)
-            if self.learner.version >= self.total_steps or self._agree_to_stop():
-                return self.learner.version >= self.total_steps
+            if self._learner.version >= self.total_steps or self._agree_to_stop():
+                return self._learner.version >= self.total_steps
         return True
 
-    def _after_step(self, metrics: Any, group_ids: list[str]) -> None:
+    def _after_step(self, metrics: StepMetrics, group_ids: list[str]) -> None:
         v = metrics.version
         self._uncommitted.extend(group_ids)
         if self.rank == 0:
@@ -185,11 +268,11 @@ class LearnerService:
                 self.trained_log,
                 {"version": v, "group_ids": group_ids, "max_staleness": metrics.max_staleness},
             )
-        publish = v % self.cfg.learner.sync_every == 0
-        checkpoint = v % self.cfg.learner.checkpoint_every == 0
+        publish = v % self.settings.learner.sync_every == 0
+        checkpoint = v % self.settings.learner.checkpoint_every == 0
         self._last_sync_s = None
         if publish or checkpoint:
-            state_dict = self.learner.gather_state_dict()  # collective; once for both
+            state_dict = self._learner.gather_state_dict()  # collective; once for both
             if publish:
                 self._publish(state_dict)
             if checkpoint:
@@ -202,18 +285,18 @@ class LearnerService:
 
     def _finish(self, completed: bool) -> None:
         """Checkpoint what is not yet; on completion also export ``final/`` and publish (collective)."""
-        v = self.learner.version
+        v = self._learner.version
         need_checkpoint = v != self._last_checkpoint and v > 0
         if not (need_checkpoint or completed):
             log.info("stopped at version %d before training anything new", v)
             return
-        state_dict = self.learner.gather_state_dict()
+        state_dict = self._learner.gather_state_dict()
         if need_checkpoint:
             self._checkpoint(state_dict)
         if not completed:
             log.info("stopped at version %d (drained and checkpointed)", v)
             return
-        self.learner.write_hf(self.out / "final", state_dict)
+        self._learner.write_hf(self.out / "final", state_dict)
         if v != self._last_published:
             self._publish(state_dict)
         log.info("finished at version %d; HF export in %s", v, self.out / "final")
@@ -223,42 +306,45 @@ class LearnerService:
     def start(self) -> None:
         import torch
 
-        from stream_dapo.learner.trainer import Learner, init_distributed
+        from stream_dapo.learner.trainer import init_distributed
 
-        torch.set_num_threads(self.cfg.learner.torch_threads)
+        torch.set_num_threads(self.settings.learner.torch_threads)
         self.rank, self.world_size, _ = init_distributed()
         self._start_metrics()
         if self.rank == 0:
             self._start_publishers()
             self._report_ports()
         changed = self._check_resume_config()  # before the model: a refused change must not load it
-        self.learner = Learner(self.cfg, self._model)
+        self.learner = self.collaborators.trainer()
         state = self._resume()
         if self.checkpoints.latest() is not None:
-            lc = self.cfg.learner
-            self.learner.apply_optimizer_settings(lc.lr, lc.betas, lc.weight_decay)
+            lc = self.settings.learner
+            self._learner.apply_optimizer_settings(lc.lr, lc.betas, lc.weight_decay)
             if changed:
                 log.info("resumed with changed settings, applied: %s", "; ".join(str(c) for c in changed))
         if self.rank == 0:  # one writer per run
-            from stream_dapo.runtime.tracking import Tracker
-
-            resumed_at = self.learner.version if self.checkpoints.latest() is not None else None
-            self.tracker = Tracker.start(self.cfg, resumed_at=resumed_at)
-        self._publish(self.learner.gather_state_dict())
+            resumed_at = self._learner.version if self.checkpoints.latest() is not None else None
+            self.tracker = self.collaborators.tracker(resumed_at)
+        self._publish(self._learner.gather_state_dict())
         if self.rank == 0:
             self._hello(state)
         if self.health is not None:
             self.health.ready = True
-            self.health.detail["version"] = self.learner.version
+            self.health.detail["version"] = self._learner.version
         log.info(
             "learner ready at version %d (world size %d); training to %d",
-            self.learner.version,
+            self._learner.version,
             self.world_size,
             self.total_steps,
         )
 
+    @property
+    def _learner(self) -> Trainer:
+        assert self.learner is not None, "start() first"
+        return self.learner
+
     def _start_metrics(self) -> None:
-        mc = self.cfg.metrics
+        mc = self.settings.metrics
         if self.rank == 0:
             registry, self.health, self._metrics_server = start_metrics(
                 mc.host, mc.learner_port, setting="metrics.learner_port"
@@ -268,17 +354,10 @@ class LearnerService:
         self.metrics = LearnerMetrics(registry)
 
     def _start_publishers(self) -> None:
-        from stream_dapo.weights.factory import make_publisher
-
-        t = self.cfg.transport
+        t = self.settings.transport
         require_bound("transport.batches_port", t.batches_port, "buffer")
         self._ctx = zmq.Context()
-        self._publisher = make_publisher(
-            self.cfg,
-            rejected_metric=self.metrics.messages_rejected,
-            refused_metric=self.metrics.connections_refused,
-            sent_metric=self.metrics.weight_sent_bytes,
-        )
+        self._publisher = self.collaborators.publisher(self.metrics)
         client = curve_client(t.curve_dir)
         self._buffer = open_endpoint(
             self._ctx,
@@ -297,7 +376,7 @@ class LearnerService:
         ports = {**self._publisher.bound_ports(), "metrics.learner_port": self._metrics_server.port}
         if self.health is not None:
             self.health.detail["ports"] = ports
-        write_bound_ports(self.cfg.run.out_dir, "learner", ports)
+        write_bound_ports(self.settings.out_dir, "learner", ports)
 
     def _check_resume_config(self) -> list[Change]:
         """Compare the configuration the latest checkpoint was written with to this one (`resume.py`):
@@ -313,10 +392,10 @@ class LearnerService:
         if not isinstance(stored, dict):
             log.info("%s stores no configuration (written by an older version): not compared", path)
             return []
-        changes = config_changes(stored, self.cfg.model_dump(mode="json"))
+        changes = config_changes(stored, self.settings.run_config)
         applied, refused = split_changes([c for c in changes if not c.key.startswith(("transport.", "metrics."))])
         if refused:
-            raise ConfigError(refusal(refused, str(path), self.cfg.run.out_dir))
+            raise ConfigError(refusal(refused, str(path), self.settings.out_dir))
         return applied
 
     def _resume(self) -> dict[str, Any]:
@@ -324,19 +403,19 @@ class LearnerService:
         state: dict[str, Any] = {"version": 0, "commit_group_ids": []}
         path = self.checkpoints.latest()
         if path is not None:
-            state = self.learner.load_checkpoint(path)
-            self._last_checkpoint = self.learner.version
-            log.info("resumed from %s at version %d", path, self.learner.version)
+            state = self._learner.load_checkpoint(path)
+            self._last_checkpoint = self._learner.version
+            log.info("resumed from %s at version %d", path, self._learner.version)
         if self.rank == 0:
             for path in (self.trained_log, self.metrics_log):
-                _truncate_jsonl(path, max_version=self.learner.version)
+                _truncate_jsonl(path, max_version=self._learner.version)
         return state
 
     def _hello(self, state: dict[str, Any]) -> None:
-        v = self.learner.version
-        t = self.cfg.transport
+        v = self._learner.version
+        t = self.settings.transport
         try:
-            self._request(m.LearnerHello(v, v, m.Sampling.of(self.cfg.generator)), attempts=3)
+            self._request(m.LearnerHello(v, v, self.settings.sampling), attempts=3)
         except TransportTimeout as exc:
             raise PeerUnavailable(
                 f"{exc} The learner needs the buffer at {t.buffer_address('batches')}: start `stream-dapo buffer` "
@@ -359,7 +438,7 @@ class LearnerService:
         """
         assert self._buffer is not None
         rid = new_request_id()
-        timeout_s = self.cfg.transport.timeout_s
+        timeout_s = self.settings.transport.timeout_s
         tried = 0
         while True:
             tried += 1
@@ -392,7 +471,7 @@ class LearnerService:
             log.warning(
                 "%s at %s; retrying with the same request id",
                 why,
-                self.cfg.transport.buffer_address("batches"),
+                self.settings.transport.buffer_address("batches"),
             )
         self.health.ready = reachable
 
@@ -400,7 +479,7 @@ class LearnerService:
         """``rollout_batch_prompts`` groups, gathered on rank 0 and shared with every rank; None
         when a stop was requested while waiting (groups already leased return to the buffer's
         queue at the next ``learner_hello``)."""
-        want = self.cfg.learner.rollout_batch_prompts
+        want = self.settings.learner.rollout_batch_prompts
         groups: list[m.Group] = []
         t0 = time.monotonic()
         delay = BATCH_BACKOFF_S[0]
@@ -425,7 +504,7 @@ class LearnerService:
 
     def _request_groups(self, n: int) -> list[m.Group]:
         try:
-            reply = self._request(m.BatchRequest(self.learner.version, n, 0))
+            reply = self._request(m.BatchRequest(self._learner.version, n, 0))
         except TransportTimeout:  # only when stopping: nothing was leased that a hello will not requeue
             return []
         batch = reply.body
@@ -453,7 +532,7 @@ class LearnerService:
         now = time.monotonic()
         seconds = now - self._rollouts_at_time if self._rollouts_at_time is not None else 0.0
         self._rollout_window = rollout_window(
-            self._rollouts_at_batch, latest, self.cfg.algo.group_size, seconds
+            self._rollouts_at_batch, latest, self.settings.group_size, seconds
         )
         self._rollouts_at_batch, self._rollouts_at_time = latest, now
 
@@ -461,7 +540,7 @@ class LearnerService:
         """Rank 0's status and whether any rank was asked to stop (one all-reduce)."""
         mine = [status if self.rank == 0 else 0, int(self._stop.is_set())]
         first, stop = distributed.all_reduce(
-            mine, "max", device=self.learner.device, world_size=self.world_size, integers=True
+            mine, "max", device=self._learner.device, world_size=self.world_size, integers=True
         )
         return int(first), bool(stop)
 
@@ -474,7 +553,7 @@ class LearnerService:
             return groups
         data = codec.encode(m.Batch(groups, 0)) if self.rank == 0 else b""
         data = distributed.broadcast_bytes(
-            data, rank=self.rank, device=self.learner.device, world_size=self.world_size
+            data, rank=self.rank, device=self._learner.device, world_size=self.world_size
         )
         if self.rank == 0:
             return groups
@@ -489,7 +568,7 @@ class LearnerService:
         from stream_dapo.weights.base import serialize_weights
 
         t0 = time.perf_counter()
-        v = self.learner.version
+        v = self._learner.version
         if self.rank == 0:
             assert state_dict is not None
             payload = serialize_weights(state_dict, v)
@@ -510,19 +589,19 @@ class LearnerService:
         groups to the buffer and prune old checkpoints. Collective; ``state_dict`` is this rank's
         `gather_state_dict` result, for the HF export inside."""
         t0 = time.perf_counter()
-        v = self.learner.version
+        v = self._learner.version
         ids = list(self._uncommitted)
         extra = {
             "commit_group_ids": ids,
             "trained_groups_lines": _count_lines(self.trained_log),
-            "config": self.cfg.model_dump(mode="json"),  # what a resume is compared with
+            "config": self.settings.run_config,  # what a resume is compared with
         }
-        final = self.checkpoints.write(self.learner, v, state_dict, extra)
+        final = self.checkpoints.write(self._learner, v, state_dict, extra)
         if self.rank == 0:
             self._commit(v, ids)
             self.checkpoints.prune()
             self.metrics.checkpoint_seconds.observe(time.perf_counter() - t0)
-        self.learner.barrier()
+        self._learner.barrier()
         self._uncommitted.clear()
         self._last_checkpoint = v
         log.info("checkpoint %s written in %.2f s", final, time.perf_counter() - t0)
@@ -536,7 +615,7 @@ class LearnerService:
 
     # ------------------------------------------------------------------ metrics
 
-    def _record_metrics(self, s: Any) -> None:
+    def _record_metrics(self, s: StepMetrics) -> None:
         mx = self.metrics
         mx.step.set(s.version)
         mx.loss.set(s.loss)
@@ -592,7 +671,7 @@ class LearnerService:
 
     def close(self) -> None:
         if self.rank == 0 and self._metrics_server is not None:
-            path = final_metrics_path(self.cfg.run.out_dir, "learner")
+            path = final_metrics_path(self.settings.out_dir, "learner")
             try:
                 write_final_metrics(self._metrics_server.registry, path)
             except OSError as exc:
@@ -604,7 +683,8 @@ class LearnerService:
             self._publisher and self._publisher.close,
             self._buffer and self._buffer.close,
             self._ctx and self._ctx.term,
-            self._metrics_server and (lambda: self._metrics_server.stop(self.cfg.metrics.final_scrape_wait_s)),
+            self._metrics_server
+            and (lambda: self._metrics_server.stop(self.settings.metrics.final_scrape_wait_s)),
         )
         self._publisher = self._buffer = self._ctx = self._metrics_server = None
 

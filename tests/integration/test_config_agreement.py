@@ -15,7 +15,8 @@ from stream_dapo.buffer.service import build_buffer
 from stream_dapo.cli import buffer as buffer_cli
 from stream_dapo.config import load_config
 from stream_dapo.errors import ConfigError
-from stream_dapo.generator.service import GeneratorService, StartupError
+from stream_dapo.generator.root import build_generator
+from stream_dapo.generator.service import StartupError
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import RemoteError
 from tests.integration.test_buffer_service import Peers, make_group, overrides, service_in_thread
@@ -51,7 +52,7 @@ def test_the_generator_service_exits_on_the_refusal_with_the_buffers_message(tmp
             overrides=[*overrides(tmp_path), f"transport.samples_port={port}", "generator.temperature=0.7"],
             environ={},
         )
-        generator = GeneratorService(gen_cfg, 0)  # nothing started: only its hello is under test
+        generator = build_generator(gen_cfg, 0)  # nothing started: only its hello is under test
         try:
             with pytest.raises(StartupError, match=r"generator\.temperature = 0\.7 there, 1\.0 here"):
                 generator._connect_buffer()

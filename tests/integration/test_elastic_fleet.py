@@ -30,7 +30,7 @@ from stream_dapo.buffer.journal import Journal
 from stream_dapo.buffer.replay import ReplayBuffer
 from stream_dapo.buffer.service import persist_path
 from stream_dapo.config import load_config
-from stream_dapo.learner.service import LearnerService
+from stream_dapo.learner.root import build_learner
 from stream_dapo.testing.services import tiny_qwen2
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import TransportTimeout, open_endpoint, request
@@ -148,7 +148,7 @@ def test_generators_join_and_leave_and_a_dead_ones_credits_come_back(tmp_path: P
     cfg = load_config(overrides=[*items, *peer_overrides(ports)], environ={})
     address = f"tcp://127.0.0.1:{cfg.transport.samples_port}"
     port = ports["metrics.buffer_port"]
-    svc = LearnerService(cfg)
+    svc = build_learner(cfg)
     errors: list[BaseException] = []
     codes: list[int] = []
 

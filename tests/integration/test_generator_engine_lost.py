@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from stream_dapo.config import load_config
+from stream_dapo.generator.root import build_generator
 from stream_dapo.generator.service import GeneratorService
 from stream_dapo.weights import serialize_weights
 from stream_dapo.weights.shared_dir import SharedDirPublisher
@@ -74,7 +75,7 @@ def start_generator(tmp_path: Path, buffer: Any, engine: DyingEngine) -> Generat
         ],
         environ={},
     )
-    service = GeneratorService(cfg, 0, engine=engine, verifier=NoVerifier(), prompts=iter(()))  # type: ignore[arg-type]
+    service = build_generator(cfg, 0, engine=engine, verifier=NoVerifier(), prompts=iter(()))  # type: ignore[arg-type]
     engine.service = service
     service.start()
     assert engine.version == 1

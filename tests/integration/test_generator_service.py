@@ -28,7 +28,7 @@ pytest.importorskip("vllm")
 import zmq  # noqa: E402
 
 from stream_dapo.config import Config  # noqa: E402
-from stream_dapo.generator.service import GeneratorService  # noqa: E402
+from stream_dapo.generator.root import build_generator  # noqa: E402
 from stream_dapo.model.tiny import init_model  # noqa: E402
 from stream_dapo.testing.services import HeldPorts  # noqa: E402
 from stream_dapo.transport import messages as m  # noqa: E402
@@ -173,7 +173,7 @@ def test_generator_service_end_to_end(tmp_path: Path) -> None:
     weights_fd = os.dup(held.sockets["transport.weights_port"].fileno())
     weights = WeightServer(f"tcp://127.0.0.1:{weights_port}", chunk_bytes=1 << 20, use_fd=weights_fd).start()
     weights.publish(serialize_weights(state_dict(m1), 3))  # the learner is already at version 3
-    service = GeneratorService(cfg, index=0)
+    service = build_generator(cfg, index=0)
     errors: list[BaseException] = []
 
     def main() -> None:

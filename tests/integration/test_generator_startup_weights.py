@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from stream_dapo.config import load_config
-from stream_dapo.generator.service import GeneratorService
+from stream_dapo.generator.root import build_generator
 from stream_dapo.weights import serialize_weights
 from stream_dapo.weights.shared_dir import SharedDirPublisher
 from tests.integration.test_buffer_service import overrides, service_in_thread
@@ -79,7 +79,7 @@ def test_a_corrupt_newest_file_at_start_up_is_waited_out_not_a_crash(
             environ={},
         )
         engine = FakeEngine()
-        service = GeneratorService(cfg, 0, engine=engine, verifier=NoVerifier(), prompts=iter(()))  # type: ignore[arg-type]
+        service = build_generator(cfg, 0, engine=engine, verifier=NoVerifier(), prompts=iter(()))  # type: ignore[arg-type]
         errors: list[BaseException] = []
 
         def start() -> None:

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from stream_dapo.config import Config
+from stream_dapo.learner.root import ConfiguredCollaborators, build_learner, learner_settings
 from stream_dapo.learner.service import LearnerService
 from stream_dapo.learner.trainer import Learner
 from stream_dapo.runtime.ports import endpoint_port, read_bound_ports
@@ -320,7 +321,7 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
 
     buffer = FakeBuffer(cfg)
     try:
-        assert LearnerService(buffer.cfg).run() == 0
+        assert build_learner(buffer.cfg).run() == 0
     finally:
         buffer.close()
     # Initial weights were published before step 0 and served over ZeroMQ.
@@ -371,7 +372,8 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
 
     buffer = FakeBuffer(cfg)
     try:
-        assert StopDuringStep5(buffer.cfg, max_steps=10).run() == 0
+        stopping = StopDuringStep5(learner_settings(buffer.cfg, max_steps=10), ConfiguredCollaborators(buffer.cfg))
+        assert stopping.run() == 0
     finally:
         buffer.close()
     assert buffer.hellos == [m.LearnerHello(4, 4, m.Sampling.of(buffer.cfg.generator))]
@@ -392,6 +394,50 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
     assert state["version"] == 5 and state["trained_groups_lines"] == 5
 
 
+def test_the_service_takes_its_settings_and_collaborators_from_its_composition_root(tmp_path: Path) -> None:
+    """`build_learner(cfg)` composes; the service reads only its settings and builds its trainer and
+    tracker with its collaborators (issue 39: narrow inputs), so a caller hands it a model the config
+    does not name (model.path holds none), a tracker of its own and another step count."""
+    import dataclasses
+
+    cfg = make_cfg(
+        tmp_path,
+        learner={"total_steps": 50, "sync_every": 1, "checkpoint_every": 2, "mini_batch_samples": 2},
+        transport={"timeout_s": 10.0},
+        metrics={"learner_port": 0},
+        weights={"chunk_bytes": 4096},
+    )
+    model = tiny_model(1)
+    initial = params_of(model)
+    rows: list[int] = []
+
+    class Recorder:
+        def log(self, step: int, row: dict[str, Any]) -> None:
+            rows.append(step)
+
+        def close(self) -> None:
+            pass
+
+    class Injected(ConfiguredCollaborators):
+        def trainer(self) -> Learner:
+            return Learner(self.cfg, model)
+
+        def tracker(self, resumed_at: int | None) -> Any:
+            return Recorder()
+
+    buffer = FakeBuffer(cfg)
+    try:
+        settings = dataclasses.replace(learner_settings(buffer.cfg), total_steps=2)
+        assert LearnerService(settings, Injected(buffer.cfg)).run() == 0
+    finally:
+        buffer.close()
+    assert rows == [1, 2], "the injected tracker, to the injected step count (not learner.total_steps)"
+    assert not (tmp_path / "run" / "learner" / "metrics.jsonl").exists(), "the config's tracker was not built"
+    assert buffer.fetched is not None and buffer.fetched[0] == 0
+    fetched = load_file(buffer.fetched[1])  # version 0: the injected model as it started
+    assert all(torch.equal(fetched[n], p) for n, p in initial.items() if n in fetched)
+
+
 def _service_rank(rank: int, port: int, cfg_json: str) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -403,7 +449,7 @@ def _service_rank(rank: int, port: int, cfg_json: str) -> None:
         TORCHELASTIC_RESTART_COUNT="0",
         DS_ACCELERATOR="cpu",
     )
-    assert LearnerService(Config.model_validate_json(cfg_json), model=tiny_model()).run() == 0
+    assert build_learner(Config.model_validate_json(cfg_json), model=tiny_model()).run() == 0
     torch.distributed.destroy_process_group()
 
 

@@ -23,7 +23,7 @@ import pytest
 import zmq
 
 from stream_dapo.config import load_config
-from stream_dapo.learner.service import LearnerService
+from stream_dapo.learner.root import build_learner
 from stream_dapo.testing.services import tiny_qwen2
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.sockets import TransportTimeout, open_endpoint, request
@@ -129,7 +129,7 @@ def test_a_hung_buffer_neither_mixes_up_replies_nor_leases_twice(tmp_path: Path)
     ports = wait_ready(buffer, tmp_path / "run", log_path)
     cfg = load_config(overrides=[*items, *peer_overrides(ports)], environ={})
     feeder = Feeder(f"tcp://127.0.0.1:{cfg.transport.samples_port}")
-    svc = LearnerService(cfg)
+    svc = build_learner(cfg)
     codes: list[int] = []
     errors: list[BaseException] = []
 

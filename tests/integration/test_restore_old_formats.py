@@ -144,12 +144,12 @@ def test_a_buffer_journal_of_the_last_format_2_code_restores_and_keeps_every_old
 def test_a_learner_checkpoint_written_by_the_old_code_resumes_with_its_weights_and_state(
     tmp_path: Path,
 ) -> None:
-    from stream_dapo.learner.service import LearnerService
+    from stream_dapo.learner.root import build_learner
     from stream_dapo.learner.trainer import Learner
 
     shutil.copytree(DATA / "checkpoints", tmp_path / "checkpoints")
     cfg = config(tmp_path)
-    svc = LearnerService(cfg)
+    svc = build_learner(cfg)
     svc.learner = Learner(cfg, tiny_qwen2(1))  # other weights: the checkpoint must bring back seed 0's
     state = svc._resume()
     assert svc.learner.version == 3

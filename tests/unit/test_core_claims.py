@@ -11,7 +11,7 @@ import pytest
 
 from stream_dapo.config import load_config
 from stream_dapo.generator import vllm_utils
-from stream_dapo.generator.service import GeneratorService
+from stream_dapo.generator.root import build_generator
 from stream_dapo.generator.vllm_utils import CoreClaims, bound_cores
 
 
@@ -45,7 +45,7 @@ def test_the_generator_warns_before_starting_its_engine_on_a_taken_core(
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
     other = CoreClaims([0], "generator-0 (host pid 11 (ab))", tmp_path / "stream-dapo-cores")
     cfg = load_config(overrides=[f'run.out_dir="{tmp_path}"'], environ={})
-    generator = GeneratorService(cfg, 1)
+    generator = build_generator(cfg, 1)
     try:
         with caplog.at_level(logging.WARNING, logger="stream_dapo.generator"):
             generator._claim_cores()

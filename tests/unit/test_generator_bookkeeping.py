@@ -253,7 +253,7 @@ def test_the_in_flight_report_lists_each_unsent_group_by_its_start_version() -> 
     """What the buffer holds the learner for: groups in the engine and groups still being verified,
     each at the version it was started at; a group leaves the report once its outcome is taken."""
     from stream_dapo.config import load_config
-    from stream_dapo.generator.service import GeneratorService
+    from stream_dapo.generator.root import build_generator
     from stream_dapo.verifier.core import VerifyResult
 
     class Wrong:
@@ -263,7 +263,7 @@ def test_the_in_flight_report_lists_each_unsent_group_by_its_start_version() -> 
         def close(self) -> None:
             pass
 
-    svc = GeneratorService(load_config(environ={}))
+    svc = build_generator(load_config(environ={}))
     engine = make_engine(FakeEngine(), max_response_len=2)
     try:
         svc.engine = engine
@@ -415,9 +415,9 @@ def between_groups_service(mode: str, tmp_path: Path) -> tuple[Any, RolloutEngin
     """A generator service on the fake engine, with 1 credit, an update to v1 waiting to be taken,
     and `_load_weights` recording (version, groups in flight) instead of loading."""
     from stream_dapo.config import load_config
-    from stream_dapo.generator.service import GeneratorService
+    from stream_dapo.generator.root import build_generator
 
-    svc = GeneratorService(load_config(overrides=[f'generator.kv_on_update="{mode}"'], environ={}))
+    svc = build_generator(load_config(overrides=[f'generator.kv_on_update="{mode}"'], environ={}))
     engine = make_engine(FakeEngine(), max_response_len=4)
     svc.engine = engine
     svc.prompts = iter([Prompt(f"p{i}", [1, 2]) for i in range(10)])  # type: ignore[assignment]
@@ -674,11 +674,11 @@ def test_weight_watcher_hands_over_the_newest_version_and_polls_relative_to_it()
 
 def test_a_message_the_generator_does_not_expect_is_counted_as_rejected() -> None:
     from stream_dapo.config import load_config
-    from stream_dapo.generator.service import GeneratorService
+    from stream_dapo.generator.root import build_generator
     from stream_dapo.transport import messages as m
     from stream_dapo.transport.codec import Message
 
-    svc = GeneratorService(load_config(environ={}))
+    svc = build_generator(load_config(environ={}))
     try:
         svc._on_buffer_message(Message(m.EMPTY, m.Empty("ready")))  # the learner's reply, not ours
         req = svc.credits.request(in_flight=0, now=0.0)
@@ -751,7 +751,7 @@ def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_so
     import torch
 
     from stream_dapo.config import load_config
-    from stream_dapo.generator.service import GeneratorService
+    from stream_dapo.generator.root import build_generator
     from stream_dapo.weights import SharedDirPublisher, serialize_weights
 
     class FileEngine:
@@ -772,7 +772,7 @@ def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_so
     )
     payload = serialize_weights({"w": torch.ones(2)}, 7)
     SharedDirPublisher(tmp_path).publish(payload)
-    svc = GeneratorService(cfg)
+    svc = build_generator(cfg)
     svc.engine = FileEngine()  # type: ignore[assignment]
     try:
         svc._load_initial_weights()
@@ -786,3 +786,57 @@ def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_so
     finally:
         svc.engine = None
         svc.close()
+
+
+def test_the_generator_takes_its_settings_and_collaborators_from_its_composition_root(tmp_path: Path) -> None:
+    """`build_generator(cfg)` composes; the service reads only its settings and asks its
+    collaborators for what was not injected (issue 39: narrow inputs), so a caller can hand it
+    another weight source or another output directory without touching the config."""
+    import dataclasses
+
+    import torch
+
+    from stream_dapo.config import load_config
+    from stream_dapo.generator.root import ConfiguredCollaborators, generator_settings
+    from stream_dapo.generator.service import GeneratorService
+    from stream_dapo.runtime.ports import read_bound_ports
+    from stream_dapo.weights import SharedDirPublisher, WeightSource, serialize_weights
+    from stream_dapo.weights.shared_dir import SharedDirWeightSource
+
+    class FileEngine:
+        version = 0
+
+        def update_weights_from_image(self, image: Any, version: int) -> float:
+            self.version = version
+            return 0.0
+
+    named, elsewhere = tmp_path / "named", tmp_path / "elsewhere"
+    cfg = load_config(
+        overrides=[
+            "weights.method=shared_dir",
+            f'weights.shared_dir="{named}"',
+            "generator.weight_poll_s=60",
+            "metrics.generator_port=0",
+            f'run.out_dir="{tmp_path / "run"}"',
+        ],
+        environ={},
+    )
+    SharedDirPublisher(named).publish(serialize_weights({"w": torch.ones(2)}, 3))
+    SharedDirPublisher(elsewhere).publish(serialize_weights({"w": torch.zeros(2)}, 9))
+
+    class WeightsFromElsewhere(ConfiguredCollaborators):
+        def weight_source(self, relay_sent_metric: Any) -> WeightSource:
+            return SharedDirWeightSource(elsewhere)
+
+    settings = dataclasses.replace(generator_settings(cfg, 2), out_dir=str(tmp_path / "out"))
+    svc = GeneratorService(settings, WeightsFromElsewhere(cfg, settings))
+    svc.engine = FileEngine()  # type: ignore[assignment]
+    try:
+        svc._start_metrics()
+        svc._load_initial_weights()
+        assert svc.engine.version == 9, "the injected source's version, not the config's (3)"
+    finally:
+        svc.engine = None
+        svc.close()
+    assert read_bound_ports(tmp_path / "out", "generator-2") is not None, "ports under the injected out_dir"
+    assert read_bound_ports(cfg.run.out_dir, "generator-2") is None, "not under the one the config names"

@@ -6,6 +6,8 @@ under TYPE_CHECKING), so that a cycle or a wrong-way import fails here, not in a
   import the configuration: they take parameter objects built from it (`from_section`,
   `Config.admission_policy`);
 - nothing outside cli/ imports argparse: a command's arguments live in its cli/ module;
+- the generator and learner services never see the whole configuration: their composition roots
+  (`generator/root.py`, `learner/root.py`) read it and hand them settings and collaborators;
 - runtime/ (what every service shares) imports no service, tool or command.
 """
 
@@ -118,6 +120,44 @@ def test_pure_layers_do_not_import_the_configuration(layer: str) -> None:
     }
     assert offenders, f"no module under {layer}"
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+SERVICES_BUILT_BY_A_ROOT = ("stream_dapo.generator.service", "stream_dapo.learner.service")
+
+
+def config_names_used(path: Path) -> set[str]:
+    """The names `path` takes from stream_dapo.config ("*" for the module itself), and "cfg" if any
+    name, argument or attribute in it is called so."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("stream_dapo.config"):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Import) and any(a.name.startswith("stream_dapo.config") for a in node.names):
+            found.add("*")
+        elif (
+            (isinstance(node, ast.Name) and node.id == "cfg")
+            or (isinstance(node, ast.arg) and node.arg == "cfg")
+            or (isinstance(node, ast.Attribute) and node.attr == "cfg")
+        ):
+            found.add("cfg")
+    return found
+
+
+def test_the_rule_on_configuration_names_sees_an_import_and_a_cfg(tmp_path: Path) -> None:
+    path = tmp_path / "service.py"
+    path.write_text("from stream_dapo.config import Config, GeneratorConfig\ndef f(cfg): return cfg.run\n")
+    assert config_names_used(path) == {"Config", "GeneratorConfig", "cfg"}
+    path.write_text("class S:\n    def f(self): return self.cfg.run\n")
+    assert config_names_used(path) == {"cfg"}
+
+
+@pytest.mark.parametrize("service", SERVICES_BUILT_BY_A_ROOT)
+def test_services_take_settings_from_their_composition_root_not_the_configuration(service: str) -> None:
+    """They may name the config sections their settings hold whole, never the `Config` tree nor a
+    `cfg` (issue 39: narrow inputs, so tests and benchmarks inject instead of patching)."""
+    used = config_names_used(MODULES[service])
+    assert used & {"Config", "load_config", "*", "cfg"} == set()
+    assert all(name.endswith("Config") for name in used), sorted(used)
 
 
 def test_only_cli_parses_arguments() -> None:

@@ -136,9 +136,9 @@ def test_pool_from_config_uses_every_key() -> None:
 def test_the_generator_scores_with_the_configured_backend() -> None:
     """verifier.backend reaches the pool a generator scores its rollouts with."""
     from stream_dapo.config import load_config
-    from stream_dapo.generator.service import GeneratorService
+    from stream_dapo.generator.root import build_generator
 
-    svc = GeneratorService(
+    svc = build_generator(
         load_config(overrides=["verifier.backend=math-verify", "verifier.workers=1"], environ={})
     )
     try:
