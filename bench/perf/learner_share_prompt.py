@@ -35,6 +35,7 @@ from bench.report import bench_parser, interleave, machine_info, paired_ratio, s
 from stream_dapo.config import Config
 from stream_dapo.learner.packing import scatter_to_sequences
 from stream_dapo.learner.trainer import Learner, MiniBatch
+from stream_dapo.testing.learner import BackwardOnlyEngine
 from stream_dapo.testing.services import random_group
 from stream_dapo.transport.messages import Group
 
@@ -93,18 +94,6 @@ def mini_batch(seed: int = 0) -> list[Group]:
     return groups
 
 
-class _BackwardOnlyEngine:
-    """The slice of ``DeepSpeedEngine`` that `Learner.accumulate_gradients` calls, on plain torch."""
-
-    def __init__(self, model: torch.nn.Module, cfg: Config) -> None:
-        self.module, self.dp_world_size, self.device = model, 1, "cpu"
-
-    def __call__(self, **kwargs: Any) -> Any:
-        return self.module(**kwargs)
-
-    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = False) -> None:
-        loss.backward()
-
 
 def measure(repeats: int, warmup: int, layers: int) -> dict[str, Any]:
     groups = mini_batch()
@@ -113,7 +102,7 @@ def measure(repeats: int, warmup: int, layers: int) -> dict[str, Any]:
     batches: dict[str, MiniBatch] = {}
     for name in LAYOUTS:
         # Both learners train the same Parameters (nothing is stepped); each packs its own way.
-        learners[name] = Learner(recipe(name == "shared"), model, make_engine=_BackwardOnlyEngine)
+        learners[name] = Learner(recipe(name == "shared"), model, make_engine=BackwardOnlyEngine)
         batches[name] = learners[name].prepare(groups)
     seconds: dict[str, dict[str, list[float]]] = {name: {"prox": [], "train": []} for name in LAYOUTS}
     logprobs: dict[str, list[np.ndarray]] = {}

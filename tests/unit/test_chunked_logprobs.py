@@ -23,6 +23,7 @@ from stream_dapo.core.loss import token_entropy, token_logprobs
 from stream_dapo.core.sampling import SamplingPolicy, sampling_logits
 from stream_dapo.learner.lm_head import ChunkedLMHead
 from stream_dapo.learner.trainer import Learner
+from stream_dapo.testing.learner import BackwardOnlyEngine
 from stream_dapo.testing.services import random_group, tiny_qwen2
 from stream_dapo.transport.messages import Group
 
@@ -186,21 +187,9 @@ def _groups(seed: int) -> list[Group]:
     ]
 
 
-class _BackwardOnlyEngine:
-    """What `Learner.accumulate_gradients` calls on an engine, on plain torch (no optimizer)."""
-
-    def __init__(self, model: torch.nn.Module, cfg: Config) -> None:
-        self.module, self.dp_world_size, self.device = model, 1, "cpu"
-
-    def __call__(self, **kwargs: Any) -> Any:
-        return self.module(**kwargs)
-
-    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = False) -> None:
-        loss.backward()
-
 
 def _float64_gradients(cfg: Config, tied: bool) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-    learner = Learner(cfg, tiny_qwen2(seed=1, tied=tied), make_engine=_BackwardOnlyEngine)
+    learner = Learner(cfg, tiny_qwen2(seed=1, tied=tied), make_engine=BackwardOnlyEngine)
     learner.engine.module.double()  # in place: Parameters (and the tie) are kept
     if learner.ref_model is not None:
         learner.ref_model.double()

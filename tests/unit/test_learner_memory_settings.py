@@ -11,8 +11,9 @@ import torch
 from stream_dapo.config import Config, load_config
 from stream_dapo.errors import ConfigError
 from stream_dapo.learner.trainer import Learner, deepspeed_config
+from stream_dapo.testing.learner import BackwardOnlyEngine
 from stream_dapo.testing.services import tiny_qwen2
-from tests.unit.test_chunked_logprobs import _BackwardOnlyEngine, _cfg, _groups
+from tests.unit.test_chunked_logprobs import _cfg, _groups
 
 
 @pytest.mark.parametrize(
@@ -79,7 +80,7 @@ def test_cpu_optimizer_offload_trains_like_no_offload() -> None:
 
 
 def _grads(cfg: Config) -> tuple[dict[str, float], dict[str, torch.Tensor], Any]:
-    learner = Learner(cfg, tiny_qwen2(seed=1), make_engine=_BackwardOnlyEngine)
+    learner = Learner(cfg, tiny_qwen2(seed=1), make_engine=BackwardOnlyEngine)
     learner.engine.module.double()
     acc = learner.accumulate_gradients(learner.prepare(_groups(seed=4)))
     grads = {n: p.grad.clone() for n, p in learner.engine.module.named_parameters()}
@@ -105,7 +106,7 @@ def test_gradient_checkpointing_recomputes_the_decoder_layers() -> None:
     for on, expected in ((False, 1), (True, 2)):
         cfg = _cfg(5)
         cfg.learner.gradient_checkpointing = on
-        learner = Learner(cfg, tiny_qwen2(seed=1), make_engine=_BackwardOnlyEngine)
+        learner = Learner(cfg, tiny_qwen2(seed=1), make_engine=BackwardOnlyEngine)
         calls: list[int] = []
         layer = learner.engine.module.model.layers[0]
         layer.register_forward_pre_hook(lambda *_, seen=calls: seen.append(1))

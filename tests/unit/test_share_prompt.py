@@ -29,9 +29,9 @@ from stream_dapo.learner.packing import (
     shared_prompt_attention,
 )
 from stream_dapo.learner.trainer import Learner, check_share_prompt
+from stream_dapo.testing.learner import BackwardOnlyEngine
 from stream_dapo.testing.services import random_group
 from stream_dapo.transport.messages import Group
-from tests.unit.test_chunked_logprobs import _BackwardOnlyEngine
 
 
 def tiny_qwen2_gqa(attn: str = "sdpa") -> torch.nn.Module:
@@ -106,7 +106,7 @@ def make_groups(seed: int, group_size: int) -> list[Group]:
 
 
 def learner_for(model: str, share: bool, **kw: Any) -> Learner:
-    return Learner(make_cfg(share, **kw), MODELS[model](), make_engine=_BackwardOnlyEngine)
+    return Learner(make_cfg(share, **kw), MODELS[model](), make_engine=BackwardOnlyEngine)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -389,6 +389,6 @@ def test_attention_that_ignores_a_4d_mask_is_refused_naming_the_fix() -> None:
     model = tiny_qwen2_gqa()
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ConfigError, match="flash_attention_2"):
-        Learner(make_cfg(True), model, make_engine=_BackwardOnlyEngine)
+        Learner(make_cfg(True), model, make_engine=BackwardOnlyEngine)
     model.config._attn_implementation = "sdpa"
-    Learner(make_cfg(False), tiny_qwen2_gqa(), make_engine=_BackwardOnlyEngine)
+    Learner(make_cfg(False), tiny_qwen2_gqa(), make_engine=BackwardOnlyEngine)
