@@ -468,9 +468,10 @@ def render_weight_sync(d: dict[str, Any]) -> str:
             )
         )
     return out + (
-        "\nNot shown: more than one receiver (the learner's egress still grows with the number of generators; "
-        "fan-out is not built), a real network (loopback has no bandwidth limit, where deltas pay most), GPU "
-        "engines (NCCL is unchanged), and the long-CoT recipe (its model is not built on this machine).\n"
+        "\nNot shown: more than one receiver (relays and the learner's egress with 1-8 receivers: "
+        "[weight fan-out](weight_fanout.md)), a real network (loopback has no bandwidth limit, where deltas pay "
+        "most), GPU engines (NCCL is unchanged), a first transfer into fresh shared memory (the rounds reuse "
+        "the spare image, as a generator does), and the long-CoT recipe's model.\n"
     )
 
 
@@ -596,6 +597,12 @@ EXTERNAL = (
         "docs/results/ablation-longcot-cliphigher/",
     ),
     (
+        "Off-policy corrections where staleness binds: token TIS, geometric sequence mask, IcePop, GSPO "
+        "(long-CoT recipe, float32 and bfloat16)",
+        "offpolicy.md",
+        "flock /tmp/stream-dapo-cpu.lock python -m bench.studies.offpolicy --bf16 --bf16-seeds 1",
+    ),
+    (
         "The staleness bound's length bias, and holding the learner for groups in flight",
         "length_bias.json",
         "python -m bench.studies.length_bias RUN_DIR ... --json docs/results/length_bias.json (its page, "
@@ -659,8 +666,8 @@ EXTERNAL = (
         "flock /tmp/stream-dapo-cpu.lock python -m bench.perf.learner_memory",
     ),
     (
-        "Weight fan-out through generator relays: learner egress with 1-8 receivers (wall times not "
-        "comparable: measured beside a training run)",
+        "Weight fan-out through generator relays: learner egress and time to all loaded with 1-8 receivers "
+        "(idle cores; 8 receivers share 2 cores, so the seconds are CPU-bound)",
         "weight_fanout.json",
         "python -m bench.perf.weight_fanout --receivers 1,2,4,8 --mb 128 --versions 3 --fanout 2",
     ),

@@ -25,6 +25,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,13 +86,16 @@ def time_breakdown(run_dir: Path, summary: dict, steps_per_rollout: int) -> dict
         "learner_step_seconds": total("step_seconds", rows),
         "learner_proximal_seconds": total("proximal_seconds", firsts),
         "learner_publish_seconds": total("weight_sync_seconds", rows),
-        "generator_weight_load_seconds": round(
-            gen.get(sample_name(names.weight_sync_seconds, "_sum"), 0.0), 2
-        ),
-        "generator_verify_seconds": round(gen.get(sample_name(names.verifier_latency, "_sum"), 0.0), 2),
-        "generator_tokens_per_second": round(
-            gen.get(sample_name(names.tokens), 0.0) / summary["train_seconds"], 1
-        ),
+        # No final metrics from a generator (it was killed before writing them): unknown, not 0.
+        "generator_weight_load_seconds": round(gen[sample_name(names.weight_sync_seconds, "_sum")], 2)
+        if gen
+        else None,
+        "generator_verify_seconds": round(gen[sample_name(names.verifier_latency, "_sum")], 2)
+        if gen
+        else None,
+        "generator_tokens_per_second": round(gen[sample_name(names.tokens)] / summary["train_seconds"], 1)
+        if gen
+        else None,
     }
 
 
@@ -111,7 +115,7 @@ def measure_async_vs_sync(
     model = ensure_warm_model(load_config([config]))
     rates: dict[str, list[float]] = {"async": [], "sync": []}
     trained: dict[str, list[float]] = {"async": [], "sync": []}
-    breakdown: dict[str, list[dict[str, float]]] = {"async": [], "sync": []}
+    breakdown: dict[str, list[dict[str, Any]]] = {"async": [], "sync": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
             for seed in seeds if seeds else [None]:
@@ -126,6 +130,9 @@ def measure_async_vs_sync(
                             "repeat": r,
                             "seed": cfg.generator.seed,
                             **time_breakdown(out, s, cfg.admission.steps_per_rollout),
+                            # How each service ended (exit code, killed, final metrics written):
+                            # why a generator's figures are unknown, when they are.
+                            "service_stops": s.get("service_stops"),
                         }
                     )
                     b = breakdown[mode][-1]
@@ -133,7 +140,7 @@ def measure_async_vs_sync(
                         f"{mode:5s} repeat {r} seed {cfg.generator.seed}: generated {s['samples_per_second']:.2f} "
                         f"samples/s, trained {trained[mode][-1]:.2f} samples/s, train {s['train_seconds']:.0f} s "
                         f"(learner waiting {b['learner_wait_seconds']:.0f} s, stepping {b['learner_step_seconds']:.0f} s, "
-                        f"proximal {b['learner_proximal_seconds']:.0f} s; generators {b['generator_tokens_per_second']:.0f} "
+                        f"proximal {b['learner_proximal_seconds']:.0f} s; generators {b['generator_tokens_per_second']} "
                         f"tokens/s), max staleness {s['max_staleness_trained']}, dropped stale "
                         f"{s['groups_dropped_stale']}",
                         flush=True,

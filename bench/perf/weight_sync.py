@@ -11,10 +11,13 @@ Three parts, each under the project's CPU lock when run from bench/results.py:
   process, takes it by each path; repeats interleave, order rotated:
   `file` (today's: `fetch_weights_zmq`, one chunk request at a time, temp file + rename, then the file
   read back, which is what the engine did next), `stream` (`fetch_weights_stream`, a window of
-  chunk requests, per-chunk sha256, assembled in shared memory, full image), `delta` (the same with
+  chunk requests, per-chunk digest (BLAKE3), assembled in shared memory, full image), `delta` (the same with
   the previous version held as the base), and `raw` (ZeroMQ PUSH/PULL of the same number of
   chunk-sized frames from another process: the wire's ceiling). Seconds run from the publish
-  command (which includes the server's per-chunk hashing) to the bytes checked in memory.
+  command (which includes the server's per-chunk hashing) to the bytes checked in memory. As in a
+  generator, a shared-memory image the receiver is done with becomes the spare that the next
+  transfer of the same size fills (`WeightImage.recycle`): the rounds measure the steady state, not
+  a first transfer's page faults on fresh shared memory.
 - vllm: the same with a real vLLM engine (CPU build, its worker in its own process) loading each
   version of a random Qwen2 model (~130 MB fp32): `file` loads from the file, `stream` and `delta`
   from shared memory (`update_weights_from_image`). Seconds from the publish command to the engine
@@ -219,13 +222,15 @@ class Receiver:
         seconds = time.perf_counter() - start
         self.have = version
         self.wire["stream"].append(got.wire_bytes)
-        got.data.close()
+        got.data.recycle()  # its pages become the spare image, as a generator's do after loading
         return seconds
 
     def delta_round(self) -> float:
         # Hold the current version first (untimed), as a generator that loaded it would.
         if self.held is None or self.held.version != self.have:
             self.have = -1
+            if self.held is not None:
+                self.held.owner.recycle()
             self.held = self._held(self._stream(None))
             self.have = self.held.version
             if self.load is not None:
@@ -238,7 +243,8 @@ class Receiver:
             self.load("image", got.data, version)
         seconds = time.perf_counter() - start
         self.have = version
-        self.held = self._held(got)
+        old, self.held = self.held, self._held(got)
+        old.owner.recycle()  # the base it replaced becomes the spare image, as in a generator
         self.wire["delta"].append(got.wire_bytes)
         return seconds
 

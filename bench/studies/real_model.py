@@ -146,14 +146,69 @@ def _cached(path: Path, build: Any) -> Any:
     return value
 
 
-def _cached_evals(path: Path, data: dict[str, str], build: Any, refresh: Sequence[str] = ()) -> dict:
+def eval_keys(data: dict[str, str], settings: dict[str, Any]) -> dict[str, str]:
+    """What an eval set's figures depend on, per set: the sha256 of its prompt file and of
+    ``settings`` (the model, eval.k, temperatures, lengths, max_prompts, the eval seed). A kept set
+    whose key differs is measured again, so a start eval copied from another run is reused only
+    when it measured the same thing."""
+    import hashlib
+
+    tail = json.dumps(settings, sort_keys=True)
+    return {
+        name: hashlib.sha256(Path(path).read_bytes() + tail.encode()).hexdigest()[:16]
+        for name, path in data.items()
+    }
+
+
+def _eval_settings(cfg: Any, model: str, seed: int) -> dict[str, Any]:
+    """What `evaluate_model` reads besides the prompt files: the model's weights (digest), the eval
+    section, the lengths and the seed."""
+    import hashlib
+
+    weights = hashlib.sha256()
+    for f in sorted(Path(model).glob("*.safetensors")):
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 24):
+                weights.update(chunk)
+    return {
+        "weights": weights.hexdigest(),
+        "eval": cfg.eval.model_dump(mode="json"),
+        "max_prompt_len": cfg.model.max_prompt_len,
+        "max_response_len": cfg.algo.max_response_len,
+        "dtype": cfg.model.dtype,
+        "verifier": cfg.verifier.model_dump(mode="json"),
+        "seed": seed,
+    }
+
+
+def _cached_evals(
+    path: Path,
+    data: dict[str, str],
+    build: Any,
+    refresh: Sequence[str] = (),
+    keys: dict[str, str] | None = None,
+) -> dict:
     """The evals kept in ``path``, with the eval sets it lacks evaluated (``build(missing data)``)
     and added: a set added to the study later is measured without measuring the others again.
-    ``refresh``: set names measured again even when kept (an older file without per-template figures)."""
+    ``refresh``: set names measured again even when kept (an older file without per-template figures).
+    ``keys`` (from `eval_keys`): a kept set with another key is measured again; one kept without a key
+    (a file older than the keys) is reused as it is, and said so."""
     have = json.loads(path.read_text()) if path.is_file() else {}
-    missing = {name: p for name, p in data.items() if f"{name}_sampled" not in have or name in refresh}
+    kept_keys = have.get("keys", {})
+    keys = keys or {}
+
+    def stale(name: str) -> bool:
+        return name in keys and name in kept_keys and kept_keys[name] != keys[name]
+
+    missing = {
+        name: p for name, p in data.items() if f"{name}_sampled" not in have or name in refresh or stale(name)
+    }
+    unchecked = sorted(n for n in data if n not in missing and n in keys and n not in kept_keys)
+    if unchecked:
+        print(f"  {path}: kept without a key, not checked: {', '.join(unchecked)}", flush=True)
     if missing:
         have = {**have, **build(missing)}
+        have["keys"] = {**kept_keys, **{n: keys[n] for n in missing if n in keys}}
         save_json(path, have)
     return have
 
@@ -233,6 +288,28 @@ def weight_sync(rows: list[dict], launcher_rows: list[dict]) -> dict:
     }
 
 
+def throughput(rows: list[dict], steps_per_rollout: int, train_seconds: float | None) -> dict:
+    """Where the training time went, from the learner's rows: its waits for a batch (counted once per
+    rollout batch: the rows repeat a batch's wait on each of its steps) as a share of the training
+    seconds, its tokens/s while stepping, the generators' tokens/s (median of the rows' rolling
+    figure) and the learner's peak resident memory (rows from before that figure existed: None)."""
+    rows = [r for r in rows if "version" in r]
+    firsts = [r for r in rows if (r["version"] - 1) % steps_per_rollout == 0]
+    wait = sum(r.get("batch_wait_seconds") or 0.0 for r in firsts)
+    stepping = sum(r.get("step_seconds") or 0.0 for r in rows)
+    gen = [r["gen_tokens_per_second"] for r in firsts if r.get("gen_tokens_per_second")]
+    peaks = [r["peak_rss_gib"] for r in rows if r.get("peak_rss_gib") is not None]
+    return {
+        "learner_wait_s": round(wait, 1),
+        "learner_wait_share": round(wait / train_seconds, 3) if train_seconds else None,
+        "learner_tokens_per_s_stepping": round(sum(r.get("tokens", 0) for r in rows) / stepping, 1)
+        if stepping
+        else None,
+        "generator_tokens_per_s": round(_median(gen), 1) if gen else None,
+        "learner_peak_rss_gib": max(peaks) if peaks else None,
+    }
+
+
 def report(
     names: Sequence[str],
     start: dict,
@@ -241,6 +318,7 @@ def report(
     rows: list[dict],
     launcher_rows: list[dict],
     budget_s: float,
+    steps_per_rollout: int = 1,
 ) -> dict:
     keys = (
         "avg_at_k",
@@ -290,6 +368,7 @@ def report(
             "summary": {k: summary.get(k) for k in _SUMMARY_KEYS},
             "weight_sync": weight_sync(rows, launcher_rows),
             "generator_weight_updates": summary.get("generator_weight_updates"),
+            "throughput": throughput(rows, steps_per_rollout, summary.get("train_seconds")),
         },
     }
 
@@ -315,6 +394,19 @@ What the figures do not show: another machine's speed; more than the seeds liste
 sampled is eval.k samples at eval.temperature. "answered" is the share of responses with an answer the
 verifier could extract; "acc|answered" the accuracy among those, so avg@k = answered x acc|answered.
 """
+
+
+def _throughput_line(tp: dict | None) -> list[str]:
+    if not tp:
+        return []
+    peak = tp["learner_peak_rss_gib"]
+    return [
+        f"Throughput: the learner waited for batches {tp['learner_wait_s']} s "
+        f"({100 * (tp['learner_wait_share'] or 0):.0f}% of training), trained "
+        f"{tp['learner_tokens_per_s_stepping']} tokens/s while stepping; the generator made "
+        f"{tp['generator_tokens_per_s']} tokens/s (median); learner peak resident memory "
+        + (f"{peak} GiB." if peak is not None else "not recorded.")
+    ]
 
 
 def render_page(reports: Sequence[dict]) -> str:
@@ -355,6 +447,7 @@ def render_page(reports: Sequence[dict]) -> str:
             f"dropped stale; entropy first/last {t['entropy_first_last']}; weight sync per version "
             f"(learner publish / generator load, median s): {t['weight_sync']['learner_publish_s']['median']} / "
             f"{t['weight_sync']['generator_load_s']['median']}.",
+            *_throughput_line(t.get("throughput")),
             "",
             "| eval set | avg@k before | after | gain (points) | answered before / after | acc given answered "
             "before / after | truncated before / after | mean length before / after |",
@@ -435,6 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data,
         lambda sets: evaluate_model(args.config, overrides, cfg.model.path, sets, args.eval_seed),
         args.refresh,
+        eval_keys(data, _eval_settings(cfg, cfg.model.path, args.eval_seed)),
     )
     print(f"seed {args.seed}: training for {args.budget_s:.0f} s ...", flush=True)
     trained = _cached(work / "trained.json", lambda: train(args.config, overrides, work, args.budget_s))
@@ -445,6 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data,
         lambda sets: evaluate_model(args.config, overrides, final_dir, sets, args.eval_seed),
         args.refresh,
+        eval_keys(data, _eval_settings(cfg, final_dir, args.eval_seed)),
     )
     rep = {
         "what": f"SmolLM2-135M-Instruct trained by the whole pipeline on {Path(cfg.data.train_path).parent.name}, "
@@ -466,6 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             jsonl_rows(work / "run" / "learner" / "metrics.jsonl"),
             jsonl_rows(work / "run" / "metrics.jsonl"),
             args.budget_s,
+            cfg.admission.steps_per_rollout,
         ),
     }
     save_json(args.json or RESULTS / f"real_model_{tag}seed{args.seed}.json", rep)

@@ -39,7 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "eval": ("stream_dapo.cli.eval", "avg@k / pass@k of a model on an eval set with vLLM"),
     "keys": ("stream_dapo.cli.keys", "generate CurveZMQ key pairs for authenticated sockets"),
-    "ablate": ("stream_dapo.cli.ablate", "run the paper's Table 1 preset ladder over seeds; table and plots"),
+    "ablate": (
+        "stream_dapo.cli.ablate",
+        "run the paper's Table 1 ladder or the off-policy arms over seeds; table and plots",
+    ),
     "plan": (
         "stream_dapo.cli.plan",
         "size generator replicas against the learner; --memory: the learner's memory per GPU",

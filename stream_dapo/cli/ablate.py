@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 from pathlib import Path
 
 from stream_dapo.config import load_config
-from stream_dapo.core.presets import PRESETS
+from stream_dapo.core.presets import PRESET_FAMILIES, PRESETS
 from stream_dapo.runtime.exit_codes import ExitCode
 from stream_dapo.tools.ablate.cells import (
     Plan,
+    PlannedCell,
     _cell_line,
     build_report,
     done_cells,
     evaluate_before,
     freeze_base_config,
+    planned_cells,
     run_cell,
     write_report,
 )
@@ -24,6 +27,8 @@ from stream_dapo.tools.ablate.stats import CellResult
 
 log = logging.getLogger("stream_dapo.tools.ablate")
 
+_ALL_PRESETS = [name for presets in PRESET_FAMILIES.values() for name in presets]
+"""Every family's presets in table order: Table 1's rows, then the off-policy arms."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--presets",
         default=",".join(PRESETS),
-        help=f"comma-separated presets, in table order (default: all: {','.join(PRESETS)})",
+        help=f"comma-separated presets, in table order (default: Table 1's rows: {','.join(PRESETS)}; "
+        f"the off-policy corrections: {','.join(PRESET_FAMILIES['offpolicy'])})",
     )
     parser.add_argument("--out", default="runs/ablation", help="output directory (default: runs/ablation)")
     parser.add_argument(
@@ -54,16 +60,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="train nothing: write the table and plots of the cells already done in --out",
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run and write nothing: print every cell's `stream-dapo run` command and whether it is done",
+    )
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
     from stream_dapo.tools.launch import DEFAULT_CONFIG
 
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
-    unknown = [p for p in presets if p not in PRESETS]
+    unknown = [p for p in presets if p not in _ALL_PRESETS]
     if unknown or not presets:
         raise SystemExit(
-            f"stream-dapo ablate: unknown preset(s) {unknown} in --presets; choose from {','.join(PRESETS)}"
+            f"stream-dapo ablate: unknown preset(s) {unknown} in --presets; choose from {','.join(_ALL_PRESETS)}"
         )
     if args.seeds < 1:
         raise SystemExit("stream-dapo ablate: --seeds must be >= 1")
@@ -72,7 +83,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     budget = args.budget if args.budget is not None else base.learner.total_steps
     if budget < 1:
         raise SystemExit("stream-dapo ablate: --budget must be >= 1 optimizer step")
-    order = list(PRESETS)
+    order = _ALL_PRESETS
     return Plan(
         config_files=files,
         overrides=list(args.overrides),
@@ -85,8 +96,22 @@ def make_plan(args: argparse.Namespace) -> Plan:
     )
 
 
+def print_dry_run(cells: list[PlannedCell]) -> None:
+    """The cells --dry-run shows: one line each, then its command; the count to run last."""
+    for i, cell in enumerate(cells, 1):
+        state = "done, reused" if cell.done else "to run"
+        print(f"[{i}/{len(cells)}] {cell.preset} seed {cell.seed} ({state}; fingerprint {cell.fingerprint})")
+        print("    " + shlex.join(cell.argv))
+    todo = sum(not c.done for c in cells)
+    print(f"{len(cells)} cells, {todo} to run, {len(cells) - todo} done", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     plan = make_plan(args)
+    if getattr(args, "dry_run", False):
+        # The commands read the files as given; a real run reads their snapshot, OUT/base-config.toml.
+        print_dry_run(planned_cells(plan))
+        return ExitCode.OK
     plan.out.mkdir(parents=True, exist_ok=True)
     freeze_base_config(plan)
     cells: list[CellResult] = []

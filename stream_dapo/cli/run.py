@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_dapo.config import Config
+from stream_dapo.errors import ConfigError
 from stream_dapo.runtime.exit_codes import ExitCode
 from stream_dapo.runtime.metrics import (
     FINAL_METRICS_DIR,
@@ -45,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     `summary.json` is written in every case that got as far as starting the services."""
     cfg = resolve_config(args)
     t0 = time.monotonic()
+    problem = cfg.learner_precision_problem()
+    if problem is not None:  # before anything starts, not from the learner after the generators did
+        raise ConfigError(problem)
     try:
         check_ports_free(cfg)
     except PortInUse as exc:

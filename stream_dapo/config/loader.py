@@ -100,7 +100,7 @@ def _apply_preset(tree: dict[str, Any]) -> dict[str, Any]:
     from stream_dapo.core.presets import preset_overrides
 
     try:
-        overrides = preset_overrides(preset)
+        overrides = preset_overrides(preset, family="table1")  # algo.preset names Table 1's rows
     except ValueError as exc:
         raise ConfigError(f"algo.preset: {exc}") from None
     expanded: dict[str, Any] = {}

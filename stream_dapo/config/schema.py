@@ -556,7 +556,7 @@ class WeightsConfig(_Section):
     next chunks travel while one is checked. 1 is one request at a time."""
     delta: bool = True
     """Method zmq: send each version as a delta against the one a generator holds. Chunks whose
-    sha256 matches that version's are not sent at all, the others go as zlib'd XOR against it where
+    digest matches that version's are not sent at all, the others go as zlib'd XOR against it where
     that is smaller; the assembled state is checked against the full-state checksum either way. A
     generator without a usable base (a late joiner, a resumed learner's other lineage, a base the
     learner no longer keeps) gets the full image. Costs each generator one more copy of the weights
@@ -572,8 +572,9 @@ class WeightsConfig(_Section):
     link is the bottleneck; 0 (off): every generator fetches from the learner. Costs each generator
     the memory of the version it holds (as weights.delta does) and an open port."""
     peer_timeout_s: float = Field(5.0, gt=0.0)
-    """Method zmq with peer_fanout: how long a generator waits on a silent relay before fetching its
-    chunks from the next source, and how long a relay holds a request for a chunk it does not have yet."""
+    """Method zmq with peer_fanout: how long a generator waits on a relay that is connected but silent
+    before fetching its chunks from the next source (one whose connection drops, a generator that
+    died, is left at once), and how long a relay holds a request for a chunk it does not have yet."""
     peer_host: str | None = None
     """Method zmq with peer_fanout: the address a generator's relay binds and other generators reach it
     at (default: transport.host; 0.0.0.0 binds every interface and advertises the host name)."""
@@ -873,6 +874,24 @@ class Config(_Section):
         if len(set(fixed)) != len(fixed):
             raise ValueError(f"transport ports must differ (or be 0, any free port): {ports}")
         return self
+
+    def learner_precision_problem(self) -> str | None:
+        """Why the learner cannot train in ``model.dtype`` with these settings (the fix included), or
+        None. Not a validation error of the config itself: `evaluate` and the generators serve
+        float16 or bfloat16 at any ZeRO stage; `stream-dapo run` and the learner refuse it."""
+        dtype, stage = self.model.dtype, self.learner.zero_stage
+        if dtype == "float16":
+            return (
+                "the learner trains in float32 or bfloat16; float16 needs dynamic loss scaling, which it "
+                "does not do: set model.dtype=bfloat16 (GPU) or float32"
+            )
+        if dtype == "bfloat16" and stage == 0:
+            return (
+                "model.dtype=bfloat16 at learner.zero_stage=0 would accumulate gradients in bf16 across "
+                "micro-batches; set learner.zero_stage=1 (or higher) for fp32 accumulation and master "
+                "weights, or model.dtype=float32"
+            )
+        return None
 
     def admission_policy(self) -> AdmissionPolicy:
         """The buffer's `AdmissionPolicy` (`stream_dapo.buffer.replay`): every deadlock check of the

@@ -22,12 +22,10 @@ from stream_dapo.generator.service import GeneratorService, GeneratorSettings, S
 from stream_dapo.weights.factory import make_source, shared_dir_path
 
 if TYPE_CHECKING:
-    import prometheus_client
-
     from stream_dapo.data.dataset import PromptItem, PromptStream
     from stream_dapo.generator.engine import RolloutEngine
     from stream_dapo.verifier import VerifierPool
-    from stream_dapo.weights.base import WeightSource
+    from stream_dapo.weights.base import RelayMetrics, WeightSource
 
 __all__ = ["ConfiguredCollaborators", "build_generator", "generator_settings"]
 
@@ -121,5 +119,5 @@ class ConfiguredCollaborators:
 
         return RolloutEngine.start(self.cfg, index=self.index)
 
-    def weight_source(self, relay_sent_metric: prometheus_client.Counter) -> WeightSource:
-        return make_source(self.cfg, self.index, relay_sent_metric=relay_sent_metric)
+    def weight_source(self, relay_metrics: RelayMetrics) -> WeightSource:
+        return make_source(self.cfg, self.index, relay_metrics)

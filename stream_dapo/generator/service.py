@@ -83,12 +83,10 @@ from stream_dapo.transport.sockets import (
     open_endpoint,
     request,
 )
-from stream_dapo.weights.base import WeightsError, WeightSource, WeightUpdate
+from stream_dapo.weights.base import RelayMetrics, WeightsError, WeightSource, WeightUpdate
 from stream_dapo.weights.image import sweep_orphaned_images
 
 if TYPE_CHECKING:
-    import prometheus_client
-
     from stream_dapo.config import GeneratorConfig, MetricsConfig, TransportConfig
     from stream_dapo.core.admission import AdmissionRule
     from stream_dapo.data.dataset import PromptItem, PromptStream
@@ -192,9 +190,9 @@ class GeneratorCollaborators(Protocol):
 
     def start_engine(self) -> RolloutEngine: ...
 
-    def weight_source(self, relay_sent_metric: prometheus_client.Counter) -> WeightSource:
-        """The source of weights.method (nothing contacted yet); `relay_sent_metric` counts what its
-        relay sends to other generators."""
+    def weight_source(self, relay_metrics: RelayMetrics) -> WeightSource:
+        """The source of weights.method (nothing contacted yet); `relay_metrics` count what its
+        fan-out does (bytes its relay sends, connections it refuses, other relays it drops)."""
         ...
 
 
@@ -448,7 +446,10 @@ class GeneratorService:
     def _load_initial_weights(self) -> None:
         """The late-joiner rule: load the learner's current version before the first prompt."""
         if self.weights is None:
-            self.weights = self.collaborators.weight_source(self.metrics.weight_relay_sent_bytes)
+            mx = self.metrics
+            self.weights = self.collaborators.weight_source(
+                RelayMetrics(mx.weight_relay_sent_bytes, mx.connections_refused, mx.weight_relays_dropped)
+            )
         self.weights.join(self._engine)
         self.watcher = WeightWatcher(
             self.weights, self.settings.generator.weight_poll_s, self.weights.first_version
@@ -880,32 +881,50 @@ class GeneratorService:
             log.warning("cannot write %s: %s (the run summary falls back to the last scrape)", path, exc)
 
     def close(self) -> None:
-        """Stop threads, the engine, the pool and the sockets (idempotent)."""
+        """Write the final metrics, then stop threads, the engine, the pool and the sockets
+        (idempotent).
+
+        The figures are final once ``serve()`` has drained, and nothing below changes what a
+        summary reads, so they are written first: a shutdown step that fails (`release` still runs
+        the others and raises the first failure) or outlasts the launcher's bound cannot lose them.
+        """
         if self._closed:
             return
         self._closed = True
+        self._write_final_metrics()
+        watcher_stopped = self.watcher is None or self.watcher.stop()
+        if not watcher_stopped:
+            # Its poll waits up to transport.timeout_s for a learner that may be gone. Closing the
+            # source now would close its socket and shared memory under that thread (libzmq sockets
+            # are not thread-safe; it ended close() with EBADF); the process exit releases them.
+            log.warning(
+                "the weight watcher is still inside a poll of the learner: leaving its weight source "
+                "open (released at exit)"
+            )
         release(
-            self.watcher and self.watcher.stop,
             self._heartbeat and self._heartbeat.stop,
-            self.weights and self.weights.close,
+            self.weights.close if self.weights is not None and watcher_stopped else None,
             lambda: self._verify_pool.shutdown(wait=False, cancel_futures=True),
             self.engine and self.engine.close,
             self.verifier and self.verifier.close,
-        )
-        self._write_final_metrics()
-        if self._cursor is not None and self._stream is not None:
-            self._cursor.save(self._stream.state, force=True)
-        if self._monitor is not None:
-            assert self.buffer is not None
-            self.buffer.socket.disable_monitor()
-            self._monitor.close(linger=0)
-        release(
+            self._save_prompt_position,
+            self._close_monitor,
             self.buffer and self.buffer.close,
             self._cores and self._cores.close,
             lambda: self._ctx.destroy(linger=0),
             self.metrics_server
             and (lambda: self.metrics_server.stop(self.settings.metrics.final_scrape_wait_s)),
         )
+
+    def _save_prompt_position(self) -> None:
+        if self._cursor is not None and self._stream is not None:
+            self._cursor.save(self._stream.state, force=True)
+
+    def _close_monitor(self) -> None:
+        if self._monitor is not None:
+            assert self.buffer is not None
+            self.buffer.socket.disable_monitor()
+            self._monitor.close(linger=0)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ from stream_dapo.runtime.metrics import (
     MetricsServer,
     final_metrics_path,
     observe_many,
+    peak_rss_bytes,
     start_metrics,
     write_final_metrics,
 )
@@ -641,6 +642,8 @@ class LearnerService:
         mx.step_seconds.observe(s.step_seconds)
         mx.groups_trained.inc(s.groups)
         mx.packing_efficiency.set(s.packing_efficiency)
+        peak_rss = peak_rss_bytes()
+        mx.peak_rss.set(peak_rss)
         for value, count in s.staleness_counts.items():
             observe_many(mx.staleness, max(value, 0), count)
         row = {
@@ -652,6 +655,7 @@ class LearnerService:
             "prepare_seconds": round(self._last_prepare_s, 4),
             "proximal_seconds": round(self._last_proximal_s, 4),
             "weight_sync_seconds": round(self._last_sync_s, 4) if self._last_sync_s is not None else None,
+            "peak_rss_gib": round(peak_rss / 2**30, 3),
             **{k: round(v, 6) for k, v in self._rollout_window.items()},
         }
         if self.tracker is not None:

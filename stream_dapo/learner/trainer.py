@@ -131,17 +131,9 @@ def deepspeed_config(cfg: Config, world_size: int, *, on_gpu: bool | None = None
     lc = cfg.learner
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     dtype = cfg.model.dtype
-    if dtype == "float16":
-        raise ConfigError(
-            "the learner trains in float32 or bfloat16; float16 needs dynamic loss scaling, which it does "
-            "not do: set model.dtype=bfloat16 (GPU) or float32"
-        )
-    if dtype == "bfloat16" and lc.zero_stage == 0:
-        raise ConfigError(
-            "model.dtype=bfloat16 at learner.zero_stage=0 would accumulate gradients in bf16 across "
-            "micro-batches; set learner.zero_stage=1 (or higher) for fp32 accumulation and master weights, "
-            "or model.dtype=float32"
-        )
+    problem = cfg.learner_precision_problem()
+    if problem is not None:
+        raise ConfigError(problem)
     config: dict[str, Any] = {
         "train_batch_size": world_size,
         "train_micro_batch_size_per_gpu": 1,

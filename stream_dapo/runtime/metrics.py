@@ -15,7 +15,9 @@ import json
 import logging
 import math
 import os
+import resource
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -110,6 +112,22 @@ class GeneratorMetrics:
             p + "weight_relay_sent_bytes",
             "Weight chunk bytes this generator's relay sent to other generators (weights.peer_fanout): the "
             "learner's egress it saved.",
+            registry=registry,
+        )
+        self.weight_relays_dropped = Counter(
+            p + "weight_relays_dropped",
+            "Other generators' relays a weight transfer stopped asking (weights.peer_fanout), by reason: "
+            "disconnected (its connection dropped), silent (no answer within weights.peer_timeout_s), refused "
+            "(it answered an error or not_available), bad_chunk (a chunk failed its digest), queue_full (our "
+            "queue to it stayed full). Each costs a retry from the next source and is reported to the learner.",
+            ["reason"],
+            registry=registry,
+        )
+        self.connections_refused = Counter(
+            p + "connections_refused",
+            "Connections to this generator's weight relay (weights.peer_fanout with transport.curve_dir) "
+            "whose CurveZMQ handshake failed, by socket (weight_relay) and reason (as the buffer's).",
+            ["socket", "reason"],
             registry=registry,
         )
         self.weight_delta_ratio = Gauge(
@@ -395,6 +413,12 @@ class LearnerMetrics:
         self.packing_efficiency = Gauge(
             p + "packing_efficiency_ratio", "Real tokens / processed tokens.", registry=registry
         )
+        self.peak_rss = Gauge(
+            p + "peak_resident_memory_bytes",
+            "The learner process's peak resident memory so far (getrusage ru_maxrss); compare with "
+            "`stream-dapo plan --memory`, which counts the training state, not the runtime around it.",
+            registry=registry,
+        )
         self.approx_kl = Gauge(
             p + "approx_kl_behaviour_nats",
             "k3 estimate of KL(behaviour || current policy) over the last step's trained tokens.",
@@ -574,6 +598,14 @@ def _make_handler(
             return
 
     return Handler
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB, macOS in bytes).
+    On Linux the figure starts at the parent's resident size when the process was forked and is kept
+    across exec: a service started by a large parent reports at least that parent's size."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def observe_many(histogram: Histogram, amount: float, count: int) -> None:

@@ -138,10 +138,26 @@ def run_service(
 def release(*steps: object) -> None:
     """Run the steps of a shutdown in the order given. A step is a callable; a resource never
     opened passes None instead: ``release(self._auth and self._auth.stop, self._ctx and
-    self._ctx.term)``. (Typed `object` because ``x and x.stop`` is, to mypy, x or the method.)"""
+    self._ctx.term)``. (Typed `object` because ``x and x.stop`` is, to mypy, x or the method.)
+
+    Every step runs even when an earlier one raised: one resource that fails to close must not
+    leave the next open (a vLLM engine's processes, a verifier pool). Each failure is logged; the
+    first is raised once all steps ran."""
     for step in steps:
-        if step is None:
-            continue
-        if not callable(step):
+        if step is not None and not callable(step):
             raise TypeError(f"release() takes shutdown steps (callables) or None, got {step!r}")
-        step()
+    first: Exception | None = None
+    for step in steps:
+        if not callable(step):  # None: never opened
+            continue
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 (re-raised below, after the other steps)
+            log.error("shutdown step %s failed: %s: %s", _step_name(step), type(exc).__name__, exc)
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def _step_name(step: object) -> str:
+    return getattr(step, "__qualname__", None) or repr(step)

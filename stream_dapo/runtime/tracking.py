@@ -93,6 +93,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "loss_tokens",
         "micro_batches",
         "elapsed_s",
+        "peak_rss_gib",
     ),
 }
 """The scalars W&B and TensorBoard get, by section: `train/loss`, `rollout/accuracy`, `perf/...`;

@@ -56,7 +56,7 @@ def golden_messages() -> dict[str, tuple[m.Body, int | None]]:
         "weights_query": (m.WeightsQuery(4), 11),
         "weights_manifest": (m.WeightsManifest.of(5, "ab" * 32, 10, 4), 11),
         "chunk_request": (m.ChunkRequest(5, 2), 12),
-        "chunk": (m.Chunk(5, 2, b"\x00\x01\xff"), 12),
+        "chunk": (m.Chunk(5, 2, memoryview(b"\x00\x01\xff")), 12),
         "not_available": (m.NotAvailable(4, 5, "no_newer_version"), 11),
         "error": (m.Error("bad_schema", "hello.policy_version: expected int, got str"), None),
     }

@@ -151,7 +151,7 @@ def summarise(
     if num_prompts * n != len(correct) or not num_prompts:
         raise ValueError(f"{len(correct)} outcomes are not a positive multiple of n={n}")
     per_prompt = [sum(correct[i * n : (i + 1) * n]) for i in range(num_prompts)]
-    out = {
+    out: dict[str, Any] = {
         **_rates(per_prompt, answered, n, k),
         "k": k,
         "n": n,

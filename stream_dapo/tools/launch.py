@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,6 +31,7 @@ from stream_dapo.runtime.metrics import (
     GeneratorMetrics,
     LearnerMetrics,
     catalogue,
+    final_metrics_path,
     sample_name,
 )
 from stream_dapo.runtime.ports import ServiceExited, read_bound_ports, wait_bound_ports
@@ -56,11 +57,22 @@ class Child:
 
 
 @dataclass
+class StopOutcome:
+    """How a child ended when the launcher stopped it (summary.json's ``service_stops``)."""
+
+    exit_code: int | None
+    killed: bool
+    """It outlived its bound after SIGTERM and got SIGKILL: it wrote none of its shutdown files."""
+
+
+@dataclass
 class Supervisor:
     """Starts children in their own sessions and stops their whole process groups."""
 
     run_dir: Path
     children: list[Child] = field(default_factory=list)
+    stops: dict[str, StopOutcome] = field(default_factory=dict)
+    """How each child stopped, by name, in the order `stop_all` stopped them."""
 
     def start(
         self, name: str, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int] = ()
@@ -85,14 +97,26 @@ class Supervisor:
     def dead(self) -> list[Child]:
         return [c for c in self.children if c.popen.poll() is not None]
 
-    def stop(self, child: Child, timeout_s: float) -> int | None:
+    def stop(self, child: Child, timeout_s: float) -> StopOutcome:
         """SIGTERM the child (the service drains), then SIGKILL its whole process group: systemd's
         KillMode=mixed. Only the service itself gets SIGTERM, so that the processes it owns (vLLM's
         engine) keep working while it drains; whatever is left of the group after it exits, or after
-        timeout_s, is killed."""
-        returncode = stop_process_group(child.popen, child.name, timeout_s)
+        timeout_s, is killed. A child that was killed, or exited other than 0, is logged with its
+        log's last lines: its final metrics may be missing from the summary."""
+        already = child.popen.poll() is not None
+        outcome = stop_process_group(child.popen, child.name, timeout_s)
         child.log_file.close()
-        return returncode
+        self.stops[child.name] = outcome
+        if not already and not outcome.killed and outcome.exit_code != 0:
+            log.warning(
+                "%s exited with code %s while stopping; its final metrics may be missing. Last lines of "
+                "%s:\n%s",
+                child.name,
+                outcome.exit_code,
+                child.log_path,
+                tail(child.log_path),
+            )
+        return outcome
 
     def stop_all(self, timeout_s: float | Mapping[str, float] = 30.0) -> None:
         """Stop every child in drain order, each waited for before the next gets SIGTERM: generators
@@ -122,9 +146,10 @@ _ENGINE_SHUTDOWN_S = 30.0  # vLLM's processes and the verifier pool
 _BUFFER_STOP_S = 60.0  # close the sockets, persist the state, write the final figures
 
 
-def stop_process_group(popen: subprocess.Popen[Any], name: str, timeout_s: float) -> int | None:
+def stop_process_group(popen: subprocess.Popen[Any], name: str, timeout_s: float) -> StopOutcome:
     """SIGTERM the leader of a child started in its own session, wait up to `timeout_s` for it, then
-    SIGKILL whatever is left of its process group (see `Supervisor.stop`). Returns its exit code."""
+    SIGKILL whatever is left of its process group (see `Supervisor.stop`)."""
+    killed = False
     if popen.poll() is None:
         try:
             popen.send_signal(signal.SIGTERM)
@@ -133,11 +158,17 @@ def stop_process_group(popen: subprocess.Popen[Any], name: str, timeout_s: float
         try:
             popen.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0f s: killing it", name, timeout_s)
+            killed = True
+            log.warning(
+                "%s did not stop within %.0f s of SIGTERM (its drain bound): killing it; what it "
+                "writes at shutdown (its final metrics) is missing",
+                name,
+                timeout_s,
+            )
     # Whatever the leader did, nothing of its group may outlive the run.
     _signal_group(popen.pid, signal.SIGKILL)
     popen.wait()
-    return popen.returncode
+    return StopOutcome(popen.returncode, killed)
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -682,6 +713,21 @@ def supervise(sup: Supervisor, view: LiveView, cfg: Config, period_s: float = 5.
         time.sleep(period_s)
 
 
+def service_stops(stops: Mapping[str, StopOutcome], run_dir: Path) -> dict[str, dict[str, Any]]:
+    """summary.json's ``service_stops``: each service's exit code, whether it was killed, and
+    whether it wrote its final metrics (`write_final_metrics`; without them the summary's figures
+    for it are its last scrape, which a drain's last counts may have missed). A missing file is
+    logged with the service's name and why."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, outcome in stops.items():
+        wrote = final_metrics_path(run_dir, name).is_file()
+        out[name] = {**asdict(outcome), "final_metrics": wrote}
+        if not wrote:
+            why = "it was killed" if outcome.killed else f"it exited with code {outcome.exit_code}"
+            log.warning("%s wrote no final metrics (%s): the summary uses its last scrape", name, why)
+    return out
+
+
 def final_snapshot(last: Mapping[str, Mapping[str, float]], run_dir: Path) -> dict[str, Mapping[str, float]]:
     """The last scrape, overridden by what each service wrote at shutdown (`write_final_metrics`)."""
     snap = dict(last)
@@ -708,6 +754,7 @@ def train(cfg: Config, config_path: Path, run_dir: Path, summary: dict[str, Any]
         summary["ports"] = reported_ports(cfg, sup)
         view.finish()
         sup.stop_all(stop_timeouts(cfg))
+        summary["service_stops"] = service_stops(sup.stops, run_dir)
         final = final_snapshot(view.last, run_dir)
         view.record(final, step=learner_log_stats(run_dir)["final_version"])
         summary.update(build_summary(final, run_dir, train_seconds))

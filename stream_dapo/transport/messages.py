@@ -90,7 +90,9 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 BaseVersion = Annotated[int, msgspec.Meta(ge=-1)]
 """A weight version, or -1 for none."""
 Digest = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
-"""A sha256 digest (raw bytes)."""
+"""A chunk digest: 32 raw bytes of sha256 or BLAKE3 (`WeightsManifest.digest`)."""
+DigestName = Literal["sha256", "blake3"]
+"""The hash of a manifest's chunk digests (`stream_dapo.weights.delta` computes them)."""
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 Detail = Annotated[str, msgspec.Meta(max_length=8192)]
 Tally = Annotated[int, msgspec.Meta(ge=0, le=MAX_FILTERED_TOTAL)]
@@ -161,7 +163,7 @@ def _rules(cls: type) -> _Rules:
                 finite.append(name)
         elif tp is bool:
             bools.append(name)
-        elif tp is bytes:
+        elif tp is bytes or tp is memoryview:
             blobs.append(name)
         elif (
             get_origin(tp) is list and isinstance(get_args(tp)[0], type) and issubclass(get_args(tp)[0], Wire)
@@ -669,12 +671,16 @@ class WeightsManifest(Body, omit_defaults=True):
     """`checksum`: sha256 hex of the full payload; build with `WeightsManifest.of` to derive
     `num_chunks`.
 
-    Optional (left out when empty, so older peers' bytes are unchanged): `chunk_digests`, the sha256
-    of each chunk of the payload (32 bytes each, `num_chunks` of them), which lets a receiver check
-    each chunk as it arrives and skip the chunks its base version already holds; `state_checksum`,
-    sha256 hex of the concatenated chunk digests, the checksum of the full state a receiver checks
-    after assembling it (from its own digests of what it assembled); `published_at`: the learner's
-    wall clock (unix seconds) when the version was published (publish -> loaded, per generator)."""
+    Optional (left out when empty, so older peers' bytes are unchanged): `chunk_digests`, the hash
+    (`digest`) of each chunk of the payload (32 bytes each, `num_chunks` of them), which lets a
+    receiver check each chunk as it arrives and skip the chunks its base version already holds;
+    `state_checksum`, sha256 hex of the concatenated chunk digests, the checksum of the full state a
+    receiver checks after assembling it (from its own digests of what it assembled); `published_at`:
+    the learner's wall clock (unix seconds) when the version was published (publish -> loaded, per
+    generator); `digest`, the hash of `chunk_digests`: "sha256" when left out (what servers sent
+    before it existed, so their manifests decode unchanged), "blake3" from servers since (a receiver
+    older than the field refuses such a manifest as having an unknown field, rather than checking
+    its chunks against the wrong hash; `stream_dapo.weights.delta` says why BLAKE3)."""
 
     TYPE = "weights_manifest"
     version: Version
@@ -691,6 +697,7 @@ class WeightsManifest(Body, omit_defaults=True):
     peers: Annotated[list[PeerSource], msgspec.Meta(max_length=MAX_PEERS)] = []
     """Where to ask for the chunks first (weights.peer_fanout): the asker's parent in the relay
     tree, then its ancestors; the learner serves what none of them does."""
+    digest: DigestName = "sha256"
 
     @classmethod
     def of(
@@ -704,6 +711,7 @@ class WeightsManifest(Body, omit_defaults=True):
         state_checksum: str = "",
         published_at: float = 0.0,
         peers: list[PeerSource] | None = None,
+        digest: DigestName = "sha256",
     ) -> WeightsManifest:
         num_chunks = -(-total_bytes // chunk_bytes) if chunk_bytes > 0 else 0
         return cls(
@@ -716,6 +724,7 @@ class WeightsManifest(Body, omit_defaults=True):
             state_checksum=state_checksum,
             published_at=published_at,
             peers=list(peers or []),
+            digest=digest,
         )
 
     def _cross_check(self) -> str | None:
@@ -749,14 +758,16 @@ class ChunkRequest(Body, omit_defaults=True):
 
 class Chunk(Body, omit_defaults=True):
     """`data`: bytes, or a bytearray / memoryview slice of one large buffer when sending (weight
-    chunks); always bytes when decoded. `encoding` (optional, "raw" when left out): "raw", the
-    chunk's bytes; "xor_zlib", zlib of the chunk XOR the same chunk of `base_version` (which the
-    asker named in its request)."""
+    chunks, sent uncopied); when decoded, a memoryview of the received message, not a copy (a
+    weight chunk is then copied once, from the frame ZeroMQ received into to its place in the
+    image; ``bytes(data)`` for a copy of one's own). The wire is msgpack bin either way.
+    `encoding` (optional, "raw" when left out): "raw", the chunk's bytes; "xor_zlib", zlib of the
+    chunk XOR the same chunk of `base_version` (which the asker named in its request)."""
 
     TYPE = "chunk"
     version: Version
     index: Count
-    data: bytes
+    data: memoryview
     encoding: Literal["raw", "xor_zlib"] = "raw"
     base_version: BaseVersion = -1
 

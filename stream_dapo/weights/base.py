@@ -30,10 +30,13 @@ from torch import Tensor
 from stream_dapo.weights.errors import ChecksumMismatch, WeightsError
 
 if TYPE_CHECKING:
+    import prometheus_client
+
     from stream_dapo.weights.image import WeightImage
 
 __all__ = [
     "ChecksumMismatch",
+    "RelayMetrics",
     "WeightPublisher",
     "WeightSource",
     "WeightTarget",
@@ -141,6 +144,20 @@ class WeightUpdate:
     """Bytes that crossed the network for it (deltas count their compressed size); None: nbytes."""
     published_at: float = 0.0
     """The learner's wall clock when it published the version (unix seconds); 0: unknown."""
+
+
+@dataclass(frozen=True)
+class RelayMetrics:
+    """A generator's fan-out counters (weights.peer_fanout; the generator's metrics, none in tools and
+    tests). Only the ZeroMQ method uses them."""
+
+    sent: prometheus_client.Counter | None = None
+    """Chunk bytes this generator's relay sent to other generators."""
+    refused: prometheus_client.Counter | None = None
+    """Labels socket, reason: connections to the relay whose Curve handshake failed."""
+    dropped: prometheus_client.Counter | None = None
+    """Label reason (`stream_dapo.weights.zmq_chunks.peers.DROPPED`): other generators' relays a
+    transfer stopped asking."""
 
 
 class WeightPublisher(Protocol):

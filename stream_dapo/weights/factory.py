@@ -14,7 +14,7 @@ from stream_dapo.config import Config
 from stream_dapo.runtime.ports import require_bound, zmq_listen
 from stream_dapo.transport.curve import CLIENTS_DIR, curve_client, curve_server
 from stream_dapo.transport.sockets import CurveKeys, TransportError
-from stream_dapo.weights.base import WeightPublisher, WeightSource
+from stream_dapo.weights.base import RelayMetrics, WeightPublisher, WeightSource
 
 if TYPE_CHECKING:
     import prometheus_client
@@ -47,14 +47,11 @@ def make_publisher(
     return _PUBLISHERS[cfg.weights.method](cfg, rejected_metric, refused_metric, sent_metric)
 
 
-def make_source(
-    cfg: Config, index: int, relay_sent_metric: prometheus_client.Counter | None = None
-) -> WeightSource:
+def make_source(cfg: Config, index: int, relay_metrics: RelayMetrics | None = None) -> WeightSource:
     """Generator `index`'s source for weights.method (nothing is contacted until the first poll).
-    `relay_sent_metric` counts the chunk bytes its relay sends to other generators (method zmq with
-    weights.peer_fanout)."""
+    `relay_metrics` count what fan-out does (method zmq with weights.peer_fanout)."""
     if cfg.weights.method == "zmq":
-        return _zmq_source(cfg, index, relay_sent_metric)
+        return _zmq_source(cfg, index, relay_metrics)
     return _SOURCES[cfg.weights.method](cfg, index)
 
 
@@ -122,28 +119,26 @@ def _shared_dir_publisher(
     return SharedDirPublisher(shared_dir_path(cfg))
 
 
-def _zmq_source(
-    cfg: Config, index: int, relay_sent_metric: prometheus_client.Counter | None = None
-) -> WeightSource:
+def _zmq_source(cfg: Config, index: int, relay_metrics: RelayMetrics | None = None) -> WeightSource:
     from stream_dapo.weights.zmq_chunks import ZmqWeightSource
 
     t, w = cfg.transport, cfg.weights
     require_bound("transport.weights_port", t.weights_port, "learner")
     curve = curve_client(t.curve_dir)
+    relay_metrics = relay_metrics or RelayMetrics()
     return ZmqWeightSource(
         t.weights_address(),
         t.timeout_s,
         curve,
         window=w.fetch_window,
         delta=w.delta,
-        relay=_relay(cfg, curve, relay_sent_metric),
+        relay=_relay(cfg, curve, relay_metrics),
         peer_timeout_s=w.peer_timeout_s,
+        dropped_metric=relay_metrics.dropped,
     )
 
 
-def _relay(
-    cfg: Config, curve: CurveKeys | None, sent_metric: prometheus_client.Counter | None
-) -> ChunkRelay | None:
+def _relay(cfg: Config, curve: CurveKeys | None, relay_metrics: RelayMetrics) -> ChunkRelay | None:
     """A generator's relay for weights.peer_fanout (None when off); it binds at the first poll."""
     from stream_dapo.weights.fanout import ChunkRelay
 
@@ -156,7 +151,8 @@ def _relay(
         allowed_clients_dir=Path(t.curve_dir) / CLIENTS_DIR if t.curve_dir else None,
         hold_s=w.peer_timeout_s,
         hwm=t.hwm,
-        sent_metric=sent_metric,
+        sent_metric=relay_metrics.sent,
+        refused_metric=relay_metrics.refused,
     )
 
 

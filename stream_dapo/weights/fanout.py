@@ -20,8 +20,9 @@ Two parts, one per end:
 
 A receiver checks every chunk against the digests of the learner's manifest, whoever sent it, and
 the assembled state against the state checksum, so a relay can delay a transfer but never corrupt
-one: a relay that is silent for ``weights.peer_timeout_s``, refuses, or sends a chunk that fails
-its digest costs the receiver a retry from the next source (the relay's ancestors, then the
+one: a relay whose connection drops (the receiver hears it from ZeroMQ at once), that is silent
+for ``weights.peer_timeout_s`` while connected, refuses, or sends a chunk that fails its digest
+costs the receiver a retry from the next source (the relay's ancestors, then the
 learner), and is reported to the learner in the next query so later receivers skip it.
 """
 
@@ -40,6 +41,7 @@ import zmq
 from stream_dapo.errors import ConfigError
 from stream_dapo.runtime.service_runner import release
 from stream_dapo.transport import messages
+from stream_dapo.transport.curve import RefusedConnections
 from stream_dapo.transport.sockets import (
     CurveKeys,
     Endpoint,
@@ -55,16 +57,20 @@ if TYPE_CHECKING:
 
     import prometheus_client
 
-__all__ = ["PEER_CHAIN", "ChunkRelay", "RelayTree"]
+__all__ = ["PEER_CHAIN", "REQUEST_MAX_BYTES", "ChunkRelay", "RelayTree"]
 
 log = logging.getLogger(__name__)
 
 PEER_CHAIN = 3
 """Sources a manifest names at most: the parent and up to two more ancestors, then the learner."""
 REQUEST_MAX_BYTES = 64 * 1024
+"""Queries and chunk requests are tiny; anything bigger sent to the learner's weight server or to a
+generator's relay is rejected (both read requests with this limit)."""
 _PENDING_POLL_MS = 2
 """How often a relay with held requests looks for newly arrived chunks."""
 _GONE_KEEP = 16
+RELAY_SOCKET = "weight_relay"
+"""The ``socket`` label of a relay's refused Curve handshakes."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -161,7 +167,9 @@ class ChunkRelay:
     there (0.0.0.0 binds every interface and advertises this machine's host name). With ``curve``
     (this generator's own key pair) the socket is a Curve server that admits the clients of
     ``allowed_clients_dir``, the allow-list the learner uses. ``sent_metric``, a counter, counts
-    the chunk bytes sent to other generators.
+    the chunk bytes sent to other generators; ``refused_metric`` (labels socket, reason) the
+    connections whose Curve handshake failed (`RefusedConnections`, as the learner's weight server
+    counts them; socket ``weight_relay``).
 
     Thread safety: `offer`, `ready` and `withdraw` are called by the receiving thread; the serving
     thread copies a chunk out under the same lock, so once `withdraw` returns the relay never
@@ -177,6 +185,7 @@ class ChunkRelay:
         hwm: int = 1000,
         poll_ms: int = 50,
         sent_metric: prometheus_client.Counter | None = None,
+        refused_metric: prometheus_client.Counter | None = None,
     ) -> None:
         if curve is not None and allowed_clients_dir is None:
             raise ValueError(
@@ -190,10 +199,12 @@ class ChunkRelay:
         self.hwm = hwm
         self.poll_ms = max(10, poll_ms)
         self.sent_metric = sent_metric
+        self.refused_metric = refused_metric
         self.address = ""
         """The advertised address once started (tcp://host:port)."""
         self.stats: Counter[str] = Counter()
-        """chunks, bytes (chunk data sent), held (requests that waited), not_available, errors."""
+        """chunks, bytes (chunk data sent), held (requests that waited), not_available, errors,
+        refused (connections whose Curve handshake failed)."""
         self._offered: dict[int, _Offered] = {}
         self._gone: list[int] = []
         self._lock = threading.Lock()
@@ -203,6 +214,7 @@ class ChunkRelay:
         self._ctx: zmq.Context[Any] | None = None
         self._endpoint: Endpoint | None = None
         self._auth: Any = None
+        self._refused: RefusedConnections | None = None
 
     @property
     def key(self) -> str:
@@ -236,6 +248,8 @@ class ChunkRelay:
                 "this generator's machine that the other generators reach, or weights.peer_fanout = 0"
             ) from exc
         self.address = advertised(self._endpoint.address)
+        if self.curve is not None:
+            self._refused = RefusedConnections(self._endpoint.socket, RELAY_SOCKET, self._count_refused, log)
         self._thread = threading.Thread(target=self._serve, name="weight-relay", daemon=True)
         self._thread.start()
         log.info("weight relay serving held versions on %s", self.address)
@@ -246,11 +260,12 @@ class ChunkRelay:
         if self._thread is not None:
             self._thread.join(timeout_s)
         release(
+            self._refused and self._refused.close,
             self._endpoint and self._endpoint.close,
             self._auth and self._auth.stop,
             self._ctx and self._ctx.term,
         )
-        self._thread = self._endpoint = self._ctx = self._auth = None
+        self._thread = self._endpoint = self._ctx = self._auth = self._refused = None
         with self._lock:
             self._offered.clear()
 
@@ -304,6 +319,8 @@ class ChunkRelay:
                 if got is not None:
                     self._take(ep, got[0], got[1].request_id, got[1].body)
                 self._answer_held(ep)
+                if self._refused is not None:
+                    self._refused.poll()
             except (PeerUnreachable, TransportTimeout) as exc:
                 self.stats["errors"] += 1  # the asker went away: it retries elsewhere
                 log.debug("weight relay: %s", exc)
@@ -313,6 +330,11 @@ class ChunkRelay:
                 self.stats["errors"] += 1
                 log.warning("weight relay socket error: %s", exc)
                 time.sleep(self.poll_ms / 1000)
+
+    def _count_refused(self, reason: str) -> None:
+        self.stats["refused"] += 1
+        if self.refused_metric is not None:
+            self.refused_metric.labels(socket=RELAY_SOCKET, reason=reason).inc()
 
     def _take(self, ep: Endpoint, peer: bytes | None, request_id: int | None, body: messages.Body) -> None:
         assert peer is not None
@@ -385,8 +407,8 @@ class ChunkRelay:
                 return messages.NotAvailable(ask.version, ask.version, "version_gone")
         delta = xor_delta(data, old) if old is not None else None
         if delta is not None:
-            return messages.Chunk(ask.version, ask.index, delta, "xor_zlib", ask.base_version)
-        return messages.Chunk(ask.version, ask.index, data)
+            return messages.Chunk(ask.version, ask.index, memoryview(delta), "xor_zlib", ask.base_version)
+        return messages.Chunk(ask.version, ask.index, memoryview(data))
 
 
 def advertised(bound: str) -> str:

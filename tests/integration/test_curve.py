@@ -216,8 +216,10 @@ def test_the_weight_server_counts_and_logs_refused_connections(
     generate_keys(stranger_dir)
     stranger = dataclasses.replace(load_client_keys(stranger_dir), server_public=load_server_keys(keys).public)
     with caplog.at_level("WARNING"), server.start():
-        for curve in (None, stranger):
-            sock = make_socket(ctx, zmq.DEALER, connect=server.address, curve=curve)
+        # Both stay open (the fixture's context closes them): a socket dropped here would be closed
+        # by the garbage collector, perhaps before its handshake was refused and counted.
+        rogues = [make_socket(ctx, zmq.DEALER, connect=server.address, curve=c) for c in (None, stranger)]
+        for sock in rogues:
             sock.send(b"x")
         deadline = time.monotonic() + 30  # only reached when a refusal is never counted
         counts = {}

@@ -8,7 +8,12 @@ import multiprocessing.process
 import subprocess
 import sys
 
+import matplotlib.font_manager  # noqa: F401  (see below)
 import pytest
+
+# matplotlib builds its font cache at its first import by running fc-list, a subprocess: imported
+# here, before any guard, or on a machine without that cache (a fresh one) the guard below fails
+# whichever unit test draws first.
 
 FIX = "this unit test starts {what}: mark it @pytest.mark.process (make test-fast leaves those out)"
 

@@ -502,3 +502,26 @@ def test_a_model_kept_as_its_checksum_has_the_key_of_its_weights(tmp_path: Path)
     assert ablation.cells.model_key(cfg) == with_weights
     (folder / WEIGHTS_DIGEST).unlink()
     assert ablation.cells.model_key(cfg) == "k1/" + hashlib.sha256(b"").hexdigest()[:16]
+
+
+def test_the_off_policy_arms_run_through_ablate_in_table_order_and_dry_run_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = argparse.Namespace(
+        config=[str(TINY)],
+        overrides=[],
+        presets="gspo,token-tis",
+        seeds=1,
+        budget=2,
+        out=str(tmp_path / "out"),
+        target_delta=0.05,
+        report_only=False,
+        dry_run=True,
+    )
+    plan = ablate_cli.make_plan(args)
+    assert plan.presets == ["token-tis", "gspo"]
+    assert ablate_cli.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "[2/2] gspo seed 0 (to run; fingerprint" in printed and "2 cells, 2 to run, 0 done" in printed
+    assert "algo.ratio_level=" in printed and "algo.preset" not in printed
+    assert not (tmp_path / "out").exists()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from bench.studies.real_model import _cached_evals, render_page, report
+import json
+
+from bench.studies.real_model import _cached_evals, eval_keys, render_page, report
 
 
 def _eval(avg: float, groups: dict[str, float] | None = None) -> dict:
@@ -70,3 +72,101 @@ def test_a_kept_eval_set_is_measured_again_only_when_refreshed(tmp_path):
     kept = _cached_evals(path, data, build, refresh=["heldout"])
     assert asked == [["heldout", "train"], ["heldout"]]
     assert kept["heldout_sampled"] == {"run": 2} and kept["train_sampled"] == {"run": 1}
+
+
+def test_a_kept_eval_set_is_measured_again_when_what_it_measured_changed(tmp_path, capsys):
+    heldout, train = tmp_path / "h.jsonl", tmp_path / "t.jsonl"
+    heldout.write_text('{"prompt": "a"}\n')
+    train.write_text('{"prompt": "b"}\n')
+    data = {"heldout": str(heldout), "train": str(train)}
+    path = tmp_path / "evals.json"
+    asked: list[list[str]] = []
+
+    def build(sets: dict) -> dict:
+        asked.append(sorted(sets))
+        return {f"{name}_sampled": {"run": len(asked)} for name in sets}
+
+    settings = {"weights": "w0", "seed": 0}
+    _cached_evals(path, data, build, keys=eval_keys(data, settings))
+    _cached_evals(path, data, build, keys=eval_keys(data, settings))
+    assert asked == [["heldout", "train"]]
+    train.write_text('{"prompt": "c"}\n')  # another train file: only that set again
+    _cached_evals(path, data, build, keys=eval_keys(data, settings))
+    assert asked[-1] == ["train"]
+    _cached_evals(path, data, build, keys=eval_keys(data, {**settings, "weights": "w1"}))
+    assert asked[-1] == ["heldout", "train"] and len(asked) == 3
+    kept = json.loads(path.read_text())
+    assert kept["keys"] == eval_keys(data, {**settings, "weights": "w1"})
+
+
+def test_an_eval_file_older_than_the_keys_is_reused_and_said_so(tmp_path, capsys):
+    heldout = tmp_path / "h.jsonl"
+    heldout.write_text('{"prompt": "a"}\n')
+    data = {"heldout": str(heldout)}
+    path = tmp_path / "evals.json"
+    path.write_text(json.dumps({"heldout_sampled": {"run": 0}}))
+
+    def build(sets: dict) -> dict:
+        raise AssertionError(f"measured again: {sets}")
+
+    kept = _cached_evals(path, data, build, keys=eval_keys(data, {"seed": 0}))
+    assert kept["heldout_sampled"] == {"run": 0}
+    assert "kept without a key, not checked: heldout" in capsys.readouterr().out
+
+
+def test_throughput_counts_a_rollout_batchs_wait_once_and_reaches_the_page():
+    from bench.studies.real_model import throughput
+
+    # Two rollout batches of 2 steps each: the rows repeat a batch's wait and generator rate.
+    rows = [
+        {
+            "version": 1,
+            "batch_wait_seconds": 30.0,
+            "step_seconds": 10.0,
+            "tokens": 1000,
+            "gen_tokens_per_second": 90.0,
+            "peak_rss_gib": 6.5,
+        },
+        {
+            "version": 2,
+            "batch_wait_seconds": 30.0,
+            "step_seconds": 10.0,
+            "tokens": 1000,
+            "gen_tokens_per_second": 90.0,
+            "peak_rss_gib": 7.0,
+        },
+        {
+            "version": 3,
+            "batch_wait_seconds": 10.0,
+            "step_seconds": 15.0,
+            "tokens": 500,
+            "gen_tokens_per_second": 110.0,
+            "peak_rss_gib": 7.25,
+        },
+        {
+            "version": 4,
+            "batch_wait_seconds": 10.0,
+            "step_seconds": 15.0,
+            "tokens": 500,
+            "gen_tokens_per_second": 110.0,
+            "peak_rss_gib": 7.25,
+        },
+    ]
+    tp = throughput(rows, 2, train_seconds=200.0)
+    assert tp == {
+        "learner_wait_s": 40.0,  # 30 + 10, not 80
+        "learner_wait_share": 0.2,
+        "learner_tokens_per_s_stepping": 60.0,  # 3000 tokens / 50 s
+        "generator_tokens_per_s": 100.0,
+        "learner_peak_rss_gib": 7.25,
+    }
+    rep = _rep(
+        {"heldout_sampled": _eval(0.25), "heldout_greedy": _eval(0.25)},
+        {"heldout_sampled": _eval(0.5), "heldout_greedy": _eval(0.5)},
+    )
+    rep["training"]["throughput"] = tp
+    page = render_page([rep])
+    assert "waited for batches 40.0 s (20% of training), trained 60.0 tokens/s" in page
+    assert "peak resident memory 7.25 GiB." in page
+    old = {**tp, "learner_peak_rss_gib": None}
+    assert "not recorded." in render_page([{**rep, "training": {**rep["training"], "throughput": old}}])

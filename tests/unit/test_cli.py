@@ -68,6 +68,20 @@ def test_config_show_refuses_what_the_buffer_would_refuse(capsys: pytest.Capture
     assert "Set buffer.capacity_groups >= 400, or lower learner.checkpoint_every" in err and "Traceback" not in err
 
 
+def test_run_refuses_a_precision_the_learner_cannot_train_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: bf16 at ZeRO stage 0 was refused only by the learner, after the buffer and the
+    generators had started (and loaded the model)."""
+    out = tmp_path / "run"
+    argv = ["run", "--quiet", "--set", "model.dtype=bfloat16", "--set", f'run.out_dir="{out}"']
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "set learner.zero_stage=1" in err and "Traceback" not in err
+    assert not out.exists()
+    assert main(["config", "show", "--set", "model.dtype=bfloat16"]) == 0  # evaluate may serve bf16
+
+
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "COMMAND" in capsys.readouterr().out

@@ -77,3 +77,16 @@ def test_unknown_preset_lists_the_valid_names() -> None:
         ValueError, match=r"unknown preset 'grpo'; valid presets: naive-grpo, \+overlong-filter"
     ):
         preset_overrides("grpo")
+
+
+def test_the_off_policy_family_is_found_by_name_but_algo_preset_names_table_1_only() -> None:
+    from stream_dapo.config import ConfigError, load_config
+    from stream_dapo.core.presets import OFFPOLICY_PRESETS, preset_family
+
+    assert list(OFFPOLICY_PRESETS) == ["token-tis", "geo-mask", "icepop", "gspo"]
+    assert preset_family("icepop") == "offpolicy" and preset_family("dapo") == "table1"
+    assert preset_overrides("icepop")["algo.is_mode"] == "icepop"
+    with pytest.raises(ValueError, match="valid presets: .*dapo, token-tis"):
+        preset_overrides("ppo")
+    with pytest.raises(ConfigError, match="algo.preset: unknown preset 'gspo'; valid presets: naive-grpo"):
+        load_config([], ['algo.preset="gspo"'], environ={})

@@ -825,7 +825,7 @@ def test_the_generator_takes_its_settings_and_collaborators_from_its_composition
     SharedDirPublisher(elsewhere).publish(serialize_weights({"w": torch.zeros(2)}, 9))
 
     class WeightsFromElsewhere(ConfiguredCollaborators):
-        def weight_source(self, relay_sent_metric: Any) -> WeightSource:
+        def weight_source(self, relay_metrics: Any) -> WeightSource:
             return SharedDirWeightSource(elsewhere)
 
     settings = dataclasses.replace(generator_settings(cfg, 2), out_dir=str(tmp_path / "out"))
@@ -840,3 +840,93 @@ def test_the_generator_takes_its_settings_and_collaborators_from_its_composition
         svc.close()
     assert read_bound_ports(tmp_path / "out", "generator-2") is not None, "ports under the injected out_dir"
     assert read_bound_ports(cfg.run.out_dir, "generator-2") is None, "not under the one the config names"
+
+
+# --------------------------------------------------------------------------------------------------
+# Shutdown
+# --------------------------------------------------------------------------------------------------
+
+
+class ClosingEngine:
+    """Only what `GeneratorService.close` asks of an engine."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class BrokenWeightSource:
+    """A weight source whose close fails the way the zmq source's did (EBADF from its shared memory)."""
+
+    def __init__(self) -> None:
+        self.closes = 0
+
+    def close(self) -> None:
+        self.closes += 1
+        raise OSError(9, "Bad file descriptor")
+
+
+def _stoppable_generator(tmp_path: Path, weights: Any) -> Any:
+    from stream_dapo.config import load_config
+    from stream_dapo.generator.root import build_generator
+
+    cfg = load_config(overrides=["metrics.generator_port=0", f'run.out_dir="{tmp_path}"'], environ={})
+    svc = build_generator(cfg)
+    svc.engine = ClosingEngine()
+    svc.weights = weights
+    return svc
+
+
+def test_a_generator_writes_its_final_metrics_and_closes_its_engine_when_a_shutdown_step_fails(
+    tmp_path: Path,
+) -> None:
+    """Regression: a real-model async run's generator wrote no final-metrics file (its figures in
+    async_vs_sync_smollm2-words.json came out null): its weight source's close raised EBADF, which
+    ended close() before the final metrics were written and before its engine was closed."""
+    import json
+
+    from stream_dapo.runtime.metrics import final_metrics_path
+
+    weights = BrokenWeightSource()
+    svc = _stoppable_generator(tmp_path, weights)
+    engine = svc.engine
+    svc.metrics.samples.inc(24)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        svc.close()
+    assert weights.closes == 1
+    assert engine.closed, "the engine is closed although the weight source failed to"
+    final = json.loads(final_metrics_path(tmp_path, "generator-0").read_text())
+    assert final["stream_dapo_generator_samples_total"] == 24.0
+
+
+def test_the_weight_source_stays_open_while_the_watcher_is_inside_a_poll(tmp_path: Path) -> None:
+    """A poll waits up to transport.timeout_s for a learner that has exited; close() must not close
+    the socket and shared memory that poll is using (the watcher thread got ENOTSOCK, close() EBADF)."""
+    import threading
+
+    polling, let_go = threading.Event(), threading.Event()
+
+    def poll(have: int) -> WeightUpdate | None:
+        polling.set()
+        let_go.wait()
+        return None
+
+    class Source(BrokenWeightSource):
+        def close(self) -> None:
+            self.closes += 1
+
+    weights = Source()
+    svc = _stoppable_generator(tmp_path, weights)
+    svc.watcher = WeightWatcher(poll, poll_s=0.0, have=0)
+    svc.watcher.stop_wait_s = 0.0  # it cannot end before let_go: no need to wait for it
+    svc.watcher.start()
+    assert polling.wait(10)
+    try:
+        svc.close()
+        assert weights.closes == 0, "closed under the watcher's poll"
+        assert svc.engine.closed
+    finally:
+        let_go.set()
+    svc.watcher.stop_wait_s = 60.0
+    assert svc.watcher.stop(), "once its poll returns the watcher ends"

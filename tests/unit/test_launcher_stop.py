@@ -133,3 +133,51 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# A stand-in service that, on SIGTERM, does what argv[3] says: "ignore" (keeps running until killed),
+# "fail" (exits 3) or "drain" (writes its final metrics and exits 0).
+ENDING = r"""
+import json, os, signal, sys
+name, folder, how = sys.argv[1], sys.argv[2], sys.argv[3]
+def on_term(*_):
+    if how == "ignore":
+        return
+    if how == "drain":
+        os.makedirs(os.path.join(folder, "final-metrics"), exist_ok=True)
+        with open(os.path.join(folder, "final-metrics", name + ".json"), "w") as f:
+            json.dump({"x_total": 1.0}, f)
+    sys.exit(3 if how == "fail" else 0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(folder, "ready-" + name), "w").close()
+while True:
+    signal.pause()
+"""
+
+
+def test_the_summary_names_each_service_killed_or_failed_at_stop_and_its_missing_final_metrics(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a generator that died in its shutdown (exit 1, EBADF) or was killed at its bound
+    left no final metrics, and nothing in the run said so: its figures in a benchmark came out null."""
+    sup = Supervisor(tmp_path)
+    ending = {"generator-0": "ignore", "learner": "fail", "buffer": "drain"}
+    for name, how in ending.items():
+        sup.start(name, [sys.executable, "-c", ENDING, name, str(tmp_path), how], env={"PATH": ""})
+    for name in ending:
+        while not (tmp_path / f"ready-{name}").exists():
+            assert all(c.popen.poll() is None for c in sup.children), "a stand-in died at start-up"
+            threading.Event().wait(0.01)
+    # It ignores SIGTERM, so any bound expires: a short one only keeps the test short.
+    sup.stop_all({"generator": 0.2, "learner": 600, "buffer": 600})
+    assert launch.service_stops(sup.stops, tmp_path) == {
+        "generator-0": {"exit_code": -signal.SIGKILL, "killed": True, "final_metrics": False},
+        "learner": {"exit_code": 3, "killed": False, "final_metrics": False},
+        "buffer": {"exit_code": 0, "killed": False, "final_metrics": True},
+    }
+    said = caplog.text
+    assert "generator-0 did not stop within" in said and "killing it" in said
+    assert "learner exited with code 3 while stopping" in said
+    assert "generator-0 wrote no final metrics (it was killed)" in said
+    assert "learner wrote no final metrics (it exited with code 3)" in said
+    assert "buffer wrote no final metrics" not in said

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_observe_many_adds_what_as_many_single_observations_add() -> None:
     from prometheus_client import CollectorRegistry, Histogram
@@ -40,3 +42,28 @@ def test_learner_off_policy_gauges_show_the_masked_share_and_the_sequence_ratio_
     assert value("stream_dapo_learner_sequence_ratio", {"stat": "max"}) == 1.2247
     mx.set_off_policy(0.0, None, None)  # a step that trained no token
     assert math.isnan(value("stream_dapo_learner_sequence_ratio", {"stat": "max"}))
+
+
+@pytest.mark.process
+def test_peak_rss_bytes_grows_by_what_the_process_touched() -> None:
+    """In a fresh process: touching 256 MiB raises the peak by at least 200 MiB,
+    and the figure never falls when the memory is freed."""
+    import subprocess
+    import sys
+
+    code = (
+        "from stream_dapo.runtime.metrics import peak_rss_bytes\n"
+        "before = peak_rss_bytes()\n"
+        "block = bytearray(256 << 20)\n"
+        "for i in range(0, len(block), 4096): block[i] = 1\n"
+        "during = peak_rss_bytes()\n"
+        "del block\n"
+        "print(before, during, peak_rss_bytes())\n"
+    )
+    # Through sh, so the child is a fork of a small shell: Linux keeps a process's peak across exec
+    # and starts a fork's at its parent's resident size, which for pytest may be gigabytes.
+    argv = ["sh", "-c", '"$0" -c "$1"; exit $?', sys.executable, code]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    before, during, after = map(int, out.split())
+    assert during - before >= 200 << 20
+    assert after == during

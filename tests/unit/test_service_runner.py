@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,24 @@ def test_release_runs_the_steps_in_order_and_skips_what_was_never_opened() -> No
     assert done == ["sockets", "context"]
     with pytest.raises(TypeError, match="callables"):
         release([])  # a falsy resource is not silently taken for "never opened"
+
+
+def test_release_runs_every_step_when_one_fails_and_raises_the_first_failure() -> None:
+    """Regression: a generator's weight source that failed to close (EBADF) ended `release` there,
+    so its vLLM engine and verifier pool were never closed."""
+    from stream_dapo.runtime.service_runner import release
+
+    done: list[str] = []
+
+    def fails(what: str) -> Callable[[], None]:
+        def step() -> None:
+            done.append(what)
+            raise OSError(9, f"{what} failed")
+
+        return step
+
+    with pytest.raises(OSError, match="weights failed"):
+        release(
+            fails("weights"), lambda: done.append("engine"), fails("verifier"), lambda: done.append("ctx")
+        )
+    assert done == ["weights", "engine", "verifier", "ctx"]

@@ -1,4 +1,4 @@
-"""Endpoints over real ZeroMQ sockets on loopback TCP."""
+"""Endpoints over real ZeroMQ sockets on loopback TCP (and ipc, where a test counts every rejection)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,9 +51,16 @@ def unserved_tcp_address() -> Iterator[str]:
         yield f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def server(ctx: zmq.Context[Any], **kwargs: Any) -> Endpoint:
+@pytest.fixture
+def private(tmp_path: Path) -> str:
+    """An ipc address only this test can reach. Tests that count every rejection exactly bind it: on
+    TCP any process on the machine may connect to a (reused) port and send something."""
+    return f"ipc://{tmp_path}/server"
+
+
+def server(ctx: zmq.Context[Any], address: str = ANY_PORT, **kwargs: Any) -> Endpoint:
     kwargs.setdefault("max_bytes", 1 << 20)
-    return open_endpoint(ctx, zmq.ROUTER, bind=ANY_PORT, peer="generator", **kwargs)
+    return open_endpoint(ctx, zmq.ROUTER, bind=address, peer="generator", **kwargs)
 
 
 def client(ctx: zmq.Context[Any], address: str, **kwargs: Any) -> Endpoint:
@@ -74,8 +82,10 @@ def a_group(group_id: str) -> Group:
     return Group(group_id, "p-1", "gen-0", "7", np.array([9, 8], dtype=np.int32), 12.5, [sample, sample])
 
 
-def test_groups_request_reply_round_trips_between_dealer_and_router(ctx: zmq.Context[Any]) -> None:
-    with server(ctx) as srv, client(ctx, srv.address) as cli:
+def test_groups_request_reply_round_trips_between_dealer_and_router(
+    ctx: zmq.Context[Any], private: str
+) -> None:
+    with server(ctx, private) as srv, client(ctx, srv.address) as cli:
         sent = [a_group("g-1"), a_group("g-2")]
         cli.send(m.Groups("gen-0", sent))
         got = srv.recv(WAIT_MS)
@@ -92,9 +102,9 @@ def test_groups_request_reply_round_trips_between_dealer_and_router(ctx: zmq.Con
 
 
 def test_a_garbage_frame_is_counted_answered_and_the_next_message_still_arrives(
-    ctx: zmq.Context[Any],
+    ctx: zmq.Context[Any], private: str
 ) -> None:
-    with server(ctx) as srv, client(ctx, srv.address) as cli:
+    with server(ctx, private) as srv, client(ctx, srv.address) as cli:
         cli.socket.send(b"\xc1 not msgpack")
         cli.send(m.Hello("gen-0", 1))
         got = srv.recv(WAIT_MS)
@@ -107,8 +117,10 @@ def test_a_garbage_frame_is_counted_answered_and_the_next_message_still_arrives(
         assert err[1].body.reason == "malformed"
 
 
-def test_oversized_and_multi_frame_messages_are_counted_by_reason(ctx: zmq.Context[Any]) -> None:
-    with server(ctx, max_bytes=1000, reply_errors=False) as srv, client(ctx, srv.address) as cli:
+def test_oversized_and_multi_frame_messages_are_counted_by_reason(
+    ctx: zmq.Context[Any], private: str
+) -> None:
+    with server(ctx, private, max_bytes=1000, reply_errors=False) as srv, client(ctx, srv.address) as cli:
         cli.send(m.Chunk(1, 0, b"x" * 2000))
         cli.socket.send_multipart(
             [b"", encode(m.Hello("gen-0", 1))]
@@ -120,10 +132,12 @@ def test_oversized_and_multi_frame_messages_are_counted_by_reason(ctx: zmq.Conte
         assert cli.recv(0) is None  # reply_errors=False: nothing was sent back
 
 
-def test_a_frame_far_beyond_the_limit_is_never_read_whole_the_connection_drops(ctx: zmq.Context[Any]) -> None:
+def test_a_frame_far_beyond_the_limit_is_never_read_whole_the_connection_drops(
+    ctx: zmq.Context[Any], private: str
+) -> None:
     """ZMQ_MAXMSGSIZE: up to twice the limit a message is read and refused as `oversized`; a larger
     frame makes libzmq drop the connection instead of buffering it (the peer reconnects)."""
-    with server(ctx, max_bytes=1000, reply_errors=False) as srv, client(ctx, srv.address) as cli:
+    with server(ctx, private, max_bytes=1000, reply_errors=False) as srv, client(ctx, srv.address) as cli:
         assert srv.socket.maxmsgsize == 2 * 1000 + OVERSIZE_SLACK_BYTES
         cli.send(m.Chunk(1, 0, b"x" * 1500))  # over the limit, under the socket's bound
         cli.socket.send(b"\0" * (4 << 20))  # 4 MiB: far beyond both
@@ -134,9 +148,9 @@ def test_a_frame_far_beyond_the_limit_is_never_read_whole_the_connection_drops(c
 
 
 def test_rejections_are_logged_once_per_interval(
-    ctx: zmq.Context[Any], caplog: pytest.LogCaptureFixture
+    ctx: zmq.Context[Any], caplog: pytest.LogCaptureFixture, private: str
 ) -> None:
-    with server(ctx, reply_errors=False) as srv, client(ctx, srv.address) as cli:
+    with server(ctx, private, reply_errors=False) as srv, client(ctx, srv.address) as cli:
         for _ in range(5):
             cli.socket.send(b"\xc1")
         cli.send(m.Hello("gen-0", 1))

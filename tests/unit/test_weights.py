@@ -107,15 +107,18 @@ def test_pruned_version_is_reported_gone_and_bad_requests_do_not_stop_the_server
         assert reply.type == messages.CHUNK and reply.body.index == 0
 
 
-def test_refused_requests_are_counted_by_reason_in_the_learners_metrics() -> None:
+def test_refused_requests_are_counted_by_reason_in_the_learners_metrics(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry
 
     from stream_dapo.runtime.metrics import LearnerMetrics
 
     registry = CollectorRegistry()
     metrics = LearnerMetrics(registry)
+    # An ipc address only this test can reach: on TCP any process on the machine may connect to the
+    # port and send something, and this test counts every rejection exactly (CI once saw a second
+    # "malformed" from a stranger on a reused port).
     with WeightServer(
-        "tcp://127.0.0.1:*", chunk_bytes=CHUNK, rejected_metric=metrics.messages_rejected
+        f"ipc://{tmp_path}/weights", chunk_bytes=CHUNK, rejected_metric=metrics.messages_rejected
     ) as srv:
         srv.publish(payload_of(0, version=1))
         ctx = zmq.Context.instance()
@@ -289,6 +292,38 @@ class _MemoryEngine:
     def update_weights_from_image(self, image: Any, version: int) -> float:
         self.loaded.append((bytes(image), version))
         return 0.5
+
+
+def test_the_factory_hands_the_generators_relay_metrics_to_its_relay_and_source(tmp_path: Path) -> None:
+    """Nothing is contacted (the source binds and connects at its first poll): the counters reach
+    the relay and the source, and every reason a relay is dropped for is exported at 0 from the start."""
+    from prometheus_client import CollectorRegistry
+
+    from stream_dapo.config import load_config
+    from stream_dapo.runtime.metrics import GeneratorMetrics
+    from stream_dapo.weights.base import RelayMetrics
+    from stream_dapo.weights.factory import make_source
+    from stream_dapo.weights.zmq_chunks import ZmqWeightSource
+    from stream_dapo.weights.zmq_chunks.peers import DROPPED
+
+    cfg = load_config(
+        overrides=["weights.method=zmq", "weights.peer_fanout=2", f'run.out_dir="{tmp_path}"'], environ={}
+    )
+    registry = CollectorRegistry()
+    mx = GeneratorMetrics(registry)
+    source = make_source(
+        cfg, 0, RelayMetrics(mx.weight_relay_sent_bytes, mx.connections_refused, mx.weight_relays_dropped)
+    )
+    try:
+        assert isinstance(source, ZmqWeightSource) and source.relay is not None
+        assert source.relay.sent_metric is mx.weight_relay_sent_bytes
+        assert source.relay.refused_metric is mx.connections_refused
+        assert source.dropped_metric is mx.weight_relays_dropped
+        for reason in DROPPED:
+            labels = {"reason": reason}
+            assert registry.get_sample_value("stream_dapo_generator_weight_relays_dropped_total", labels) == 0
+    finally:
+        source.close()
 
 
 def test_the_factory_builds_each_methods_two_ends_and_they_meet(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 import torch
 import zmq
@@ -20,8 +21,10 @@ from stream_dapo.transport.codec import decode, encode
 from stream_dapo.weights import ChecksumMismatch, WeightServer, serialize_weights
 from stream_dapo.weights.delta import (
     DeltaError,
+    DigestName,
     HeldWeights,
     apply_xor_delta,
+    chunk_digest,
     chunk_digests,
     state_checksum,
     xor_delta,
@@ -99,7 +102,7 @@ def test_a_windowed_stream_assembles_the_published_bytes_exactly(server: WeightS
     assert got.wire_bytes == payload.total_bytes == server.stats["bytes"]
     assert server.stats["chunks"] == n
     assert got.digests == [
-        hashlib.sha256(payload.data[i : i + CHUNK]).digest() for i in range(0, len(payload.data), CHUNK)
+        blake3.blake3(payload.data[i : i + CHUNK]).digest() for i in range(0, len(payload.data), CHUNK)
     ]
     # Holding it, there is nothing to fetch; with nothing published, there is nothing at all.
     again = fetch(server.address, have=5)
@@ -108,25 +111,44 @@ def test_a_windowed_stream_assembles_the_published_bytes_exactly(server: WeightS
         assert fetch(empty.address, have=-1) is None
 
 
-def test_the_manifest_carries_chunk_digests_and_the_full_state_checksum(server: WeightServer) -> None:
-    payload = serialize_weights(state(1), 2)
-    server.publish(payload)
-    ep = connect_weight_server(server.address)
+def _query(address: str) -> messages.Body:
+    """The weight server's answer to one weights query."""
+    ep = connect_weight_server(address)
     try:
         ep.send(messages.WeightsQuery(0), request_id=1)
         got = ep.recv(5000)
     finally:
         ep.close()
     assert got is not None
-    manifest = got[1].body
+    return got[1].body
+
+
+def test_the_manifest_carries_chunk_digests_and_the_full_state_checksum(server: WeightServer) -> None:
+    payload = serialize_weights(state(1), 2)
+    server.publish(payload)
+    manifest = _query(server.address)
     assert isinstance(manifest, messages.WeightsManifest)
     digests = [
-        hashlib.sha256(payload.data[i : i + CHUNK]).digest() for i in range(0, payload.total_bytes, CHUNK)
+        blake3.blake3(payload.data[i : i + CHUNK]).digest() for i in range(0, payload.total_bytes, CHUNK)
     ]
+    assert manifest.digest == "blake3"
     assert manifest.chunk_digests == digests
     assert manifest.state_checksum == hashlib.sha256(b"".join(digests)).hexdigest()
     assert manifest.checksum == hashlib.sha256(payload.data).hexdigest()
     assert manifest.published_at > 0
+
+
+def test_a_server_with_sha256_digests_as_before_blake3_is_fetched_bit_for_bit() -> None:
+    payload = serialize_weights(state(2), 3)
+    with WeightServer("tcp://127.0.0.1:*", chunk_bytes=CHUNK, digest="sha256") as old:
+        old.publish(payload)
+        # The manifest servers sent before the digest field: no "digest" key on the wire.
+        assert b"\xa6digest" not in encode(_query(old.address))
+        got = fetch(old.address, have=-1)
+    assert got is not None and got.data is not None and bytes(got.data) == payload.data
+    assert got.digests == [
+        hashlib.sha256(payload.data[i : i + CHUNK]).digest() for i in range(0, payload.total_bytes, CHUNK)
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,14 +318,16 @@ class CorruptingRelay:
         self.ctx.term()
 
 
-def test_a_chunk_damaged_once_is_asked_for_again_and_the_version_is_exact(server: WeightServer) -> None:
+@pytest.mark.parametrize("digest", ["blake3", "sha256"])
+def test_a_chunk_damaged_once_is_asked_for_again_and_the_version_is_exact(digest: DigestName) -> None:
     payload = serialize_weights(state(3), 1)
-    server.publish(payload)
-    relay = CorruptingRelay(server.address, lambda index, attempt: index == 2 and attempt == 0)
-    try:
-        got = fetch(relay.address, have=-1)
-    finally:
-        relay.close()
+    with WeightServer("tcp://127.0.0.1:*", chunk_bytes=CHUNK, digest=digest) as server:
+        server.publish(payload)
+        relay = CorruptingRelay(server.address, lambda index, attempt: index == 2 and attempt == 0)
+        try:
+            got = fetch(relay.address, have=-1)
+        finally:
+            relay.close()
     assert got is not None and got.data is not None and bytes(got.data) == payload.data
     assert got.retried_chunks == 1
     assert relay.seen[2] == 2  # chunk 2 travelled twice, every other chunk once
@@ -363,8 +387,27 @@ def test_the_full_state_checksum_is_the_hash_of_the_chunk_digests() -> None:
     data = bytes(range(256)) * 40  # 10,240 bytes: chunks of 4096, 4096, 2048
     digests = chunk_digests(data, CHUNK)
     assert [len(d) for d in digests] == [32, 32, 32]
-    assert digests[2] == hashlib.sha256(data[8192:]).digest()
+    assert digests[2] == blake3.blake3(data[8192:]).digest()
     assert state_checksum(digests) == hashlib.sha256(b"".join(digests)).hexdigest()
+
+
+def test_chunk_digests_are_the_named_hash_of_each_chunk_in_order_on_any_number_of_threads() -> None:
+    # The published empty-input vectors of BLAKE3 and sha256.
+    assert (
+        chunk_digest(b"", "blake3").hex()
+        == "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    )
+    assert (
+        chunk_digest(b"", "sha256").hex()
+        == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    )
+    data = bytes(range(256)) * 81  # 20,736 bytes: five chunks of 4096 and one of 256
+    for digest, hash_ in (("blake3", blake3.blake3), ("sha256", hashlib.sha256)):
+        want = [hash_(data[lo : lo + CHUNK]).digest() for lo in range(0, len(data), CHUNK)]
+        for threads in (1, 2, 7):
+            assert chunk_digests(data, CHUNK, digest, threads) == want  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown chunk digest 'md5'"):
+        chunk_digest(b"", "md5")  # type: ignore[arg-type]
 
 
 def test_the_safetensors_view_gives_the_tensors_safetensors_loads_without_copying() -> None:

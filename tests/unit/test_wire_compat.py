@@ -38,3 +38,16 @@ def test_the_old_bytes_decode_to_equal_structs(name: str) -> None:
     assert (msg.type, msg.request_id) == (body.TYPE, request_id)
     assert type(msg.body) is type(body)
     assert msg.body == body
+
+
+def test_a_sha256_manifest_is_sent_as_before_and_a_blake3_one_names_its_digest() -> None:
+    digests = [bytes([i]) * 32 for i in range(3)]
+    old = m.WeightsManifest.of(7, "ab" * 32, 10, 4, chunk_digests=digests, state_checksum="cd" * 32)
+    assert old.digest == "sha256" and b"\xa6digest" not in encode(old)  # as servers before the field sent it
+    new = m.WeightsManifest.of(
+        7, "ab" * 32, 10, 4, chunk_digests=digests, state_checksum="cd" * 32, digest="blake3"
+    )
+    wire = encode(new)
+    assert wire.endswith(b"\xa6digest\xa6blake3")  # the last field, after the ones older peers know
+    assert decode(wire, max_bytes=1 << 20).body == new
+    assert decode(encode(old), max_bytes=1 << 20).body.digest == "sha256"

@@ -6,6 +6,13 @@ paper's direction::
 
     stream-dapo ablate --seeds 3 --budget 40 --out runs/ablation
     stream-dapo ablate --presets naive-grpo,dapo --seeds 1 --set learner.lr=2e-4
+    stream-dapo ablate --presets token-tis,geo-mask,icepop,gspo --dry-run
+
+``--presets`` takes either family of `stream_dapo.core.presets`: Table 1's rows (the default) or the
+off-policy corrections (token-tis, geo-mask, icepop, gspo; bench/studies/offpolicy.py runs them on
+the long-CoT recipe with a staleness bound that binds). Table 1's rows are compared with the paper
+and with naive-grpo; other presets with the first one selected. ``--dry-run`` prints every cell's
+command and whether a finished cell is there already, and runs nothing.
 
 What a cell is:
 
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 from stream_dapo.tools.ablate.cells import (
     Plan,
+    PlannedCell,
     build_report,
     cell_is_done,
     cell_overrides,
@@ -52,6 +60,7 @@ from stream_dapo.tools.ablate.cells import (
     freeze_base_config,
     load_cell,
     model_key,
+    planned_cells,
     read_curves,
     run_cell,
     run_child,
@@ -85,6 +94,7 @@ __all__ = [
     "CellResult",
     "CurvePoint",
     "Plan",
+    "PlannedCell",
     "SPARSE_CURVES",
     "Spread",
     "TARGET_METRIC",
@@ -104,6 +114,7 @@ __all__ = [
     "load_cell",
     "mean_curve",
     "model_key",
+    "planned_cells",
     "plot_curves",
     "preset_changes",
     "read_curves",

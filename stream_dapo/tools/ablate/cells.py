@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stream_dapo.config import Config, config_to_toml, load_config
-from stream_dapo.core.presets import preset_overrides
+from stream_dapo.core.presets import PRESETS, preset_overrides
 from stream_dapo.tools.ablate.render import render_markdown, to_json
 from stream_dapo.tools.ablate.settings import (
     _NEUTRAL_SETTINGS,
@@ -39,8 +39,9 @@ log = logging.getLogger("stream_dapo.tools.ablate")
 
 
 def cell_overrides(preset: str, seed: int, budget: int, cell_dir: Path) -> list[str]:
-    """The ``--set`` overrides that make a cell: preset switches (explicitly), seeds, budget, out_dir."""
-    sets = [f"algo.preset={_toml_value(preset)}"]
+    """The ``--set`` overrides that make a cell: preset switches (explicitly), seeds, budget, out_dir.
+    ``algo.preset`` is set too for Table 1's rows (the only presets that key names)."""
+    sets = [f"algo.preset={_toml_value(preset)}"] if preset in PRESETS else []
     sets += [f"{k}={_toml_value(v)}" for k, v in preset_overrides(preset).items()]
     sets += [
         f"generator.seed={seed}",
@@ -336,6 +337,38 @@ def _cell_line(i: int, total: int, cell: CellResult, before: Mapping[str, Any]) 
     )
 
 
+@dataclass(frozen=True)
+class PlannedCell:
+    """One cell of a plan as ``--dry-run`` shows it: what would run, and whether it is done already."""
+
+    preset: str
+    seed: int
+    cell_dir: Path
+    fingerprint: str
+    done: bool
+    argv: list[str]
+
+
+def planned_cells(plan: Plan) -> list[PlannedCell]:
+    """Every cell of ``plan`` in run order (seed-major), with the `stream-dapo run` command it would
+    start and whether a finished cell with its fingerprint is there already. Builds, trains and
+    writes nothing; the starting model's weights are hashed when it exists (no model yet: no cell
+    can be done)."""
+    cells: list[PlannedCell] = []
+    key: str | None = None
+    for seed in plan.seeds:
+        for preset in plan.presets:
+            cfg, sets = plan.cell_config(preset, seed)
+            if not cells:
+                key = model_key(cfg)  # every cell starts from one model: hash it once
+            fp = config_fingerprint(cfg, key)
+            cell_dir = plan.cell_dir(preset, seed)
+            done = key is not None and cell_is_done(cell_dir, fp)
+            argv = plan.child_argv("run", sets, "--quiet")
+            cells.append(PlannedCell(preset, seed, cell_dir, fp, done, argv))
+    return cells
+
+
 def done_cells(plan: Plan) -> tuple[dict[str, Any], list[CellResult], list[tuple[str, int]]]:
     """For --report-only: the before-eval and the finished cells found in plan.out, and the
     (preset, seed) pairs not finished there. Nothing is trained, evaluated or built."""
@@ -364,5 +397,3 @@ def done_cells(plan: Plan) -> tuple[dict[str, Any], list[CellResult], list[tuple
             else:
                 missing.append((preset, seed))
     return before, cells, missing
-
-

@@ -52,17 +52,25 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     """ablation.md from the ablation.json payload."""
     meta, rows, before = report["meta"], report["presets"], report.get("eval_before")
     k = meta.get("k", "k")
+    # Table 1's rows are compared with the paper and with naive GRPO; other presets (the off-policy
+    # arms) with the first row of the table.
+    table1 = any(r.get("paper_aime_avg32") is not None for r in rows.values())
+    base = "naive-grpo" if "naive-grpo" in rows or not rows else next(iter(rows))
+    delta_key = "delta_vs_naive_grpo" if base == "naive-grpo" else "delta_vs_baseline"
     lines = [
-        "# DAPO Table 1 ablation, measured at this config's scale",
+        "# DAPO Table 1 ablation, measured at this config's scale"
+        if table1
+        else f"# Ablation of {', '.join(rows)}, measured at this config's scale",
         "",
         f"`stream-dapo ablate`: presets {', '.join(rows)}; seeds {meta['seeds']}; "
         f"{meta['budget']} optimizer steps per run; config {', '.join(meta['config_files'])}"
         + (f" with {' '.join('--set ' + o for o in meta['overrides'])}" if meta["overrides"] else "")
         + ".",
         f"Eval after training: avg@{k} and pass@{k} over {meta.get('eval_prompts', '?')} eval prompts; "
-        "mean ± sample std over seeds (no ± with one seed). Paper: AIME 2024 avg@32, Qwen2.5-32B.",
+        "mean ± sample std over seeds (no ± with one seed)."
+        + (" Paper: AIME 2024 avg@32, Qwen2.5-32B." if table1 else ""),
         "",
-        f"| preset | adds | avg@{k} (%) | pass@{k} (%) | Δ avg@{k} vs naive-grpo (pts) | "
+        f"| preset | adds | avg@{k} (%) | pass@{k} (%) | Δ avg@{k} vs {base} (pts) | "
         f"paper AIME avg@32 | samples generated | eval truncation (%) | seeds |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -76,11 +84,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         paper = r["paper_aime_avg32"]
         lines.append(
             f"| {name} | {r['adds']} | {_pct(_spread_of(r['avg_at_k']))} | {_pct(_spread_of(r['pass_at_k']))} "
-            f"| {_signed_pts(_spread_of(r['delta_vs_naive_grpo']))} | {paper if paper is not None else '—'} "
+            f"| {_signed_pts(_spread_of(r.get(delta_key)))} | {paper if paper is not None else '—'} "
             f"| {_count(_spread_of(r['samples_generated']))} | {_pct(_spread_of(r['truncation_rate']), 2)} "
             f"| {len(r['seeds_done'])}{failed} |"
         )
-    lines += _direction_section(rows, k)
+    lines += _direction_section(rows, k) if table1 else []
     lines += _target_section(rows)
     lines += _curve_section(rows)
     lines += _notes(meta)
@@ -223,8 +231,11 @@ def to_json(obj: Any) -> Any:
 # --------------------------------------------------------------------------------------------------
 
 
-def plot_curves(rows: Mapping[str, Mapping[str, Any]], out_dir: Path) -> tuple[list[Path], str | None]:
-    """One PNG per CURVE_METRICS key, one line per preset. Returns (files, why none were drawn)."""
+def plot_curves(
+    rows: Mapping[str, Mapping[str, Any]], out_dir: Path, metrics: Mapping[str, str] = CURVE_METRICS
+) -> tuple[list[Path], str | None]:
+    """One PNG per ``metrics`` key (each row's ``curves[key]``: CurvePoints), one line per preset.
+    Returns (files, why none were drawn)."""
     try:
         import matplotlib
 
@@ -235,7 +246,7 @@ def plot_curves(rows: Mapping[str, Mapping[str, Any]], out_dir: Path) -> tuple[l
         return [], "matplotlib is not installed (pip install -e '.[bench]')"
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
-    for metric, title in CURVE_METRICS.items():
+    for metric, title in metrics.items():
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for preset, row in rows.items():
             points = [p if isinstance(p, CurvePoint) else CurvePoint(**p) for p in row["curves"][metric]]
@@ -259,5 +270,3 @@ def plot_curves(rows: Mapping[str, Mapping[str, Any]], out_dir: Path) -> tuple[l
         plt.close(fig)
         files.append(path)
     return files, None
-
-

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from stream_dapo.config import SftConfig
-from stream_dapo.core.presets import PRESETS, preset_overrides
+from stream_dapo.core.presets import PRESET_FAMILIES, preset_family, preset_overrides
 
 CURVE_METRICS: dict[str, str] = {
     "accuracy": "training-batch accuracy",
@@ -74,23 +74,27 @@ it counts, so cells that ran with and without it never share a table."""
 
 
 def preset_changes(name: str) -> dict[str, tuple[object, object]]:
-    """What preset ``name`` changes relative to the row above it: key -> (before, after).
+    """What preset ``name`` changes relative to the row it is read against: key -> (before, after).
 
-    The first row (the baseline) changes nothing.
+    Table 1's rows are cumulative, so each is read against the row above it; the off-policy arms
+    are alternatives, so each is read against its family's first arm (token-tis). A family's first
+    row (the baseline) changes nothing.
     """
     current = preset_overrides(name)  # raises for an unknown name
-    names = list(PRESETS)
+    family = preset_family(name)
+    names = list(PRESET_FAMILIES[family])
     index = names.index(name)
     if index == 0:
         return {}
-    previous = PRESETS[names[index - 1]]
+    previous = PRESET_FAMILIES[family][names[index - 1] if family == "table1" else names[0]]
     return {k: (previous.get(k), v) for k, v in current.items() if previous.get(k) != v}
 
 
 def describe_changes(name: str) -> str:
     changes = preset_changes(name)
     if not changes:
-        return "baseline: " + ", ".join(f"{k.split('.')[-1]}={v}" for k, v in PRESETS[name].items())
+        switches = PRESET_FAMILIES[preset_family(name)][name]
+        return "baseline: " + ", ".join(f"{k.split('.')[-1]}={v}" for k, v in switches.items())
     return ", ".join(f"{k.split('.')[-1]} {a} → {b}" for k, (a, b) in changes.items())
 
 

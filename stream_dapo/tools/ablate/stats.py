@@ -129,8 +129,8 @@ def aggregate(
     target: float | None = None,
     group_size: int | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Per preset: spreads over seeds of the eval and run figures, Δ avg@k vs naive-grpo and vs the
-    preset above it (paired by seed), the paper's score, and the mean curves. With ``target``: the
+    """Per preset: spreads over seeds of the eval and run figures, Δ avg@k vs naive-grpo, vs the
+    preset above it and vs the first preset (the baseline; all paired by seed), the paper's score, and the mean curves. With ``target``: the
     steps and seconds until TARGET_METRIC reaches it (``time_to_target``); with ``group_size``:
     samples generated per sample trained (what dynamic sampling costs)."""
     by_preset = {p: [c for c in cells if c.preset == p] for p in presets}
@@ -152,6 +152,7 @@ def aggregate(
             _paired_delta(by_preset["naive-grpo"], mine) if "naive-grpo" in by_preset else None
         )
         entry["delta_vs_previous"] = _paired_delta(by_preset[presets[i - 1]], mine) if i > 0 else None
+        entry["delta_vs_baseline"] = _paired_delta(by_preset[presets[0]], mine) if i > 0 else None
         entry["curves"] = {
             m: mean_curve([c.curves.get(m, {}) for c in ok], SPARSE_CURVES.get(m)) for m in CURVE_METRICS
         }
