@@ -561,7 +561,9 @@ class WeightsConfig(_Section):
     generator without a usable base (a late joiner, a resumed learner's other lineage, a base the
     learner no longer keeps) gets the full image. Costs each generator one more copy of the weights
     in host memory (the base) and the learner the XOR + zlib of each changed chunk, once per
-    version. Measured in docs/RESULTS.md (weight sync)."""
+    version (against the version before, on 2 threads as it is published). Slower than the full
+    image on a link faster than about 3 Gb/s: see docs/operations.md. Measured in docs/RESULTS.md
+    (weight sync)."""
     peer_fanout: int = Field(0, ge=0, le=16)
     """Method zmq: generators pass each version on to each other in a relay tree with this many
     children per generator, so the learner sends about one copy of a version whatever the number of

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,15 @@ from stream_dapo.transport.sockets import (
     open_endpoint,
 )
 from stream_dapo.weights.base import WeightsPayload
-from stream_dapo.weights.delta import DIGEST, DigestName, chunk_digests, chunk_span, state_checksum, xor_delta
+from stream_dapo.weights.delta import (
+    DIGEST,
+    HASH_THREADS,
+    DigestName,
+    chunk_digests,
+    chunk_span,
+    state_checksum,
+    xor_delta,
+)
 from stream_dapo.weights.fanout import REQUEST_MAX_BYTES, RelayTree
 
 if TYPE_CHECKING:
@@ -63,7 +72,10 @@ class WeightServer:
     caller) and used only by the serving thread afterwards. ``rejected_metric``, a Prometheus counter
     with a ``reason`` label (the learner's ``messages_rejected``), counts refused requests as
     `rejected` does; ``sent_metric`` (label ``encoding``: raw, xor_zlib) the chunk bytes sent.
-    ``delta``: answer requests that name a base with XOR deltas where they are smaller.
+    ``delta``: answer requests that name a base with XOR deltas where they are smaller; the deltas
+    of each new version against the one before it (the base a generator that kept up holds) are
+    computed as it is published, on `HASH_THREADS` threads, not one by one on the serving thread
+    as the requests come.
     ``peer_fanout`` > 0: manifests name the peers (generators' relays) to fetch the chunks from, in
     a tree of that many children per relay (`stream_dapo.weights.fanout`); 0: every generator
     fetches from here. ``digest``: the chunk digest its manifests use (`stream_dapo.weights.delta`;
@@ -112,8 +124,10 @@ class WeightServer:
         self.digest: DigestName = digest
         self._tree = RelayTree(peer_fanout) if peer_fanout else None  # serving thread only
         self._payloads: OrderedDict[int, _Published] = OrderedDict()
-        self._deltas: dict[tuple[int, int], dict[int, bytes | None]] = {}
-        """(version, base) -> chunk index -> its delta, or None where raw is smaller (serving thread only)."""
+        self._deltas: dict[tuple[int, int], dict[int, Future[bytes | None]]] = {}
+        """(version, base) -> chunk index -> its delta, or None where raw is smaller; computed at
+        publish against the version before (`_prepare_deltas`) or when first asked (under _lock)."""
+        self._delta_pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -165,6 +179,8 @@ class WeightServer:
                 ),
                 log,
             )
+        if self.delta:
+            self._delta_pool = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="weights-delta")
         self._thread = threading.Thread(target=self._serve, name="weight-server", daemon=True)
         self._thread.start()
         log.info("weight server listening on %s (chunks of %d bytes)", self.address, self.chunk_bytes)
@@ -174,7 +190,9 @@ class WeightServer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        pool, self._delta_pool = self._delta_pool, None
         release(
+            pool and (lambda: pool.shutdown(wait=True, cancel_futures=True)),
             self._refused and self._refused.close,
             self._endpoint and self._endpoint.close,
             self._auth and self._auth.stop,
@@ -207,6 +225,7 @@ class WeightServer:
         digests = chunk_digests(payload.data, self.chunk_bytes, self.digest)
         published = _Published(payload, digests, state_checksum(digests), time.time())
         with self._lock:
+            before = self._payloads[next(reversed(self._payloads))] if self._payloads else None
             if self._payloads and payload.version < next(reversed(self._payloads)):
                 log.warning(
                     "publishing version %d after %d: the learner went back to an older checkpoint",
@@ -218,6 +237,40 @@ class WeightServer:
             self._payloads.move_to_end(payload.version)
             while len(self._payloads) > self.keep:
                 self._payloads.popitem(last=False)
+            self._forget_deltas()
+            if before is not None and before.payload.version not in self._payloads:
+                before = None  # no longer served (keep = 1): no generator gets deltas against it
+        if before is not None and before.payload.version < payload.version:
+            self._prepare_deltas(published, before)
+
+    def _prepare_deltas(self, new: _Published, base: _Published) -> None:
+        """Start computing ``new``'s deltas against ``base`` for the chunks that differ (the ones a
+        generator holding ``base`` asks for), on the delta threads."""
+        pool = self._delta_pool
+        if pool is None or base.payload.total_bytes != new.payload.total_bytes:
+            return
+        now, old = memoryview(new.payload.data), memoryview(base.payload.data)
+        jobs: dict[int, Future[bytes | None]] = {}
+        for i, (a, b) in enumerate(zip(new.digests, base.digests, strict=True)):
+            if a != b:
+                lo, hi = chunk_span(i, self.chunk_bytes, new.payload.total_bytes)
+                try:
+                    jobs[i] = pool.submit(xor_delta, now[lo:hi], old[lo:hi])
+                except RuntimeError:  # stopped meanwhile: the serving thread is gone too
+                    return
+        with self._lock:
+            self._deltas.setdefault((new.payload.version, base.payload.version), {}).update(jobs)
+
+    def prepared_deltas(self, version: int, base: int) -> list[int]:
+        """The chunks of ``version`` whose delta against ``base`` is computed or being computed."""
+        with self._lock:
+            return sorted(self._deltas.get((version, base), {}))
+
+    def _forget_deltas(self) -> None:
+        """Drop (and cancel) the deltas of versions no longer served (call under _lock)."""
+        for key in [k for k in self._deltas if k[0] not in self._payloads or k[1] not in self._payloads]:
+            for job in self._deltas.pop(key).values():
+                job.cancel()
 
     @property
     def current_version(self) -> int | None:
@@ -365,11 +418,19 @@ class WeightServer:
         ):
             return None
         with self._lock:
-            servable = set(self._payloads)
-        for key in [k for k in self._deltas if k[0] not in servable or k[1] not in servable]:
-            del self._deltas[key]
-        cache = self._deltas.setdefault((ask.version, ask.base_version), {})
-        if ask.index not in cache:
+            self._forget_deltas()
+            cache = self._deltas.setdefault((ask.version, ask.base_version), {})
+            job = cache.get(ask.index)
+            if job is None:
+                job = cache[ask.index] = Future()
+                job.set_running_or_notify_cancel()
+                compute = True
+            else:
+                compute = False
+        if compute:
             new, old = memoryview(published.payload.data), memoryview(base.payload.data)
-            cache[ask.index] = xor_delta(new[lo:hi], old[lo:hi])
-        return cache[ask.index]
+            job.set_result(xor_delta(new[lo:hi], old[lo:hi]))
+        try:
+            return job.result()
+        except CancelledError:  # its version stopped being served meanwhile: send what we hold, raw
+            return None
