@@ -288,6 +288,19 @@ def weight_sync(rows: list[dict], launcher_rows: list[dict]) -> dict:
     }
 
 
+def planned_learner_gib(cfg: Any) -> float | None:
+    """`stream-dapo plan --memory`'s estimate for this learner on one device, without its reserve
+    (weights, gradients, optimizer, activations, loss path): what the peak resident memory compares
+    with. None when the model directory names no shape the planner reads."""
+    from stream_dapo.tools.memory_plan import MemoryPlanError, Settings, estimate, shape_for
+
+    try:
+        shape, _ = shape_for(cfg.model.path)
+        return round(estimate(shape, Settings.from_config(cfg), 1, reserve_gib=0.0).total / 2**30, 2)
+    except MemoryPlanError:
+        return None
+
+
 def throughput(rows: list[dict], steps_per_rollout: int, train_seconds: float | None) -> dict:
     """Where the training time went, from the learner's rows: its waits for a batch (counted once per
     rollout batch: the rows repeat a batch's wait on each of its steps) as a share of the training
@@ -400,12 +413,19 @@ def _throughput_line(tp: dict | None) -> list[str]:
     if not tp:
         return []
     peak = tp["learner_peak_rss_gib"]
+    planned = tp.get("learner_planned_gib")
     return [
         f"Throughput: the learner waited for batches {tp['learner_wait_s']} s "
         f"({100 * (tp['learner_wait_share'] or 0):.0f}% of training), trained "
         f"{tp['learner_tokens_per_s_stepping']} tokens/s while stepping; the generator made "
         f"{tp['generator_tokens_per_s']} tokens/s (median); learner peak resident memory "
-        + (f"{peak} GiB." if peak is not None else "not recorded.")
+        + (f"{peak} GiB" if peak is not None else "not recorded")
+        + (
+            f" (`stream-dapo plan --memory` without its reserve: {planned} GiB; the process also holds "
+            "the torch and DeepSpeed runtime)."
+            if planned is not None
+            else "."
+        )
     ]
 
 
@@ -564,6 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg.admission.steps_per_rollout,
         ),
     }
+    rep["training"]["throughput"]["learner_planned_gib"] = planned_learner_gib(cfg)
     save_json(args.json or RESULTS / f"real_model_{tag}seed{args.seed}.json", rep)
     print_report(rep)
     return 0

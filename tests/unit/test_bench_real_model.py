@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from bench.studies.real_model import _cached_evals, eval_keys, render_page, report
 
@@ -170,3 +171,31 @@ def test_throughput_counts_a_rollout_batchs_wait_once_and_reaches_the_page():
     assert "peak resident memory 7.25 GiB." in page
     old = {**tp, "learner_peak_rss_gib": None}
     assert "not recorded." in render_page([{**rep, "training": {**rep["training"], "throughput": old}}])
+    planned = {**tp, "learner_planned_gib": 4.92}
+    page = render_page([{**rep, "training": {**rep["training"], "throughput": planned}}])
+    assert "peak resident memory 7.25 GiB (`stream-dapo plan --memory` without its reserve: 4.92 GiB;" in page
+
+
+def test_the_planned_learner_memory_is_the_planners_total_without_its_reserve(tmp_path: Path) -> None:
+    from bench.studies.real_model import planned_learner_gib
+    from stream_dapo.config import load_config
+    from stream_dapo.tools.memory_plan import DEFAULT_RESERVE_GIB, Settings, estimate, shape_for
+
+    # A Llama-shaped config.json is all the planner reads.
+    shape = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(shape))
+    cfg = load_config(overrides=[f'model.path="{tmp_path}"'], environ={})
+    got = planned_learner_gib(cfg)
+    full = estimate(shape_for(str(tmp_path))[0], Settings.from_config(cfg), 1).total / 2**30
+    assert got is not None and got == round(full - DEFAULT_RESERVE_GIB, 2) and got > 0
+    assert planned_learner_gib(load_config(overrides=[f'model.path="{tmp_path / "none"}"'], environ={})) is None
