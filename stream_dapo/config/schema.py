@@ -561,7 +561,7 @@ class WeightsConfig(_Section):
     generator without a usable base (a late joiner, a resumed learner's other lineage, a base the
     learner no longer keeps) gets the full image. Costs each generator one more copy of the weights
     in host memory (the base) and the learner the XOR + zlib of each changed chunk, once per
-    version (against the version before, on 2 threads as it is published). Slower than the full
+    version (all of them on 2 threads once the first is asked for). Slower than the full
     image on a link faster than about 3 Gb/s: see docs/operations.md. Measured in docs/RESULTS.md
     (weight sync)."""
     peer_fanout: int = Field(0, ge=0, le=16)

@@ -191,44 +191,39 @@ def test_a_hundred_deltas_in_a_row_reproduce_every_version_bit_for_bit(server: W
     assert wire < 0.5 * full
 
 
-def test_a_versions_deltas_against_the_one_before_are_prepared_at_publish_and_served_as_asked(
+def test_the_first_delta_request_prepares_every_changed_chunk_and_a_full_fetch_prepares_none(
     server: WeightServer,
 ) -> None:
     g = torch.Generator().manual_seed(3)
     v1 = serialize_weights(state(0), 1)
     v2 = serialize_weights(step(state(0), g), 2)
     server.publish(v1)
-    assert server.prepared_deltas(1, 0) == []  # nothing before it
     got = fetch(server.address, have=-1)
     assert got is not None and got.version == 1
     server.publish(v2)
-    # Exactly the chunks that differ, the ones a generator holding version 1 asks for.
+    # A receiver without a base fetches it whole: nothing is compressed for it.
+    whole = fetch(server.address, have=-1)
+    assert whole is not None and whole.data is not None and bytes(whole.data) == v2.data
+    assert server.prepared_deltas(2, 1) == []
     d1, d2 = chunk_digests(v1.data, CHUNK), chunk_digests(v2.data, CHUNK)
     changed = [i for i, (a, b) in enumerate(zip(d1, d2, strict=True)) if a != b]
     assert 0 < len(changed) < len(d2)
-    assert server.prepared_deltas(2, 1) == changed
     before = server.stats["delta_bytes"]
     delta = fetch(server.address, have=1, base=held(got))
     assert delta is not None and delta.data is not None and bytes(delta.data) == v2.data
-    # What went out is what xor_delta makes of each changed chunk (raw where that is smaller).
+    # Exactly the chunks that differ (the ones a receiver holding version 1 asks for) were prepared,
+    # and what went out is what xor_delta makes of each (raw where that is smaller).
+    assert server.prepared_deltas(2, 1) == changed
     expected = [
         xor_delta(v2.data[i * CHUNK : (i + 1) * CHUNK], v1.data[i * CHUNK : (i + 1) * CHUNK]) for i in changed
     ]
     sizes = [len(e) for e in expected if e is not None]
     assert delta.delta_chunks == len(sizes) > 0 and delta.raw_chunks == len(changed) - len(sizes)
     assert server.stats["delta_bytes"] - before == sum(sizes)
-    # An older lineage published after (the learner resumed): nothing is prepared against the newer
-    # version, and deltas of versions no longer served are forgotten.
+    # An older lineage published after (the learner resumed): the deltas of versions no longer
+    # served are forgotten.
     server.publish(serialize_weights(state(5), 1))
-    assert server.prepared_deltas(1, 2) == [] and server.prepared_deltas(2, 1) == []
-
-
-def test_a_server_that_keeps_one_version_prepares_no_deltas() -> None:
-    g = torch.Generator().manual_seed(4)
-    with WeightServer("tcp://127.0.0.1:*", chunk_bytes=CHUNK, keep=1) as one:
-        one.publish(serialize_weights(state(0), 1))
-        one.publish(serialize_weights(step(state(0), g), 2))
-        assert one.prepared_deltas(2, 1) == []  # version 1 is gone: no one can ask against it
+    assert server.prepared_deltas(2, 1) == []
 
 
 def test_a_receiver_without_a_usable_base_gets_the_full_image(server: WeightServer) -> None:

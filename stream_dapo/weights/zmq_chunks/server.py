@@ -72,10 +72,11 @@ class WeightServer:
     caller) and used only by the serving thread afterwards. ``rejected_metric``, a Prometheus counter
     with a ``reason`` label (the learner's ``messages_rejected``), counts refused requests as
     `rejected` does; ``sent_metric`` (label ``encoding``: raw, xor_zlib) the chunk bytes sent.
-    ``delta``: answer requests that name a base with XOR deltas where they are smaller; the deltas
-    of each new version against the one before it (the base a generator that kept up holds) are
-    computed as it is published, on `HASH_THREADS` threads, not one by one on the serving thread
-    as the requests come.
+    ``delta``: answer requests that name a base with XOR deltas where they are smaller. The first
+    request for a (version, base) pair starts the deltas of every chunk that differs on
+    `HASH_THREADS` threads, so the later requests find theirs made or under way, instead of the
+    serving thread compressing one chunk per request; nothing is compressed that no one asks for
+    (a fleet of generators without a base, the late joiners).
     ``peer_fanout`` > 0: manifests name the peers (generators' relays) to fetch the chunks from, in
     a tree of that many children per relay (`stream_dapo.weights.fanout`); 0: every generator
     fetches from here. ``digest``: the chunk digest its manifests use (`stream_dapo.weights.delta`;
@@ -125,8 +126,8 @@ class WeightServer:
         self._tree = RelayTree(peer_fanout) if peer_fanout else None  # serving thread only
         self._payloads: OrderedDict[int, _Published] = OrderedDict()
         self._deltas: dict[tuple[int, int], dict[int, Future[bytes | None]]] = {}
-        """(version, base) -> chunk index -> its delta, or None where raw is smaller; computed at
-        publish against the version before (`_prepare_deltas`) or when first asked (under _lock)."""
+        """(version, base) -> chunk index -> its delta, or None where raw is smaller; every chunk
+        that differs, started when the pair is first asked for (`_prepare_deltas`; under _lock)."""
         self._delta_pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -225,7 +226,6 @@ class WeightServer:
         digests = chunk_digests(payload.data, self.chunk_bytes, self.digest)
         published = _Published(payload, digests, state_checksum(digests), time.time())
         with self._lock:
-            before = self._payloads[next(reversed(self._payloads))] if self._payloads else None
             if self._payloads and payload.version < next(reversed(self._payloads)):
                 log.warning(
                     "publishing version %d after %d: the learner went back to an older checkpoint",
@@ -238,28 +238,23 @@ class WeightServer:
             while len(self._payloads) > self.keep:
                 self._payloads.popitem(last=False)
             self._forget_deltas()
-            if before is not None and before.payload.version not in self._payloads:
-                before = None  # no longer served (keep = 1): no generator gets deltas against it
-        if before is not None and before.payload.version < payload.version:
-            self._prepare_deltas(published, before)
 
-    def _prepare_deltas(self, new: _Published, base: _Published) -> None:
+    def _prepare_deltas(self, new: _Published, base: _Published) -> dict[int, Future[bytes | None]]:
         """Start computing ``new``'s deltas against ``base`` for the chunks that differ (the ones a
-        generator holding ``base`` asks for), on the delta threads."""
-        pool = self._delta_pool
-        if pool is None or base.payload.total_bytes != new.payload.total_bytes:
-            return
-        now, old = memoryview(new.payload.data), memoryview(base.payload.data)
+        generator holding ``base`` asks for), in chunk order on the delta threads (call under _lock)."""
         jobs: dict[int, Future[bytes | None]] = {}
+        pool = self._delta_pool
+        if pool is None:
+            return jobs
+        now, old = memoryview(new.payload.data), memoryview(base.payload.data)
         for i, (a, b) in enumerate(zip(new.digests, base.digests, strict=True)):
             if a != b:
                 lo, hi = chunk_span(i, self.chunk_bytes, new.payload.total_bytes)
                 try:
                     jobs[i] = pool.submit(xor_delta, now[lo:hi], old[lo:hi])
-                except RuntimeError:  # stopped meanwhile: the serving thread is gone too
-                    return
-        with self._lock:
-            self._deltas.setdefault((new.payload.version, base.payload.version), {}).update(jobs)
+                except RuntimeError:  # the server is stopping: the rest are made when asked, if ever
+                    break
+        return jobs
 
     def prepared_deltas(self, version: int, base: int) -> list[int]:
         """The chunks of ``version`` whose delta against ``base`` is computed or being computed."""
@@ -419,7 +414,9 @@ class WeightServer:
             return None
         with self._lock:
             self._forget_deltas()
-            cache = self._deltas.setdefault((ask.version, ask.base_version), {})
+            cache = self._deltas.get((ask.version, ask.base_version))
+            if cache is None:
+                cache = self._deltas[(ask.version, ask.base_version)] = self._prepare_deltas(published, base)
             job = cache.get(ask.index)
             if job is None:
                 job = cache[ask.index] = Future()
