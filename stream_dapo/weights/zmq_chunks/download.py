@@ -20,7 +20,7 @@ from stream_dapo.transport.sockets import CurveKeys, Endpoint, request
 from stream_dapo.weights.base import ChecksumMismatch, WeightsError, weights_file_name
 from stream_dapo.weights.zmq_chunks.peers import connect_weight_server
 
-__all__ = ["fetch_weights_zmq"]
+__all__ = ["ask_manifest", "fetch_weights_zmq"]
 
 log = logging.getLogger(__name__)
 
@@ -77,16 +77,9 @@ def _fetch(
     # have_version says, so 0 stands in for -1 and the comparison below stays local.
     query = messages.WeightsQuery(max(have_version, 0))
     for _attempt in range(3):
-        reply = request(
-            ep,
-            query,
-            timeout_ms=timeout_ms,
-            retries=retries,
-            accept=lambda m: m.type in (messages.WEIGHTS_MANIFEST, messages.NOT_AVAILABLE),
-        )
-        if reply.type == messages.NOT_AVAILABLE:
+        manifest = ask_manifest(ep, query, timeout_ms, retries)
+        if manifest is None:
             return have_version, None
-        manifest: messages.WeightsManifest = reply.body
         version = manifest.version
         if version == have_version:
             return version, None
@@ -103,6 +96,23 @@ def _fetch(
         "the weight server replaced its version during three downloads in a row; raise learner.sync_every "
         "or weights.chunk_bytes, or check the link to the learner"
     )
+
+
+def ask_manifest(
+    ep: Endpoint, query: messages.WeightsQuery, timeout_ms: int, retries: int
+) -> messages.WeightsManifest | None:
+    """The weight server's current manifest, or None when it has published nothing yet."""
+    reply = request(
+        ep,
+        query,
+        timeout_ms=timeout_ms,
+        retries=retries,
+        accept=lambda m: m.type in (messages.WEIGHTS_MANIFEST, messages.NOT_AVAILABLE),
+    )
+    if reply.type == messages.NOT_AVAILABLE:
+        return None
+    manifest: messages.WeightsManifest = reply.body
+    return manifest
 
 
 def _download(

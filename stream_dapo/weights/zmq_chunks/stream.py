@@ -32,7 +32,6 @@ from stream_dapo.transport.sockets import (
     RemoteError,
     TransportTimeout,
     new_request_id,
-    request,
 )
 from stream_dapo.weights.base import ChecksumMismatch, WeightsError
 from stream_dapo.weights.delta import (
@@ -44,6 +43,7 @@ from stream_dapo.weights.delta import (
     state_checksum,
 )
 from stream_dapo.weights.image import WeightImage
+from stream_dapo.weights.zmq_chunks.download import ask_manifest
 from stream_dapo.weights.zmq_chunks.peers import ChunkSource, PeerOptions, chunk_sources
 
 __all__ = ["CHECK_THREADS", "StreamedVersion", "fetch_weights_stream"]
@@ -117,17 +117,10 @@ def fetch_weights_stream(
     timeout_ms = max(1, int(timeout * 1000))
     opts = peers if peers is not None else PeerOptions()
     for _attempt in range(3):
-        query = opts.query(max(have_version, 0))  # see _fetch: 0 stands in for "nothing"
-        reply = request(
-            ep,
-            query,
-            timeout_ms=timeout_ms,
-            retries=retries,
-            accept=lambda m: m.type in (messages.WEIGHTS_MANIFEST, messages.NOT_AVAILABLE),
-        )
-        if reply.type == messages.NOT_AVAILABLE:
+        # 0 stands in for "nothing" (download._fetch says why)
+        manifest = ask_manifest(ep, opts.query(max(have_version, 0)), timeout_ms, retries)
+        if manifest is None:
             return None
-        manifest: messages.WeightsManifest = reply.body
         if manifest.version == have_version:
             return StreamedVersion(manifest.version, None, [], manifest.chunk_bytes)
         _check_manifest(manifest, have_version, ep.address)
