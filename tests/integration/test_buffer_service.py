@@ -85,11 +85,11 @@ class Peers:
     """A fake generator and a fake learner: DEALER endpoints on the buffer's two ports (`ports`: what
     the buffer bound, by setting, e.g. `BufferService.bound_ports`)."""
 
-    def __init__(self, ports: Mapping[str, int]) -> None:
+    def __init__(self, ports: Mapping[str, int], host: str = "127.0.0.1") -> None:
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.gen, self.learner = (
             open_endpoint(
-                self.ctx, zmq.DEALER, connect=f"tcp://127.0.0.1:{port}", max_bytes=MAX_BYTES, peer="buffer"
+                self.ctx, zmq.DEALER, connect=f"tcp://{host}:{port}", max_bytes=MAX_BYTES, peer="buffer"
             )
             for port in (ports["transport.samples_port"], ports["transport.batches_port"])
         )
@@ -249,10 +249,19 @@ def test_the_learner_is_held_for_a_reported_in_flight_group_then_trains_it(tmp_p
         assert metric(text, "stream_dapo_buffer_dropped_stale_groups_total") == 0
 
 
+# The hostile-message test counts every rejection exactly, so its buffer listens on a loopback
+# address no other test uses: a DEALER left reconnecting by another test (or another run) to a port
+# number the kernel hands out again reaches 127.0.0.1 only, and would add its own "malformed".
+PRIVATE_LOOPBACK = "127.0.0.77"
+
+
 def test_hostile_messages_are_rejected_counted_and_the_service_keeps_serving(tmp_path: Path) -> None:
-    cfg = load_config(overrides=overrides(tmp_path), environ={})
+    cfg = load_config(overrides=overrides(tmp_path) + [f'transport.host="{PRIVATE_LOOPBACK}"'], environ={})
     with service_in_thread(cfg) as svc:
-        peers = Peers(svc.bound_ports)
+        assert svc.samples.socket.getsockopt_string(zmq.LAST_ENDPOINT).startswith(
+            f"tcp://{PRIVATE_LOOPBACK}:"
+        )
+        peers = Peers(svc.bound_ports, host=PRIVATE_LOOPBACK)
         try:
             raw = peers.gen.socket
             raw.send(b"\xc1 certainly not msgpack")
