@@ -5,6 +5,19 @@
         [--target-delta 0.10 | --target 0.35] [--seed 0] [--out docs/results/peer_trl.json]
     .venv/bin/python -m bench.studies.peer_trl report   # recompute the derived figures of an existing JSON
 
+    # the real model (issue 37's recipe), the same wall-clock budget for both sides, resumable in --work:
+    flock /tmp/stream-dapo-cpu.lock .venv/bin/python -m bench.studies.peer_trl \
+        --config configs/smollm2-words-wide-cpu.toml --set learner.share_prompt=true \
+        --steps 400 --budget-s 3600 --eval-every 20 --grad-accum 4 --seed 0 \
+        --work runs/peer-trl-smollm2/seed-0 --out docs/results/peer_trl_smollm2_seed0.json
+
+With ``--budget-s`` each side is stopped at its first checkpoint past the budget (``past_budget``),
+so ``--steps`` is only an upper bound; with ``--work`` a finished side and the evaluations are read
+back, not rerun. A recipe with ``model.source``/``[sft]`` is prepared (import, warm-up) before either
+clock starts, and its data sources' files are written then too. ``--grad-accum`` splits TRL's optimizer
+step into that many padded batches (TRL computes a whole batch's log-probs at once: 32 rows of 512
+tokens over a 49k vocabulary is 3.2 GB of logits alone).
+
 Both sides train the same warm tiny model (``model.path`` of configs/tiny-cpu.toml) on the same synthetic
 train split with the same reward, group size, batch shape, optimizer and seed, for the same number of
 optimizer steps, one after the other on this machine. Then:
@@ -60,10 +73,11 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,8 +91,9 @@ DEFAULT_CONFIG = REPO / "configs" / "tiny-cpu.toml"
 DEFAULT_OUT = REPO / "docs" / "results" / "peer_trl.json"
 
 
-def differences(cfg: Config) -> list[dict[str, str]]:
-    """Every setting in which the two sides differ, with the reason, in the figures of ``cfg``."""
+def differences(cfg: Config, grad_accum: int = 1) -> list[dict[str, str]]:
+    """Every setting in which the two sides differ, with the reason, in the figures of ``cfg`` (and of
+    TRL's ``grad_accum``: gradient-accumulation steps per optimizer step)."""
     a, lc, g = cfg.algo, cfg.learner, cfg.generator
     G, mini = a.group_size, lc.mini_batch_samples
     rollout = lc.rollout_batch_prompts * G
@@ -147,17 +162,28 @@ def differences(cfg: Config) -> list[dict[str, str]]:
         },
         {
             "setting": "micro-batching",
-            "stream_dapo": f"length-sorted packing into micro-batches of learner.micro_batch_tokens={lc.micro_batch_tokens} tokens",
-            "trl": f"one padded batch of {mini} rows per optimizer step (per_device_train_batch_size={mini}, "
-            "gradient_accumulation_steps=1)",
+            "stream_dapo": f"length-sorted packing into micro-batches of learner.micro_batch_tokens={lc.micro_batch_tokens} tokens"
+            + (
+                "; learner.share_prompt: a group's prompt is computed once, its samples attend to it"
+                if lc.share_prompt
+                else ""
+            ),
+            "trl": (
+                f"one padded batch of {mini} rows per optimizer step (per_device_train_batch_size={mini}, "
+                "gradient_accumulation_steps=1)"
+                if grad_accum == 1
+                else f"{grad_accum} padded batches of {mini // grad_accum} rows accumulated per optimizer step "
+                f"(per_device_train_batch_size={mini // grad_accum}, gradient_accumulation_steps={grad_accum}), "
+                "each row its own copy of the prompt"
+            ),
             "why": f"each trainer's own batching; the same {mini} samples per optimizer step",
         },
         {
             "setting": "checkpoints inside the timed window",
             "stream_dapo": "every E steps: DeepSpeed state + HF export (checkpoints/step_v)",
             "trl": "every E steps: save_pretrained of the policy only",
-            "why": "needed for the eval curve; the launcher has no periodic evaluation. Both cost well under "
-            "a second per checkpoint for this 0.8M-parameter model",
+            "why": "needed for the eval curve; the launcher has no periodic evaluation. Both sides write the "
+            "whole policy (stream-dapo its optimizer state too), so the cost grows with the model on both",
         },
         {
             "setting": "start-up inside the timed window",
@@ -216,6 +242,15 @@ def time_to_target(curve: Sequence[CurvePoint], target: float) -> dict[str, floa
     return {"interpolated_s": None, "first_point_s": None, "first_point_step": None}
 
 
+def past_budget(
+    step_times: dict[int, float], checkpoints: Sequence[int], launch: float, budget_s: float
+) -> bool:
+    """Whether a side may stop: one of its saved ``checkpoints`` holds a step that finished more than
+    ``budget_s`` seconds after ``launch`` (so the figure at the budget is measured on both sides of it,
+    not extrapolated). The same rule stops stream-dapo (its launcher drains) and TRL (its trainer)."""
+    return any(step_times.get(step, launch) - launch > budget_s for step in checkpoints)
+
+
 def resolve_target(before: float, target: float | None, delta: float) -> float:
     """The absolute target: ``target`` when given, else the start model's figure plus ``delta``."""
     return target if target is not None else before + delta
@@ -234,7 +269,7 @@ has a sampling error of ~0.017 here, so a single target can land on a plateau of
 
 
 def target_sensitivity(
-    curves: dict[str, Sequence[CurvePoint]], start: float, deltas: Sequence[float] = SENSITIVITY_DELTAS
+    curves: Mapping[str, Sequence[CurvePoint]], start: float, deltas: Sequence[float] = SENSITIVITY_DELTAS
 ) -> list[dict[str, Any]]:
     """Interpolated time to ``start + delta`` for each side and the TRL / stream-dapo ratio, per delta."""
     rows = []
@@ -284,16 +319,26 @@ def reward_shaping(cfg: Config) -> RewardShaping:
     return cfg.algo.shaping
 
 
-def trl_grpo_kwargs(cfg: Config, *, steps: int, seed: int, output_dir: str) -> dict[str, Any]:
+def trl_grpo_kwargs(
+    cfg: Config, *, steps: int, seed: int, output_dir: str, grad_accum: int = 1
+) -> dict[str, Any]:
     """``GRPOConfig`` keyword arguments that reproduce the stream-dapo recipe in ``cfg``.
 
     One optimizer step sees ``learner.mini_batch_samples`` samples and one generation batch is
-    ``learner.rollout_batch_prompts`` prompts x ``algo.group_size`` samples, as in stream-dapo.
+    ``learner.rollout_batch_prompts`` prompts x ``algo.group_size`` samples, as in stream-dapo. With
+    ``grad_accum`` > 1 the optimizer step's samples go through the model in that many padded batches
+    (memory: TRL computes the log-probs of a whole batch at once); TRL's "dapo" normaliser is the same
+    either way (the generation batch's response tokens per optimizer step's share of it).
     Raises when the config asks for something this mapping does not express.
     """
     a, lc, g = cfg.algo, cfg.learner, cfg.generator
     # The config already checks that mini-batches are whole groups and divide the rollout batch.
     rollout_samples = lc.rollout_batch_prompts * a.group_size
+    if grad_accum < 1 or lc.mini_batch_samples % grad_accum:
+        raise ValueError(
+            f"--grad-accum {grad_accum} must be >= 1 and divide learner.mini_batch_samples={lc.mini_batch_samples}"
+        )
+    per_device = lc.mini_batch_samples // grad_accum
     if a.agg_mode != "token-mean":
         raise ValueError(f"algo.agg_mode={a.agg_mode!r}: only token-mean maps onto TRL's loss_type='dapo'")
     if lc.warmup_steps:
@@ -305,9 +350,10 @@ def trl_grpo_kwargs(cfg: Config, *, steps: int, seed: int, output_dir: str) -> d
         "data_seed": seed,
         # batch shape
         "num_generations": a.group_size,
-        "per_device_train_batch_size": lc.mini_batch_samples,
-        "gradient_accumulation_steps": 1,
-        "steps_per_generation": rollout_samples // lc.mini_batch_samples,
+        "per_device_train_batch_size": per_device,
+        "gradient_accumulation_steps": grad_accum,
+        # counted in per-device batches: one generation batch feeds rollout / mini optimizer steps
+        "steps_per_generation": rollout_samples // per_device,
         "num_iterations": 1,
         # loss
         "loss_type": "dapo",
@@ -387,10 +433,10 @@ class VerifierReward:
         completion_ids: list[list[int]],
         gold: list[str],
         **_: Any,
-    ) -> list[float]:
+    ) -> list[float | None]:  # TRL's reward-function type (None: no reward)
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         results = self.pool.verify_batch(list(zip(texts, gold, strict=True)))
-        return shaped_rewards([r.correct for r in results], completion_ids, self.eos_ids, self.shaping)
+        return list(shaped_rewards([r.correct for r in results], completion_ids, self.eos_ids, self.shaping))
 
 
 def check_prompt_tokens(tokenizer: Any, items: Sequence[Any]) -> None:
@@ -415,9 +461,14 @@ def train_trl(
     seed: int,
     threads: int,
     vllm_colocate: bool = False,
+    grad_accum: int = 1,
+    budget: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """Train with TRL's GRPOTrainer; write ``out/step_XXXXXX`` every ``save_every`` steps and
-    ``out/steps.jsonl`` (one row per optimizer step: ``step``, ``wall_time`` and TRL's logged metrics)."""
+    ``out/steps.jsonl`` (one row per optimizer step: ``step``, ``wall_time`` and TRL's logged metrics).
+
+    ``budget`` = (launch time, seconds): stop at the first checkpoint past it (``past_budget``), as
+    the stream-dapo side is stopped; ``steps`` is then only an upper bound."""
     import torch
 
     torch.set_num_threads(threads)
@@ -443,7 +494,9 @@ def train_trl(
     dataset = Dataset.from_list([{"prompt": it.messages, "gold": it.gold} for it in items])
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     eos_ids = [tokenizer.eos_token_id]
-    kwargs = trl_grpo_kwargs(cfg, steps=steps, seed=seed, output_dir=str(out / "trainer"))
+    kwargs = trl_grpo_kwargs(
+        cfg, steps=steps, seed=seed, output_dir=str(out / "trainer"), grad_accum=grad_accum
+    )
     if vllm_colocate:
         kwargs.update(
             use_vllm=True,
@@ -464,12 +517,16 @@ def train_trl(
             self.logs = dict(logs or {})
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            row = {"step": state.global_step, "wall_time": time.time()}
-            if state.global_step % save_every == 0 or state.global_step == steps:
-                target = out / f"step_{state.global_step:06d}"
+            step, now = state.global_step, time.time()
+            row: dict[str, Any] = {"step": step, "wall_time": now}
+            if step % save_every == 0 or step == steps:
+                target = out / f"step_{step:06d}"
                 kw["model"].save_pretrained(target)
                 tokenizer.save_pretrained(target)
                 row["checkpoint"] = str(target)
+                if budget is not None and past_budget({step: now}, [step], *budget):
+                    control.should_training_stop = True
+                    row["stopped_at_budget"] = True
             with steps_log.open("a") as f:
                 f.write(json.dumps(row) + "\n")
 
@@ -595,11 +652,43 @@ def evaluate_checkpoints(
 
 
 def _ensure_data(cfg: Config) -> None:
-    """Write the synthetic splits into the side's run directory before its clock starts."""
+    """Write the side's training data before its clock starts: the synthetic splits into its run
+    directory, or the configured sources' files (GSM-Symbolic, word problems: cached, shared)."""
+    if cfg.data.train_path is not None:
+        from stream_dapo.tools.launch import check_data
+
+        check_data(cfg)
+        return
     from stream_dapo.data.synthetic import ensure_synthetic_data
     from stream_dapo.model.warmup import synthetic_data_dir
 
     ensure_synthetic_data(cfg.data, synthetic_data_dir(cfg))
+
+
+def prepare_policy(cfg: Config) -> Path:
+    """The policy both sides start from, made (or found in its cache) before either clock starts: the
+    tiny warm model of the embedded recipes, or model.source's import and the [sft] warm-up of a
+    real-model recipe (``stream-dapo run``'s own preparation)."""
+    if cfg.model.source is None and not cfg.sft.enabled:
+        from stream_dapo.model.warmup import ensure_warm_model
+
+        return Path(ensure_warm_model(cfg)).resolve()
+    from stream_dapo.tools.launch import prepare_model
+
+    prepare_model(cfg)
+    return Path(cfg.model.path).resolve()
+
+
+def _done(path: Path) -> dict | None:
+    """A finished side's record (``launch`` and ``end``), or None when it has not finished."""
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _fresh(directory: Path) -> None:
+    """An interrupted side starts again from nothing: its partial run would mix two clocks."""
+    if directory.exists():
+        print(f"{directory}: an unfinished earlier attempt; starting this side again", flush=True)
+        shutil.rmtree(directory)
 
 
 def run_stream_dapo(
@@ -618,6 +707,11 @@ def run_stream_dapo(
     from stream_dapo.testing.services import port_overrides
 
     out = work / "stream-dapo"
+    done = _done(work / "stream-dapo.done.json")
+    if done is not None:
+        print(f"stream-dapo: finished earlier ({out}); reusing it", flush=True)
+        return collect_stream_dapo(out, done["launch"], done["end"])
+    _fresh(out)
     sets = [*stream_dapo_run_sets(overrides, out, steps, every), *port_overrides()]
     _ensure_data(load_config([config], sets))
     argv = [
@@ -641,7 +735,9 @@ def run_stream_dapo(
         time.sleep(2.0)
     if proc.returncode and not stopped:
         raise subprocess.CalledProcessError(proc.returncode, argv)
-    return collect_stream_dapo(out, launch, time.time())
+    end = time.time()
+    (work / "stream-dapo.done.json").write_text(json.dumps({"launch": launch, "end": end}))
+    return collect_stream_dapo(out, launch, end)
 
 
 def stream_dapo_run_sets(overrides: Sequence[str], out: Path, steps: int, every: int) -> list[str]:
@@ -675,8 +771,7 @@ def _complete_checkpoints(out: Path) -> dict[int, str]:
 
 def _past_budget(out: Path, launch: float, budget_s: float) -> bool:
     """Whether a complete checkpoint of ``out`` holds a step that finished past the budget."""
-    times = _step_times(out)
-    return any(times.get(s, 0.0) - launch > budget_s for s in _complete_checkpoints(out))
+    return past_budget(_step_times(out), list(_complete_checkpoints(out)), launch, budget_s)
 
 
 def collect_stream_dapo(out: Path, launch: float, end: float) -> dict:
@@ -693,28 +788,47 @@ def collect_stream_dapo(out: Path, launch: float, end: float) -> dict:
 
 
 def run_trl(
-    config: Path, overrides: Sequence[str], work: Path, steps: int, every: int, seed: int, threads: int
+    config: Path,
+    overrides: Sequence[str],
+    work: Path,
+    steps: int,
+    every: int,
+    seed: int,
+    threads: int,
+    grad_accum: int = 1,
+    budget_s: float | None = None,
 ) -> dict:
     out = work / "trl"
     overrides = [*overrides, f'run.out_dir="{out}"']
-    _ensure_data(load_config([config], overrides))
-    argv = _this(
-        "trl-train",
-        *_config_args(config, overrides),
-        "--work",
-        str(out),
-        "--steps",
-        str(steps),
-        "--eval-every",
-        str(every),
-        "--seed",
-        str(seed),
-        "--threads",
-        str(threads),
-    )
-    launch = time.time()
-    subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-    end = time.time()
+    done = _done(work / "trl.done.json")
+    if done is None:
+        _fresh(out)
+        _ensure_data(load_config([config], overrides))
+        launch = time.time()
+        budget = [] if budget_s is None else ["--budget-s", str(budget_s), "--launch-time", repr(launch)]
+        argv = _this(
+            "trl-train",
+            *_config_args(config, overrides),
+            "--work",
+            str(out),
+            "--steps",
+            str(steps),
+            "--eval-every",
+            str(every),
+            "--seed",
+            str(seed),
+            "--threads",
+            str(threads),
+            "--grad-accum",
+            str(grad_accum),
+            *budget,
+        )
+        subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+        done = {"launch": launch, "end": time.time()}
+        (work / "trl.done.json").write_text(json.dumps(done))
+    else:
+        print(f"TRL: finished earlier ({out}); reusing it", flush=True)
+    launch, end = done["launch"], done["end"]
     rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines() if line]
     history = json.loads((out / "log_history.json").read_text())
     return {
@@ -828,25 +942,45 @@ def main_compare(args: argparse.Namespace) -> int:
 
     import trl
 
-    from stream_dapo.model.warmup import ensure_warm_model
-
     cfg = load_config([args.config], args.overrides)
     args.steps = args.steps or cfg.learner.total_steps
-    model = str(ensure_warm_model(cfg).resolve())
+    model = str(prepare_policy(cfg))
     seeds = [f"learner.seed={args.seed}", f"generator.seed={args.seed}"]
     overrides = [*args.overrides, f"model.path={model}", *seeds]
     cfg = load_config([args.config], overrides)
+    if cfg.sft.enabled:
+        # the policy is model.path itself now: the sides must not warm it up again
+        overrides.append("sft.enabled=false")
+    budget = "" if args.budget_s is None else f", stopped at the first checkpoint past {args.budget_s:g} s"
     with tempfile.TemporaryDirectory(prefix="peer_trl.") as tmp:
         work = Path(args.work) if args.work else Path(tmp)
-        print(f"stream-dapo: {args.steps} steps, checkpoints every {args.eval_every} ...", flush=True)
-        sd = run_stream_dapo(args.config, overrides, work, args.steps, args.eval_every)
+        print(
+            f"stream-dapo: up to {args.steps} steps, checkpoints every {args.eval_every}{budget} ...",
+            flush=True,
+        )
+        sd = run_stream_dapo(
+            args.config, overrides, work, args.steps, args.eval_every, stop_after_s=args.budget_s
+        )
         print(f"stream-dapo done in {sd['wall_s']:.0f} s; TRL ...", flush=True)
-        tr = run_trl(args.config, overrides, work, args.steps, args.eval_every, args.seed, args.threads)
+        tr = run_trl(
+            args.config,
+            overrides,
+            work,
+            args.steps,
+            args.eval_every,
+            args.seed,
+            args.threads,
+            grad_accum=args.grad_accum,
+            budget_s=args.budget_s,
+        )
         print(f"TRL done in {tr['wall_s']:.0f} s; evaluating ...", flush=True)
         checkpoints = [*sd["checkpoints"].values(), *tr["checkpoints"].values()]
-        evals = evaluate_checkpoints(
-            args.config, overrides, checkpoints, work / "evals.json", args.eval_seed, args.threads
-        )
+        evals_path = work / "evals.json"
+        evals = json.loads(evals_path.read_text()) if evals_path.is_file() else {}
+        if not all(str(c) in evals for c in checkpoints) or "start" not in evals:
+            evals = evaluate_checkpoints(
+                args.config, overrides, checkpoints, evals_path, args.eval_seed, args.threads
+            )
     start = evals["start"]
     target = resolve_target(start["avg_at_k"], args.target, args.target_delta)
     sides = {}
@@ -877,6 +1011,7 @@ def main_compare(args: argparse.Namespace) -> int:
         "versions": {"trl": trl.__version__, **_versions()},
         "git": git_state(),
         "steps_each": args.steps,
+        "budget_s": args.budget_s,
         "eval_every": args.eval_every,
         "seed": args.seed,
         "eval_seed": args.eval_seed,
@@ -899,11 +1034,12 @@ def main_compare(args: argparse.Namespace) -> int:
             "stream_dapo": stream_dapo_settings(cfg),
             "trl": {
                 "GRPOConfig": tr["kwargs"],
+                "grad_accum": args.grad_accum,
                 "threads": args.threads,
                 "generation": "transformers generate",
             },
         },
-        "differences": differences(cfg),
+        "differences": differences(cfg, args.grad_accum),
         "trl_vllm_colocate": TRL_VLLM_COLOCATE,
         "sides": sides,
     }
@@ -945,6 +1081,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--eval-seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="TRL torch threads")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="wall-clock budget of each side from its launch: stopped at the first checkpoint past it "
+        "(--steps is then an upper bound)",
+    )
+    parser.add_argument(
+        "--grad-accum",
+        type=int,
+        default=1,
+        help="TRL: padded batches per optimizer step (memory; the samples per step stay learner.mini_batch_samples)",
+    )
+    parser.add_argument("--launch-time", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--work", default=None, help="keep run directories here (default: a temp dir)")
     parser.add_argument(
         "--out", default=None, help=f"result JSON (compare: default {DEFAULT_OUT.relative_to(REPO)})"
@@ -972,6 +1122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             threads=args.threads,
             vllm_colocate=args.trl_vllm_colocate,
+            grad_accum=args.grad_accum,
+            budget=None if args.budget_s is None else (args.launch_time or time.time(), args.budget_s),
         )
         (Path(args.work) / "grpo_kwargs.json").write_text(json.dumps(kwargs, indent=2))
         return 0

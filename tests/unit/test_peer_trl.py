@@ -203,3 +203,32 @@ def test_the_differences_state_the_figures_of_the_config_compared():
     assert "micro_batch_tokens=16384" in long["micro-batching"]["stream_dapo"]
     assert "engine core inline" in long["generation engine"]["stream_dapo"]
     assert "sqrt(7/8) = 0.935" in long["advantage normalisation"]["trl"]
+
+
+def test_a_side_stops_at_its_first_checkpoint_past_the_budget():
+    launch, budget = 1000.0, 60.0
+    times = {10: 1050.0, 20: 1059.0, 30: 1061.0, 31: 1070.0}
+    assert not peer.past_budget(times, [10, 20], launch, budget)  # 59 s: still inside
+    assert peer.past_budget(times, [10, 20, 30], launch, budget)  # step 30 finished at 61 s
+    # a step past the budget without a checkpoint does not stop the side: its figure would be missing
+    assert not peer.past_budget(times, [10], launch, budget)
+    assert not peer.past_budget(times, [40], launch, budget)  # a checkpoint whose step time is unknown
+
+
+def test_trl_kwargs_accumulate_the_real_model_recipes_mini_batch():
+    """smollm2-words: 8 prompts x 8 samples per rollout, 32 per optimizer step. With 4 accumulation
+    steps TRL runs padded batches of 8 and still generates once per 2 optimizer steps."""
+    cfg = load_config(
+        [REPO / "configs" / "smollm2-words-wide-cpu.toml"], ["learner.share_prompt=true"], environ={}
+    )
+    kw = peer.trl_grpo_kwargs(cfg, steps=400, seed=1, output_dir="/tmp/x", grad_accum=4)
+    assert (kw["per_device_train_batch_size"], kw["gradient_accumulation_steps"]) == (8, 4)
+    assert kw["steps_per_generation"] == 8  # 64 samples / batches of 8
+    # optimizer steps per generation batch: 8 batches / 4 per step = 2 = rollout 64 / mini 32
+    assert kw["steps_per_generation"] // kw["gradient_accumulation_steps"] == 64 // 32
+    assert (kw["learning_rate"], kw["max_completion_length"]) == (5e-6, 256)
+    with pytest.raises(ValueError, match="divide learner.mini_batch_samples=32"):
+        peer.trl_grpo_kwargs(cfg, steps=1, seed=0, output_dir="/tmp/x", grad_accum=3)
+    diffs = {d["setting"]: d for d in peer.differences(cfg, grad_accum=4)}
+    assert "learner.share_prompt" in diffs["micro-batching"]["stream_dapo"]
+    assert "4 padded batches of 8 rows" in diffs["micro-batching"]["trl"]
