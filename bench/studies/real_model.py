@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -187,15 +188,23 @@ def _cached_evals(
     build: Any,
     refresh: Sequence[str] = (),
     keys: dict[str, str] | None = None,
+    donors: Sequence[Path] = (),
 ) -> dict:
     """The evals kept in ``path``, with the eval sets it lacks evaluated (``build(missing data)``)
     and added: a set added to the study later is measured without measuring the others again.
     ``refresh``: set names measured again even when kept (an older file without per-template figures).
     ``keys`` (from `eval_keys`): a kept set with another key is measured again; one kept without a key
-    (a file older than the keys) is reused as it is, and said so."""
+    (a file older than the keys) is reused as it is, and said so.
+    ``donors``: other runs' eval files; a set this file lacks is copied from one that kept it under the
+    same key (same prompts, weights, settings and eval seed: the same figures, so another training seed
+    of the same start model does not measure it again). Never for ``refresh`` sets or unkeyed ones."""
     have = json.loads(path.read_text()) if path.is_file() else {}
     kept_keys = have.get("keys", {})
     keys = keys or {}
+    copied = _from_donors(path, have, keys, donors, skip=set(refresh))
+    if copied:
+        have, kept_keys = copied, copied["keys"]
+        save_json(path, have)
 
     def stale(name: str) -> bool:
         return name in keys and name in kept_keys and kept_keys[name] != keys[name]
@@ -211,6 +220,32 @@ def _cached_evals(
         have["keys"] = {**kept_keys, **{n: keys[n] for n in missing if n in keys}}
         save_json(path, have)
     return have
+
+
+def _from_donors(
+    path: Path, have: dict, keys: dict[str, str], donors: Sequence[Path], skip: set[str]
+) -> dict | None:
+    """``have`` plus the sets (sampled and greedy) it lacks that a donor file kept under the same key;
+    None when no donor had any."""
+    out = dict(have)
+    out_keys = dict(have.get("keys", {}))
+    for donor in donors:
+        if donor.resolve() == path.resolve() or not donor.is_file():
+            continue
+        other = json.loads(donor.read_text())
+        for name, key in keys.items():
+            if name in skip or f"{name}_sampled" in out or other.get("keys", {}).get(name) != key:
+                continue
+            parts = {k: other[k] for k in (f"{name}_sampled", f"{name}_greedy") if k in other}
+            if len(parts) < 2:
+                continue
+            out.update(parts)
+            out_keys[name] = key
+            print(f"  {path}: {name} copied from {donor} (same key {key})", flush=True)
+    if out_keys == have.get("keys", {}):
+        return None
+    out["keys"] = out_keys
+    return out
 
 
 def _past_budget(run_dir: Path, launch: float, budget_s: float) -> bool:
@@ -318,7 +353,7 @@ def throughput(rows: list[dict], steps_per_rollout: int, train_seconds: float | 
         "learner_tokens_per_s_stepping": round(sum(r.get("tokens", 0) for r in rows) / stepping, 1)
         if stepping
         else None,
-        "generator_tokens_per_s": round(_median(gen), 1) if gen else None,
+        "generator_tokens_per_s": round(statistics.median(gen), 1) if gen else None,
         "learner_peak_rss_gib": max(peaks) if peaks else None,
     }
 
@@ -549,6 +584,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lambda sets: evaluate_model(args.config, overrides, cfg.model.path, sets, args.eval_seed),
         args.refresh,
         eval_keys(data, _eval_settings(cfg, cfg.model.path, args.eval_seed)),
+        # every study's start evals next to this one (other seeds, other recipes of the same warm model)
+        donors=sorted(work.parent.parent.glob("*/seed-*/evals-start.json")),
     )
     print(f"seed {args.seed}: training for {args.budget_s:.0f} s ...", flush=True)
     trained = _cached(work / "trained.json", lambda: train(args.config, overrides, work, args.budget_s))

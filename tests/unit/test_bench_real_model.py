@@ -198,4 +198,47 @@ def test_the_planned_learner_memory_is_the_planners_total_without_its_reserve(tm
     got = planned_learner_gib(cfg)
     full = estimate(shape_for(str(tmp_path))[0], Settings.from_config(cfg), 1).total / 2**30
     assert got is not None and got == round(full - DEFAULT_RESERVE_GIB, 2) and got > 0
-    assert planned_learner_gib(load_config(overrides=[f'model.path="{tmp_path / "none"}"'], environ={})) is None
+    assert (
+        planned_learner_gib(load_config(overrides=[f'model.path="{tmp_path / "none"}"'], environ={})) is None
+    )
+
+
+def test_a_set_another_run_measured_under_the_same_key_is_copied_not_measured(tmp_path, capsys):
+    heldout, train = tmp_path / "h.jsonl", tmp_path / "t.jsonl"
+    heldout.write_text('{"prompt": "a"}\n')
+    train.write_text('{"prompt": "b"}\n')
+    data = {"heldout": str(heldout), "train": str(train)}
+    same = eval_keys(data, {"weights": "w0", "seed": 0})
+    other = eval_keys(data, {"weights": "w9", "seed": 0})
+    donor = tmp_path / "seed-0" / "evals-start.json"
+    donor.parent.mkdir()
+    donor.write_text(
+        json.dumps(
+            {
+                "heldout_sampled": {"avg": 0.0646},
+                "heldout_greedy": {"avg": 0.075},
+                "train_sampled": {"avg": 0.5},
+                "train_greedy": {"avg": 0.5},
+                "keys": {"heldout": same["heldout"], "train": other["train"]},  # train: other weights
+            }
+        )
+    )
+    asked: list[list[str]] = []
+
+    def build(sets: dict) -> dict:
+        asked.append(sorted(sets))
+        return {f"{name}_{mode}": {"avg": 0.1} for name in sets for mode in ("sampled", "greedy")}
+
+    path = tmp_path / "seed-1" / "evals-start.json"
+    path.parent.mkdir()
+    kept = _cached_evals(path, data, build, keys=same, donors=[donor, path, tmp_path / "absent.json"])
+    assert asked == [["train"]]  # heldout copied; train's donor key differs, so it was measured
+    assert kept["heldout_sampled"] == {"avg": 0.0646} and kept["heldout_greedy"] == {"avg": 0.075}
+    assert kept["train_sampled"] == {"avg": 0.1}
+    assert kept["keys"] == same
+    assert "heldout copied from" in capsys.readouterr().out
+    # a refreshed set is measured even when a donor holds it under the same key
+    fresh = tmp_path / "seed-2" / "evals-start.json"
+    fresh.parent.mkdir()
+    _cached_evals(fresh, {"heldout": str(heldout)}, build, refresh=["heldout"], keys=same, donors=[donor])
+    assert asked[-1] == ["heldout"]
