@@ -954,26 +954,35 @@ def main_compare(args: argparse.Namespace) -> int:
     budget = "" if args.budget_s is None else f", stopped at the first checkpoint past {args.budget_s:g} s"
     with tempfile.TemporaryDirectory(prefix="peer_trl.") as tmp:
         work = Path(args.work) if args.work else Path(tmp)
-        print(
-            f"stream-dapo: up to {args.steps} steps, checkpoints every {args.eval_every}{budget} ...",
-            flush=True,
-        )
-        sd = run_stream_dapo(
-            args.config, overrides, work, args.steps, args.eval_every, stop_after_s=args.budget_s
-        )
-        print(f"stream-dapo done in {sd['wall_s']:.0f} s; TRL ...", flush=True)
-        tr = run_trl(
-            args.config,
-            overrides,
-            work,
-            args.steps,
-            args.eval_every,
-            args.seed,
-            args.threads,
-            grad_accum=args.grad_accum,
-            budget_s=args.budget_s,
-        )
-        print(f"TRL done in {tr['wall_s']:.0f} s; evaluating ...", flush=True)
+        sides_run: dict[str, dict] = {}
+        for side in args.order.split(","):
+            if side == "stream-dapo":
+                print(
+                    f"stream-dapo: up to {args.steps} steps, checkpoints every {args.eval_every}{budget} ...",
+                    flush=True,
+                )
+                sides_run[side] = run_stream_dapo(
+                    args.config, overrides, work, args.steps, args.eval_every, stop_after_s=args.budget_s
+                )
+            else:
+                print(
+                    f"TRL: up to {args.steps} steps, checkpoints every {args.eval_every}{budget} ...",
+                    flush=True,
+                )
+                sides_run[side] = run_trl(
+                    args.config,
+                    overrides,
+                    work,
+                    args.steps,
+                    args.eval_every,
+                    args.seed,
+                    args.threads,
+                    grad_accum=args.grad_accum,
+                    budget_s=args.budget_s,
+                )
+            print(f"{side} done in {sides_run[side]['wall_s']:.0f} s", flush=True)
+        sd, tr = sides_run["stream-dapo"], sides_run["trl"]
+        print("evaluating ...", flush=True)
         checkpoints = [*sd["checkpoints"].values(), *tr["checkpoints"].values()]
         evals_path = work / "evals.json"
         evals = json.loads(evals_path.read_text()) if evals_path.is_file() else {}
@@ -1012,6 +1021,7 @@ def main_compare(args: argparse.Namespace) -> int:
         "git": git_state(),
         "steps_each": args.steps,
         "budget_s": args.budget_s,
+        "order": args.order,
         "eval_every": args.eval_every,
         "seed": args.seed,
         "eval_seed": args.eval_seed,
@@ -1095,6 +1105,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="TRL: padded batches per optimizer step (memory; the samples per step stay learner.mini_batch_samples)",
     )
     parser.add_argument("--launch-time", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--order",
+        choices=["stream-dapo,trl", "trl,stream-dapo"],
+        default="stream-dapo,trl",
+        metavar="FIRST,SECOND",
+        help="which side runs first (one after the other on this machine; with --work either is read back when done)",
+    )
     parser.add_argument("--work", default=None, help="keep run directories here (default: a temp dir)")
     parser.add_argument(
         "--out", default=None, help=f"result JSON (compare: default {DEFAULT_OUT.relative_to(REPO)})"
