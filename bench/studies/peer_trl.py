@@ -948,9 +948,6 @@ def main_compare(args: argparse.Namespace) -> int:
     seeds = [f"learner.seed={args.seed}", f"generator.seed={args.seed}"]
     overrides = [*args.overrides, f"model.path={model}", *seeds]
     cfg = load_config([args.config], overrides)
-    if cfg.sft.enabled:
-        # the policy is model.path itself now: the sides must not warm it up again
-        overrides.append("sft.enabled=false")
     budget = "" if args.budget_s is None else f", stopped at the first checkpoint past {args.budget_s:g} s"
     with tempfile.TemporaryDirectory(prefix="peer_trl.") as tmp:
         work = Path(args.work) if args.work else Path(tmp)
