@@ -232,3 +232,39 @@ def test_trl_kwargs_accumulate_the_real_model_recipes_mini_batch():
     diffs = {d["setting"]: d for d in peer.differences(cfg, grad_accum=4)}
     assert "learner.share_prompt" in diffs["micro-batching"]["stream_dapo"]
     assert "4 padded batches of 8 rows" in diffs["micro-batching"]["trl"]
+
+
+def test_a_finished_trl_side_is_read_back_and_an_unfinished_one_starts_again(tmp_path, monkeypatch):
+    """--work resumes: a side with its done record is not run again (its clock is the recorded one);
+    a side without one is removed and run from nothing, so one curve never mixes two launches."""
+    import json
+
+    calls: list[list[str]] = []
+
+    def fake_run(argv, **kw):  # the trl-train child: writes what a finished side leaves
+        calls.append(argv)
+        out = tmp_path / "trl"
+        assert not (out / "stale.txt").exists()
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "steps.jsonl").write_text(
+            json.dumps({"step": 1, "wall_time": 5.0})
+            + "\n"
+            + json.dumps({"step": 2, "wall_time": 9.0, "checkpoint": "c2"})
+            + "\n"
+        )
+        (out / "log_history.json").write_text("[]")
+        (out / "grpo_kwargs.json").write_text("{}")
+
+    monkeypatch.setattr(peer.subprocess, "run", fake_run)
+    monkeypatch.setattr(peer, "_ensure_data", lambda cfg: None)
+    config = REPO / "configs" / "tiny-cpu.toml"
+    (tmp_path / "trl").mkdir()
+    (tmp_path / "trl" / "stale.txt").write_text("an interrupted attempt")
+    first = peer.run_trl(config, [], tmp_path, steps=2, every=2, seed=0, threads=1, budget_s=60.0)
+    assert (
+        len(calls) == 1 and "--budget-s" in calls[0] and calls[0][calls[0].index("--budget-s") + 1] == "60.0"
+    )
+    assert first["checkpoints"] == {2: "c2"} and first["step_time"] == {1: 5.0, 2: 9.0}
+    again = peer.run_trl(config, [], tmp_path, steps=2, every=2, seed=0, threads=1, budget_s=60.0)
+    assert len(calls) == 1  # read back, not rerun
+    assert (again["launch"], again["wall_s"]) == (first["launch"], first["wall_s"])
