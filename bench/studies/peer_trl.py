@@ -467,8 +467,9 @@ def train_trl(
     """Train with TRL's GRPOTrainer; write ``out/step_XXXXXX`` every ``save_every`` steps and
     ``out/steps.jsonl`` (one row per optimizer step: ``step``, ``wall_time`` and TRL's logged metrics).
 
-    ``budget`` = (launch time, seconds): stop at the first checkpoint past it (``past_budget``), as
-    the stream-dapo side is stopped; ``steps`` is then only an upper bound."""
+    ``budget`` = (launch time, seconds): the first step that finishes past it is saved and ends
+    training (``past_budget``; stream-dapo stops at its first checkpoint past it, up to
+    ``save_every`` steps later); ``steps`` is then only an upper bound."""
     import torch
 
     torch.set_num_threads(threads)
@@ -519,14 +520,17 @@ def train_trl(
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             step, now = state.global_step, time.time()
             row: dict[str, Any] = {"step": step, "wall_time": now}
-            if step % save_every == 0 or step == steps:
+            # A TRL step can take minutes: the first step past the budget is saved and ends the side
+            # whatever the cadence, so it overshoots by one step, not by up to save_every.
+            over = budget is not None and past_budget({step: now}, [step], *budget)
+            if step % save_every == 0 or step == steps or over:
                 target = out / f"step_{step:06d}"
                 kw["model"].save_pretrained(target)
                 tokenizer.save_pretrained(target)
                 row["checkpoint"] = str(target)
-                if budget is not None and past_budget({step: now}, [step], *budget):
-                    control.should_training_stop = True
-                    row["stopped_at_budget"] = True
+            if over:
+                control.should_training_stop = True
+                row["stopped_at_budget"] = True
             with steps_log.open("a") as f:
                 f.write(json.dumps(row) + "\n")
 
