@@ -11,8 +11,8 @@
         --steps 400 --budget-s 3600 --eval-every 20 --grad-accum 4 --seed 0 \
         --work runs/peer-trl-smollm2/seed-0 --out docs/results/peer_trl_smollm2_seed0.json
 
-With ``--budget-s`` each side is stopped at its first checkpoint past the budget (``past_budget``),
-so ``--steps`` is only an upper bound; with ``--work`` a finished side and the evaluations are read
+With ``--budget-s`` stream-dapo is stopped at its first checkpoint past the budget (``past_budget``)
+and TRL at its first step past it (saved then), so ``--steps`` is only an upper bound; with ``--work`` a finished side and the evaluations are read
 back, not rerun. A recipe with ``model.source``/``[sft]`` is prepared (import, warm-up) before either
 clock starts, and its data sources' files are written then too. ``--grad-accum`` splits TRL's optimizer
 step into that many padded batches (TRL computes a whole batch's log-probs at once: 32 rows of 512
