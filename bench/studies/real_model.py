@@ -482,6 +482,7 @@ def render_page(reports: Sequence[dict]) -> str:
         "Both evaluations of a seed use the same prompts and per-request seeds; the seeds of one recipe share the "
         "start model, so they share its evaluation (one file, copied).",
         "",
+        *summary_table(reports),
     ]
     for rep in reports:
         t, sft = rep["training"], rep.get("warm_start") or {}
@@ -519,6 +520,58 @@ def render_page(reports: Sequence[dict]) -> str:
             )
         lines += ["", *_template_table(rep["eval"])]
     return "\n".join(lines) + "\n" + PAGE_NOTES
+
+
+def _recipe(rep: dict) -> str:
+    changed = [o for o in rep.get("overrides", []) if not o.startswith(("learner.seed=", "generator.seed="))]
+    return rep["config"] + "".join(f" --set {o}" for o in changed)
+
+
+def summary_table(reports: Sequence[dict]) -> list[str]:
+    """One row per run (recipe, seed): the held-out gains in points, sampled and greedy, and the train
+    templates' sampled gain; then, per recipe with two seeds or more, the mean and the range."""
+
+    def gain(rep: dict, name: str) -> float | None:
+        e = rep["eval"].get(name)
+        return None if e is None else float(e["gain_points"])
+
+    def fmt(x: float | None) -> str:
+        return "" if x is None else f"{x:+.1f}"
+
+    cols = ("heldout_sampled", "heldout_greedy", "train_sampled")
+    lines = [
+        "## Summary: held-out gains per run (points of avg@k)",
+        "",
+        "| recipe | seed | machine | steps | held-out sampled | held-out greedy | train sampled |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by_recipe: dict[str, list[dict]] = {}
+    for rep in reports:
+        by_recipe.setdefault(_recipe(rep), []).append(rep)
+        lines.append(
+            f"| {_recipe(rep)} | {rep['seed']} | {rep['machine'].get('cpu_model', '')} | "
+            f"{rep['training']['summary'].get('learner_steps')} | "
+            + " | ".join(fmt(gain(rep, c)) for c in cols)
+            + " |"
+        )
+    multi = {r: reps for r, reps in by_recipe.items() if len(reps) > 1}
+    if multi:
+        lines += [
+            "",
+            "| recipe | seeds | held-out sampled mean (range) | held-out greedy mean (range) |",
+            "|---|---|---|---|",
+        ]
+        for recipe, reps in multi.items():
+            cells = []
+            for c in cols[:2]:
+                values = [v for v in (gain(r, c) for r in reps) if v is not None]
+                cells.append(
+                    f"{sum(values) / len(values):+.1f} ({min(values):+.1f} .. {max(values):+.1f})"
+                    if values
+                    else ""
+                )
+            lines.append(f"| {recipe} | {', '.join(str(r['seed']) for r in reps)} | {' | '.join(cells)} |")
+    return [*lines, ""]
 
 
 def _template_table(sets: dict) -> list[str]:

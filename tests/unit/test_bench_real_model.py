@@ -242,3 +242,24 @@ def test_a_set_another_run_measured_under_the_same_key_is_copied_not_measured(tm
     fresh.parent.mkdir()
     _cached_evals(fresh, {"heldout": str(heldout)}, build, refresh=["heldout"], keys=same, donors=[donor])
     assert asked[-1] == ["heldout"]
+
+
+def test_the_summary_gives_each_run_and_each_recipes_mean_over_its_seeds():
+    from bench.studies.real_model import summary_table
+
+    def run(seed: int, after: float, lr: str = "2e-5") -> dict:
+        start = {"heldout_sampled": _eval(0.25), "heldout_greedy": _eval(0.25)}
+        final = {"heldout_sampled": _eval(after), "heldout_greedy": _eval(after + 0.25)}
+        rep = _rep(start, final)
+        return {**rep, "seed": seed, "overrides": [f"learner.lr={lr}", f"learner.seed={seed}"]}
+
+    lines = summary_table([run(0, 0.5), run(1, 0.3), run(0, 0.25, lr="1e-5")])
+    text = "\n".join(lines)
+    assert "| configs/x.toml --set learner.lr=2e-5 | 0 | cpu | 2 | +25.0 | +50.0 |  |" in text
+    assert "| configs/x.toml --set learner.lr=2e-5 | 1 | cpu | 2 | +5.0 | +30.0 |  |" in text
+    # the two seeds of lr 2e-5: mean (25 + 5) / 2 = 15, greedy (50 + 30) / 2 = 40; lr 1e-5 has one seed
+    assert (
+        "| configs/x.toml --set learner.lr=2e-5 | 0, 1 | +15.0 (+5.0 .. +25.0) | +40.0 (+30.0 .. +50.0) |"
+        in text
+    )
+    assert text.count("learner.lr=1e-5") == 1
