@@ -70,7 +70,8 @@ def _load(config: Path, overrides: Sequence[str]) -> Any:
 
 def prepare(config: Path, overrides: Sequence[str]) -> dict[str, str]:
     """Import, data and warm-up (each cached); the eval sets' files: ``heldout`` (data.eval_path:
-    the training source's held-out templates) and ``train`` (data.train_path), and with GSM-Symbolic
+    the training source's held-out templates), with word problems ``probe`` (24 templates in no split:
+    `stream_dapo.data.word_problems.PROBE_TEMPLATES`), ``train`` (data.train_path), and with GSM-Symbolic
     beside word problems its held-out templates as ``gsm_heldout``; ``gsm8k`` (the original problems)
     whenever data.gsm_symbolic is set."""
     from stream_dapo.data.gsm_symbolic import ensure_gsm_symbolic_data
@@ -79,7 +80,12 @@ def prepare(config: Path, overrides: Sequence[str]) -> dict[str, str]:
     cfg = _load(config, overrides)
     check_data(cfg)
     prepare_model(cfg)
-    sets = {"heldout": str(cfg.data.eval_path), "train": str(cfg.data.train_path)}
+    sets = {"heldout": str(cfg.data.eval_path)}
+    if cfg.data.word_problems is not None:
+        from stream_dapo.data.word_problems import ensure_word_problem_data
+
+        sets["probe"] = str(ensure_word_problem_data(cfg.data.word_problems).probe)
+    sets["train"] = str(cfg.data.train_path)
     if cfg.data.gsm_symbolic is not None:
         files = ensure_gsm_symbolic_data(cfg.data.gsm_symbolic)
         if cfg.data.word_problems is not None:
@@ -478,7 +484,9 @@ def render_page(reports: Sequence[dict]) -> str:
         "where the warm model is right on 0-5% of samples and dynamic sampling drops nearly every group; "
         "`configs/smollm2-words-cpu.toml` trains on one- and two-step word problems (`stream_dapo/data/word_problems.py`) "
         "and keeps GSM-Symbolic's held-out templates and the original GSM8K problems as transfer sets. `heldout` is "
-        "the training source's held-out templates (never trained on), `train` new instances of its train templates. "
+        "the training source's held-out templates (never trained on), `probe` 24 more templates that no recipe trains "
+        "on (added later, so that one held-out template cannot carry the figure), `train` new instances of its "
+        "train templates. "
         "Both evaluations of a seed use the same prompts and per-request seeds; the seeds of one recipe share the "
         "start model, so they share its evaluation (one file, copied).",
         "",
@@ -538,12 +546,15 @@ def summary_table(reports: Sequence[dict]) -> list[str]:
     def fmt(x: float | None) -> str:
         return "" if x is None else f"{x:+.1f}"
 
-    cols = ("heldout_sampled", "heldout_greedy", "train_sampled")
+    cols = ("heldout_sampled", "heldout_greedy", "probe_sampled", "probe_greedy", "train_sampled")
     lines = [
         "## Summary: held-out gains per run (points of avg@k)",
         "",
-        "| recipe | seed | machine | steps | held-out sampled | held-out greedy | train sampled |",
-        "|---|---|---|---|---|---|---|",
+        "`probe`: 24 templates in no split, 5 instances each, added after these runs (blank: not measured).",
+        "",
+        "| recipe | seed | machine | steps | held-out sampled | held-out greedy | probe sampled | probe greedy "
+        "| train sampled |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     by_recipe: dict[str, list[dict]] = {}
     for rep in reports:
@@ -558,12 +569,13 @@ def summary_table(reports: Sequence[dict]) -> list[str]:
     if multi:
         lines += [
             "",
-            "| recipe | seeds | held-out sampled mean (range) | held-out greedy mean (range) |",
-            "|---|---|---|---|",
+            "| recipe | seeds | held-out sampled mean (range) | held-out greedy mean (range) "
+            "| probe sampled mean (range) | probe greedy mean (range) |",
+            "|---|---|---|---|---|---|",
         ]
         for recipe, reps in multi.items():
             cells = []
-            for c in cols[:2]:
+            for c in cols[:4]:
                 values = [v for v in (gain(r, c) for r in reps) if v is not None]
                 cells.append(
                     f"{sum(values) / len(values):+.1f} ({min(values):+.1f} .. {max(values):+.1f})"
@@ -575,18 +587,39 @@ def summary_table(reports: Sequence[dict]) -> list[str]:
 
 
 def _template_table(sets: dict) -> list[str]:
-    """avg@k before / after per template of the sampled sets that carry it (what a gain is made of)."""
+    """avg@k before / after per template of the sampled sets that carry it (what a gain is made of),
+    with how many templates went up and down and the set's gain without its largest template; in a
+    collapsed block (the page's per-run detail)."""
     out = []
     for label, e in sets.items():
         if "by_template" not in e or not label.endswith("_sampled"):
             continue
-        out += [f"Per template, {label} (avg@{e['k']} before -> after, prompts):", ""]
+        groups = e["by_template"]
+        gains = {name: 100 * (g["after"] - g["before"]) for name, g in groups.items()}
+        out += [f"Per template, {label} (avg@{e['k']} before -> after, prompts): {spread_line(groups)}", ""]
         out += ["| template | prompts | before | after | gain (points) |", "|---|---|---|---|---|"]
-        for name, g in e["by_template"].items():
-            gain = 100 * (g["after"] - g["before"])
-            out.append(f"| {name} | {g['prompts']} | {g['before']:.3f} | {g['after']:.3f} | {gain:+.1f} |")
+        for name, g in groups.items():
+            out.append(f"| {name} | {g['prompts']} | {g['before']:.3f} | {g['after']:.3f} | {gains[name]:+.1f} |")
         out.append("")
-    return out
+    if not out:
+        return []
+    return ["<details><summary>Per-template figures</summary>", "", *out, "</details>", ""]
+
+
+def spread_line(groups: dict) -> str:
+    """How a set's gain is spread over its templates: how many went up, stayed, went down, and the
+    gain (prompt-weighted, points) of the set without its largest single template's."""
+    gains = {name: g["after"] - g["before"] for name, g in groups.items()}
+    up = sum(v > 0 for v in gains.values())
+    down = sum(v < 0 for v in gains.values())
+    line = f"{up} up, {len(gains) - up - down} unchanged, {down} down"
+    if len(gains) < 2:
+        return line + "."
+    top = max(gains, key=lambda n: gains[n])
+    rest = [n for n in gains if n != top]
+    weight = sum(groups[n]["prompts"] for n in rest)
+    without = 100 * sum(gains[n] * groups[n]["prompts"] for n in rest) / weight if weight else 0.0
+    return line + f"; without its largest gain ({top}, {100 * gains[top]:+.1f}) the set moved {without:+.1f} points."
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
         from stream_dapo.data.word_problems import ensure_word_problem_data
 
         words = ensure_word_problem_data(data.word_problems)
-        out["word_problems"] = {"train": str(words.train), "eval": str(words.eval), **words.info}
+        out["word_problems"] = {
+            "train": str(words.train), "eval": str(words.eval), "probe": str(words.probe), **words.info
+        }
     print(json.dumps(out))
     return 0

@@ -554,16 +554,18 @@ class WeightsConfig(_Section):
     fetch_window: int = Field(4, ge=1, le=64)
     """Chunk requests a generator keeps in flight to the learner's weight server (method zmq): the
     next chunks travel while one is checked. 1 is one request at a time."""
-    delta: bool = True
-    """Method zmq: send each version as a delta against the one a generator holds. Chunks whose
+    delta: bool | Literal["auto"] = "auto"
+    """Method zmq: send each version as a delta against the one a generator holds. auto (the
+    default): on, except where the generator reaches the learner on a loopback address (the learner
+    on the same machine: a full image is faster there, see below). Chunks whose
     digest matches that version's are not sent at all, the others go as zlib'd XOR against it where
     that is smaller; the assembled state is checked against the full-state checksum either way. A
     generator without a usable base (a late joiner, a resumed learner's other lineage, a base the
     learner no longer keeps) gets the full image. Costs each generator one more copy of the weights
     in host memory (the base) and the learner the XOR + zlib of each changed chunk, once per
     version (all of them on 2 threads once the first is asked for). Slower than the full
-    image on a link faster than about 3 Gb/s: see docs/operations.md. Measured in docs/RESULTS.md
-    (weight sync)."""
+    image on a link faster than about 3 Gb/s (loopback included: auto turns it off there): see
+    docs/operations.md. Measured in docs/RESULTS.md (weight sync)."""
     peer_fanout: int = Field(0, ge=0, le=16)
     """Method zmq: generators pass each version on to each other in a relay tree with this many
     children per generator, so the learner sends about one copy of a version whatever the number of

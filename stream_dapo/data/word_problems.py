@@ -11,7 +11,9 @@ subtract, multiply, divide, in one or two steps), written here as templates.
 Each template is a function of a seeded ``random.Random`` returning the question, a worked solution
 (for a supervised warm-up, kept in ``extra_info["solution"]``) and the answer. Train and eval
 templates are disjoint (a seeded split), so eval measures problem wordings and operation
-combinations the policy never trained on, not only new numbers. Files are written once per setting,
+combinations the policy never trained on, not only new numbers. A third file, ``probe.jsonl``, holds
+24 more templates that no setting trains on (`PROBE_TEMPLATES`): a held-out set wide enough that
+one template cannot carry its figure. Files are written once per setting,
 under a key of every setting that shapes them, like ``stream_dapo.data.gsm_symbolic``'s.
 """
 
@@ -31,7 +33,8 @@ from stream_dapo.config import WordProblemsConfig
 from stream_dapo.errors import ConfigError
 
 __all__ = [
-    "TEMPLATES", "WIDE_TEMPLATES", "WordProblemFiles", "ensure_word_problem_data", "render", "split_names",
+    "PROBE_PER_TEMPLATE", "PROBE_TEMPLATES", "TEMPLATES", "WIDE_TEMPLATES", "WordProblemFiles",
+    "ensure_word_problem_data", "render", "split_names",
 ]
 
 log = logging.getLogger(__name__)
@@ -466,6 +469,217 @@ WIDE_TEMPLATES: tuple[Template, ...] = tuple(
 """Train-only templates of data.word_problems.train_templates = "wide"; never in the eval split."""
 
 
+# The probe set: 24 more templates that no recipe trains on, whatever its settings (never in a split),
+# written after the runs of docs/results/real-model.md and evaluated as a second held-out set
+# (``probe.jsonl``, 5 instances each). Six held-out templates let one of them carry the held-out
+# figure; over 24, none can. New stories and wordings over the same four operations, a few needing a
+# fact the question does not state (a dozen is 12, a week 7 days).
+
+
+def _cars_wheels(r: random.Random) -> Problem:
+    n = r.randint(3, 25)
+    return (f"A parking lot has {n} cars. Each car has 4 wheels. How many wheels are there in the parking lot?",
+            f"{n} cars have {n} * 4 = {n * 4} wheels.", n * 4)
+
+
+def _vases(r: random.Random) -> Problem:
+    (p,), each, vases = _people(r, 1), r.randint(2, 9), r.randint(2, 9)
+    return (f"{p} puts {each * vases} flowers into vases, {each} flowers in each vase. How many vases does "
+            f"{p} fill?",
+            f"{p} fills {each * vases} / {each} = {vases} vases.", vases)
+
+
+def _bus_stop(r: random.Random) -> Problem:
+    a, b = r.randint(5, 40), r.randint(2, 20)
+    return (f"A bus has {a} passengers. At the next stop {b} people get on and nobody gets off. How many "
+            f"passengers are on the bus now?",
+            f"There are {a} + {b} = {a + b} passengers now.", a + b)
+
+
+def _ribbon(r: random.Random) -> Problem:
+    (p,), b = _people(r, 1), r.randint(2, 30)
+    a = b + r.randint(3, 40)
+    return (f"{p} has a ribbon {a} centimeters long and cuts off {b} centimeters. How long is the ribbon now, "
+            f"in centimeters?",
+            f"The ribbon is {a} - {b} = {a - b} centimeters long now.", a - b)
+
+
+def _laps_week(r: random.Random) -> Problem:
+    (p,), a = _people(r, 1), r.randint(2, 15)
+    return (f"{p} swims {a} laps every day. How many laps does {p} swim in one week?",
+            f"A week has 7 days, so {p} swims {a} * 7 = {a * 7} laps.", a * 7)
+
+
+def _dozens(r: random.Random) -> Problem:
+    (p,), n = _people(r, 1), r.randint(2, 8)
+    return (f"{p} buys {n} dozen eggs. How many eggs does {p} buy?",
+            f"A dozen is 12, so {n} dozen is {n} * 12 = {n * 12} eggs.", n * 12)
+
+
+def _younger(r: random.Random) -> Problem:
+    (p, q), b = _people(r, 2), r.randint(2, 15)
+    a = b + r.randint(3, 40)
+    return (f"{p} is {a} years old. {q} is {b} years younger than {p}. How old is {q}?",
+            f"{q} is {a} - {b} = {a - b} years old.", a - b)
+
+
+def _garden_rows(r: random.Random) -> Problem:
+    rows, per_row = r.randint(2, 12), r.randint(2, 12)
+    plant = r.choice(("tomato", "pepper", "bean", "lettuce"))
+    return (f"A garden has {rows} rows with {per_row} {plant} plants in each row. How many {plant} plants "
+            f"are in the garden?",
+            f"There are {rows} * {per_row} = {rows * per_row} {plant} plants.", rows * per_row)
+
+
+def _unit_price(r: random.Random) -> Problem:
+    n, each = r.randint(2, 8), r.randint(2, 12)
+    item = r.choice(("concert tickets", "movie tickets", "train tickets", "museum passes"))
+    return (f"{n} {item} cost ${n * each} in total. How many dollars does one of them cost?",
+            f"One costs {n * each} / {n} = {each} dollars.", each)
+
+
+def _two_halves(r: random.Random) -> Problem:
+    a, b = r.randint(5, 50), r.randint(5, 50)
+    return (f"A basketball team scored {a} points in the first half and {b} points in the second half. How "
+            f"many points did the team score in the game?",
+            f"The team scored {a} + {b} = {a + b} points.", a + b)
+
+
+def _holiday_days(r: random.Random) -> Problem:
+    (p,), w = _people(r, 1), r.randint(1, 6)
+    return (f"{p}'s holiday lasts {w} weeks. How many days is that?",
+            f"A week has 7 days, so {w} weeks is {w} * 7 = {w * 7} days.", w * 7)
+
+
+def _borrowed(r: random.Random) -> Problem:
+    b = r.randint(2, 25)
+    a = b + r.randint(3, 40)
+    return (f"A library shelf held {a} books. Students borrowed {b} of them. How many books are still on the "
+            f"shelf?",
+            f"{a} - {b} = {a - b} books are still on the shelf.", a - b)
+
+
+def _adults_and_child(r: random.Random) -> Problem:
+    adults, price, child = r.randint(2, 5), r.randint(4, 12), r.randint(2, 8)
+    return (f"At the zoo, each adult ticket costs ${price} and a child ticket costs ${child}. How many dollars "
+            f"do {adults} adults and one child pay?",
+            f"The adults pay {adults} * {price} = {adults * price} dollars.\nWith the child, they pay "
+            f"{adults * price} + {child} = {adults * price + child} dollars.", adults * price + child)
+
+
+def _pizza_left(r: random.Random) -> Problem:
+    pizzas, slices = r.randint(2, 5), r.choice((6, 8, 10, 12))
+    eaten = r.randint(1, pizzas * slices - 1)
+    return (f"{pizzas} pizzas are each cut into {slices} slices. The children eat {eaten} slices. How many "
+            f"slices are left?",
+            f"There are {pizzas} * {slices} = {pizzas * slices} slices.\n{pizzas * slices} - {eaten} = "
+            f"{pizzas * slices - eaten} slices are left.", pizzas * slices - eaten)
+
+
+def _weekday_runs(r: random.Random) -> Problem:
+    (p,), a, b = _people(r, 1), r.randint(2, 9), r.randint(3, 20)
+    return (f"{p} runs {a} kilometers on each of the 5 weekdays and {b} kilometers on Saturday. How many "
+            f"kilometers does {p} run in the week?",
+            f"On weekdays {p} runs 5 * {a} = {5 * a} kilometers.\nWith Saturday, {p} runs {5 * a} + {b} = "
+            f"{5 * a + b} kilometers.", 5 * a + b)
+
+
+def _coupon(r: random.Random) -> Problem:
+    (p,), off, n = _people(r, 1), r.randint(1, 5), r.randint(2, 6)
+    price = off + r.randint(2, 15)
+    return (f"A board game costs ${price}. A coupon takes ${off} off the price of each game. How many dollars "
+            f"does {p} pay for {n} games with the coupon?",
+            f"With the coupon one game costs {price} - {off} = {price - off} dollars.\n{n} games cost "
+            f"{n} * {price - off} = {n * (price - off)} dollars.", n * (price - off))
+
+
+def _average_two(r: random.Random) -> Problem:
+    (p,), a = _people(r, 1), r.randint(4, 40)
+    b = a + 2 * r.randint(-min(a // 2 - 1, 10), 15)
+    return (f"{p} scored {a} points in one game and {b} points in the next. What is {p}'s average score "
+            f"per game?",
+            f"The two games add up to {a} + {b} = {a + b} points.\nThe average is {a + b} / 2 = "
+            f"{(a + b) // 2} points.", (a + b) // 2)
+
+
+def _fence(r: random.Random) -> Problem:
+    side, cost = r.randint(2, 15), r.randint(2, 5)
+    return (f"A square garden has sides of {side} meters. A fence around it costs ${cost} per meter. How many "
+            f"dollars does the fence cost?",
+            f"The fence is 4 * {side} = {4 * side} meters long.\nIt costs {4 * side} * {cost} = "
+            f"{4 * side * cost} dollars.", 4 * side * cost)
+
+
+def _sticker_sheets(r: random.Random) -> Problem:
+    (p,), friends, each = _people(r, 1), r.randint(2, 5), r.randint(2, 8)
+    per_sheet = r.choice([k for k in (2, 3, 4, 5, 6) if (friends * each) % k == 0])
+    sheets = friends * each // per_sheet
+    return (f"{p} buys {sheets} sheets of stickers with {per_sheet} stickers on each sheet and shares all of "
+            f"them equally among {friends} friends. How many stickers does each friend get?",
+            f"{p} has {sheets} * {per_sheet} = {sheets * per_sheet} stickers.\nEach friend gets "
+            f"{sheets * per_sheet} / {friends} = {each} stickers.", each)
+
+
+def _boxes_given_away(r: random.Random) -> Problem:
+    (p,), per_box, boxes = _people(r, 1), r.randint(2, 10), r.randint(3, 10)
+    given = r.randint(1, boxes - 1)
+    return (f"{p} baked {per_box * boxes} cookies and packed them in boxes of {per_box}. {p} gave away "
+            f"{given} boxes. How many boxes does {p} have left?",
+            f"{p} packed {per_box * boxes} / {per_box} = {boxes} boxes.\n{boxes} - {given} = "
+            f"{boxes - given} boxes are left.", boxes - given)
+
+
+def _fewer_then_triple(r: random.Random) -> Problem:
+    (p, q, s), b = _people(r, 3), r.randint(2, 10)
+    a = b + r.randint(2, 20)
+    return (f"{p} has {a} cards. {q} has {b} fewer cards than {p}. {s} has 3 times as many cards as {q}. "
+            f"How many cards does {s} have?",
+            f"{q} has {a} - {b} = {a - b} cards.\n{s} has {a - b} * 3 = {3 * (a - b)} cards.", 3 * (a - b))
+
+
+def _bracelets(r: random.Random) -> Problem:
+    (p,), n, each = _people(r, 1), r.randint(2, 6), r.randint(3, 12)
+    red = r.randint(1, n * each - 1)
+    return (f"{p} has {red} red beads and {n * each - red} blue beads and uses all of them to make {n} "
+            f"bracelets with the same number of beads each. How many beads are on each bracelet?",
+            f"{p} has {red} + {n * each - red} = {n * each} beads.\nEach bracelet gets {n * each} / {n} = "
+            f"{each} beads.", each)
+
+
+def _warmer_then_colder(r: random.Random) -> Problem:
+    morning, up = r.randint(2, 20), r.randint(2, 15)
+    down = r.randint(1, morning + up)
+    return (f"It is {morning} degrees in the morning. By noon it is {up} degrees warmer, and by night it is "
+            f"{down} degrees colder than at noon. What is the temperature at night, in degrees?",
+            f"At noon it is {morning} + {up} = {morning + up} degrees.\nAt night it is {morning + up} - "
+            f"{down} = {morning + up - down} degrees.", morning + up - down)
+
+
+def _shelves_left(r: random.Random) -> Problem:
+    shelves, per_shelf = r.randint(2, 8), r.randint(3, 12)
+    sold = r.randint(1, shelves * per_shelf - 1)
+    item = r.choice(("jars of jam", "loaves of bread", "cartons of milk", "bags of rice"))
+    return (f"A store has {shelves} shelves with {per_shelf} {item} on each. It sells {sold} of them. How "
+            f"many are left?",
+            f"The store had {shelves} * {per_shelf} = {shelves * per_shelf}.\n{shelves * per_shelf} - {sold} "
+            f"= {shelves * per_shelf - sold} are left.", shelves * per_shelf - sold)
+
+
+PROBE_TEMPLATES: tuple[Template, ...] = tuple(
+    Template(fn.__name__.lstrip("_"), steps, fn)
+    for steps, fns in (
+        (1, (_cars_wheels, _vases, _bus_stop, _ribbon, _laps_week, _dozens, _younger, _garden_rows,
+             _unit_price, _two_halves, _holiday_days, _borrowed)),
+        (2, (_adults_and_child, _pizza_left, _weekday_runs, _coupon, _average_two, _fence, _sticker_sheets,
+             _boxes_given_away, _fewer_then_triple, _bracelets, _warmer_then_colder, _shelves_left)),
+    )
+    for fn in fns
+)
+"""Eval-only templates: the probe set (``probe.jsonl``), in no train or eval split."""
+PROBE_PER_TEMPLATE = 5
+"""Instances per probe template: 120 prompts, under eval.max_prompts' default of 128."""
+
+
 @dataclass(frozen=True)
 class WordProblemFiles:
     """Where the two splits were written, and which templates went where."""
@@ -473,6 +687,8 @@ class WordProblemFiles:
     train: Path
     eval: Path
     info: dict[str, Any] = field(default_factory=dict)
+    probe: Path | None = None
+    """The probe set: `PROBE_TEMPLATES`' instances, in no split (eval only)."""
 
 
 def render(template: Template, rng: random.Random, answer_format: str) -> dict[str, Any]:
@@ -535,7 +751,8 @@ def ensure_word_problem_data(cfg: WordProblemsConfig) -> WordProblemFiles:
     files = {name: folder / f"{name}.jsonl" for name in ("train", "eval")}
     manifest = folder / _MANIFEST
     if manifest.is_file() and all(p.is_file() for p in files.values()):
-        return WordProblemFiles(files["train"], files["eval"], json.loads(manifest.read_text()))
+        info = json.loads(manifest.read_text())
+        return WordProblemFiles(files["train"], files["eval"], info, _ensure_probe(cfg, folder))
     from stream_dapo.data.synthetic import _write_jsonl_atomic
 
     by_name = {t.name: t for t in _templates(cfg)}
@@ -561,4 +778,22 @@ def ensure_word_problem_data(cfg: WordProblemsConfig) -> WordProblemFiles:
     tmp.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, manifest)
     log.info("word problems: %s rows in %s", info["rows"], folder)
-    return WordProblemFiles(files["train"], files["eval"], info)
+    return WordProblemFiles(files["train"], files["eval"], info, _ensure_probe(cfg, folder))
+
+
+def _ensure_probe(cfg: WordProblemsConfig, folder: Path) -> Path:
+    """``probe.jsonl``: `PROBE_PER_TEMPLATE` instances of each probe template within max_steps, in
+    template order. Written beside the splits on first use, so folders written before the probe set
+    existed gain it without their train and eval files being touched."""
+    path = folder / "probe.jsonl"
+    if not path.is_file():
+        from stream_dapo.data.synthetic import _write_jsonl_atomic
+
+        rows = [
+            row
+            for t in PROBE_TEMPLATES
+            if t.steps <= cfg.max_steps
+            for row in _instances(t, PROBE_PER_TEMPLATE, cfg, "probe")
+        ]
+        _write_jsonl_atomic(path, rows)
+    return path

@@ -6,6 +6,9 @@ only see the `WeightPublisher` / `WeightSource` interfaces of `base`.
 
 from __future__ import annotations
 
+import ipaddress
+import logging
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +25,9 @@ if TYPE_CHECKING:
     from stream_dapo.weights.fanout import ChunkRelay
     from stream_dapo.weights.zmq_chunks import WeightServer
 
-__all__ = ["make_publisher", "make_source", "shared_dir_path"]
+__all__ = ["delta_wanted", "is_local_host", "make_publisher", "make_source", "shared_dir_path"]
+
+log = logging.getLogger(__name__)
 
 NCCL_TIMEOUT_FLOOR_S = 300.0
 """A broadcast waits for every worker, whose load can take minutes: never less than this."""
@@ -32,6 +37,32 @@ def shared_dir_path(cfg: Config) -> Path:
     """weights.shared_dir, default run.out_dir/weights."""
     w = cfg.weights
     return Path(w.shared_dir) if w.shared_dir else Path(cfg.run.out_dir) / "weights"
+
+
+def is_local_host(host: str) -> bool:
+    """Whether connecting to ``host`` stays on this machine: a loopback or unspecified address, or a
+    name that resolves only to such. A name that does not resolve counts as remote."""
+    name = host.strip("[]")
+    try:
+        addresses = [ipaddress.ip_address(name)]
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(name, None)
+        except (OSError, UnicodeError):
+            return False
+        addresses = [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
+    return bool(addresses) and all(a.is_loopback or a.is_unspecified for a in addresses)
+
+
+def delta_wanted(cfg: Config) -> bool:
+    """Whether a generator asks for deltas: weights.delta, with auto resolved to "unless the learner
+    is on this machine" (on loopback a delta version arrived at 0.29-0.46x the rate of a full image:
+    docs/operations.md, "When not to use deltas")."""
+    delta = cfg.weights.delta
+    if delta != "auto":
+        return bool(delta)
+    t = cfg.transport
+    return not is_local_host(t.learner_host or t.host)
 
 
 def make_publisher(
@@ -81,7 +112,7 @@ def _weight_server(
         rejected_metric=rejected_metric,
         refused_metric=refused_metric,
         sent_metric=sent_metric,
-        delta=cfg.weights.delta,
+        delta=cfg.weights.delta is not False,  # auto: served to the generators that ask
         peer_fanout=cfg.weights.peer_fanout,
     )
     try:
@@ -126,12 +157,20 @@ def _zmq_source(cfg: Config, index: int, relay_metrics: RelayMetrics | None = No
     require_bound("transport.weights_port", t.weights_port, "learner")
     curve = curve_client(t.curve_dir)
     relay_metrics = relay_metrics or RelayMetrics()
+    delta = delta_wanted(cfg)
+    if w.delta == "auto":
+        log.info(
+            "weights.delta = auto: %s (the learner at %s is %s)",
+            "on" if delta else "off, full images",
+            t.learner_host or t.host,
+            "remote" if delta else "on this machine, where a full image is faster than a delta",
+        )
     return ZmqWeightSource(
         t.weights_address(),
         t.timeout_s,
         curve,
         window=w.fetch_window,
-        delta=w.delta,
+        delta=delta,
         relay=_relay(cfg, curve, relay_metrics),
         peer_timeout_s=w.peer_timeout_s,
         dropped_metric=relay_metrics.dropped,

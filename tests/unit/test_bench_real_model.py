@@ -24,13 +24,13 @@ def _eval(avg: float, groups: dict[str, float] | None = None) -> dict:
     return out
 
 
-def _rep(start: dict, final: dict) -> dict:
+def _rep(start: dict, final: dict, names: list[str] | None = None) -> dict:
     rows = [
         {"wall_time": 110.0, "entropy": 0.5, "reward_mean": -0.5},
         {"wall_time": 130.0, "entropy": 0.4, "reward_mean": 0.0},
     ]
     trained = {"launch": 100.0, "stopped_at_budget": True, "summary": {"learner_steps": 2}}
-    rep = report(["heldout"], start, final, trained, rows, [], 60.0)
+    rep = report(names or ["heldout"], start, final, trained, rows, [], 60.0)
     return {
         **rep,
         "seed": 0,
@@ -57,6 +57,23 @@ def test_per_template_gains_reach_the_report_and_the_page():
     assert "--set learner.lr=2e-5" in page and "learner.seed=0" not in page
     assert "| add | 2 | 0.500 | 0.750 | +25.0 |" in page
     assert "| share | 2 | 0.000 | 0.250 | +25.0 |" in page
+    assert "<details><summary>Per-template figures</summary>" in page
+
+
+def test_the_spread_line_says_what_the_set_moved_without_its_largest_template():
+    from bench.studies.real_model import spread_line
+
+    groups = {
+        "price": {"prompts": 20, "before": 0.2, "after": 0.5},  # +30: the largest
+        "give": {"prompts": 20, "before": 0.1, "after": 0.175},  # +7.5
+        "teams": {"prompts": 10, "before": 0.3, "after": 0.3},
+        "change": {"prompts": 10, "before": 0.2, "after": 0.1},  # -10
+    }
+    # without price: (7.5 * 20 + 0 * 10 - 10 * 10) / 40 = +1.25 points
+    assert spread_line(groups) == (
+        "2 up, 1 unchanged, 1 down; without its largest gain (price, +30.0) the set moved +1.2 points."
+    )
+    assert spread_line({"only": {"prompts": 5, "before": 0.0, "after": 0.2}}) == "1 up, 0 unchanged, 0 down."
 
 
 def test_a_kept_eval_set_is_measured_again_only_when_refreshed(tmp_path):
@@ -247,19 +264,24 @@ def test_a_set_another_run_measured_under_the_same_key_is_copied_not_measured(tm
 def test_the_summary_gives_each_run_and_each_recipes_mean_over_its_seeds():
     from bench.studies.real_model import summary_table
 
-    def run(seed: int, after: float, lr: str = "2e-5") -> dict:
+    def run(seed: int, after: float, lr: str = "2e-5", probe: float | None = None) -> dict:
         start = {"heldout_sampled": _eval(0.25), "heldout_greedy": _eval(0.25)}
         final = {"heldout_sampled": _eval(after), "heldout_greedy": _eval(after + 0.25)}
-        rep = _rep(start, final)
+        if probe is not None:  # the probe set, measured on some runs only
+            start |= {"probe_sampled": _eval(0.1), "probe_greedy": _eval(0.2)}
+            final |= {"probe_sampled": _eval(0.1 + probe), "probe_greedy": _eval(0.2 + 2 * probe)}
+        rep = _rep(start, final, names=list(dict.fromkeys(k.rsplit("_", 1)[0] for k in start)))
         return {**rep, "seed": seed, "overrides": [f"learner.lr={lr}", f"learner.seed={seed}"]}
 
-    lines = summary_table([run(0, 0.5), run(1, 0.3), run(0, 0.25, lr="1e-5")])
+    lines = summary_table([run(0, 0.5, probe=0.05), run(1, 0.3, probe=0.15), run(0, 0.25, lr="1e-5")])
     text = "\n".join(lines)
-    assert "| configs/x.toml --set learner.lr=2e-5 | 0 | cpu | 2 | +25.0 | +50.0 |  |" in text
-    assert "| configs/x.toml --set learner.lr=2e-5 | 1 | cpu | 2 | +5.0 | +30.0 |  |" in text
-    # the two seeds of lr 2e-5: mean (25 + 5) / 2 = 15, greedy (50 + 30) / 2 = 40; lr 1e-5 has one seed
+    assert "| configs/x.toml --set learner.lr=2e-5 | 0 | cpu | 2 | +25.0 | +50.0 | +5.0 | +10.0 |  |" in text
+    assert "| configs/x.toml --set learner.lr=2e-5 | 1 | cpu | 2 | +5.0 | +30.0 | +15.0 | +30.0 |  |" in text
+    assert "| configs/x.toml --set learner.lr=1e-5 | 0 | cpu | 2 | +0.0 | +25.0 |  |  |  |" in text
+    # the two seeds of lr 2e-5: mean (25 + 5) / 2 = 15, greedy (50 + 30) / 2 = 40, probe (5 + 15) / 2 = 10
+    # and (10 + 30) / 2 = 20; lr 1e-5 has one seed, so no mean row
     assert (
-        "| configs/x.toml --set learner.lr=2e-5 | 0, 1 | +15.0 (+5.0 .. +25.0) | +40.0 (+30.0 .. +50.0) |"
-        in text
+        "| configs/x.toml --set learner.lr=2e-5 | 0, 1 | +15.0 (+5.0 .. +25.0) | +40.0 (+30.0 .. +50.0) "
+        "| +10.0 (+5.0 .. +15.0) | +20.0 (+10.0 .. +30.0) |" in text
     )
     assert text.count("learner.lr=1e-5") == 1

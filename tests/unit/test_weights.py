@@ -364,3 +364,43 @@ def test_the_factory_builds_each_methods_two_ends_and_they_meet(tmp_path: Path) 
         finally:
             source.close()
             publisher.close()
+
+
+def test_delta_auto_is_off_towards_a_learner_on_this_machine_and_on_towards_another(tmp_path: Path) -> None:
+    """weights.delta = auto (the default): a generator asks for deltas unless the learner address it
+    connects to is loopback or unspecified; true and false are taken as they are. The learner serves
+    deltas unless weights.delta is false."""
+    from stream_dapo.config import load_config
+    from stream_dapo.weights.factory import delta_wanted, is_local_host, make_publisher, make_source
+    from stream_dapo.weights.zmq_chunks import WeightServer, ZmqWeightSource
+
+    assert is_local_host("127.0.0.1") and is_local_host("127.0.0.77") and is_local_host("::1")
+    assert is_local_host("[::1]") and is_local_host("0.0.0.0") and is_local_host("localhost")
+    assert not is_local_host("10.1.2.3") and not is_local_host("2001:db8::1")
+    assert not is_local_host("no-such-host.invalid")  # unresolvable: counted as remote
+
+    def cfg(*overrides: str):
+        return load_config(overrides=[*overrides, f'run.out_dir="{tmp_path}"'], environ={})
+
+    assert cfg().weights.delta == "auto"
+    cases = {
+        (): False,
+        ('transport.learner_host="10.1.2.3"',): True,
+        ('transport.host="0.0.0.0"',): False,
+        ("weights.delta=true",): True,
+        ("weights.delta=false", 'transport.learner_host="10.1.2.3"'): False,
+    }
+    for overrides, wanted in cases.items():
+        c = cfg(*overrides)
+        assert delta_wanted(c) is wanted, overrides
+        source = make_source(c, 0)
+        try:
+            assert isinstance(source, ZmqWeightSource) and source.delta is wanted, overrides
+        finally:
+            source.close()
+    for overrides, served in ((("transport.weights_port=0",), True), (("transport.weights_port=0", "weights.delta=false"), False)):
+        publisher = make_publisher(cfg(*overrides))
+        try:
+            assert isinstance(publisher, WeightServer) and publisher.delta is served
+        finally:
+            publisher.close()

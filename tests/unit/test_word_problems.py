@@ -13,6 +13,8 @@ import pytest
 
 from stream_dapo.config import WordProblemsConfig, load_config
 from stream_dapo.data.word_problems import (
+    PROBE_PER_TEMPLATE,
+    PROBE_TEMPLATES,
     TEMPLATES,
     WIDE_TEMPLATES,
     ensure_word_problem_data,
@@ -25,7 +27,7 @@ EQUATION = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)")
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}
 
 
-@pytest.mark.parametrize("template", TEMPLATES + WIDE_TEMPLATES, ids=lambda t: t.name)
+@pytest.mark.parametrize("template", TEMPLATES + WIDE_TEMPLATES + PROBE_TEMPLATES, ids=lambda t: t.name)
 def test_every_solution_computes_the_graded_answer_in_its_stated_steps(template) -> None:
     rng = random.Random(7)
     for _ in range(200):
@@ -133,3 +135,27 @@ def test_the_wide_recipe_differs_from_the_words_recipe_only_in_train_templates()
         cfg["data"].pop("train_path"), cfg["data"].pop("eval_path")  # the folder is keyed
         cfg["run"].pop("out_dir")
     assert wide == words
+
+
+def test_the_probe_set_is_in_no_split_and_is_added_to_an_existing_folder_untouched(tmp_path: Path) -> None:
+    names = [t.name for t in PROBE_TEMPLATES]
+    assert len(set(names)) == 24 and not set(names) & {t.name for t in TEMPLATES + WIDE_TEMPLATES}
+    assert sorted(t.steps for t in PROBE_TEMPLATES) == [1] * 12 + [2] * 12
+    cfg = WordProblemsConfig(dir=str(tmp_path), per_template=3, eval_per_template=2, train_templates="wide")
+    files = ensure_word_problem_data(cfg)
+    assert files.probe is not None
+    probe = [json.loads(line) for line in files.probe.read_text().splitlines()]
+    assert len(probe) == 24 * PROBE_PER_TEMPLATE == 120  # all of them under eval.max_prompts = 128
+    assert [r["extra_info"]["template"] for r in probe] == [n for n in names for _ in range(PROBE_PER_TEMPLATE)]
+    for path in (files.train, files.eval):
+        used = {json.loads(line)["extra_info"]["template"] for line in path.read_text().splitlines()}
+        assert not used & set(names)
+    # a folder written before the probe set existed: the probe file is added, the splits stay as they were
+    stamps = {p: p.stat().st_mtime_ns for p in (files.train, files.eval)}
+    text = files.probe.read_text()
+    files.probe.unlink()
+    again = ensure_word_problem_data(cfg)
+    assert again.probe is not None and again.probe.read_text() == text  # seeded: the same instances
+    assert {p: p.stat().st_mtime_ns for p in (files.train, files.eval)} == stamps
+    one_step = ensure_word_problem_data(WordProblemsConfig(dir=str(tmp_path), max_steps=1, eval_templates=2))
+    assert one_step.probe is not None and len(one_step.probe.read_text().splitlines()) == 12 * PROBE_PER_TEMPLATE
