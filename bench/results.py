@@ -632,6 +632,13 @@ EXTERNAL = (
         "python -m bench.studies.peer_trl --config configs/tiny-longcot-cpu.toml --steps 120 --eval-every 20 "
         "--target-delta 0.05 --seed 2 --out docs/results/peer_trl_longcot_seed2.json",
     ),
+    (
+        "TRL peer comparison on the real model (SmolLM2-135M, word problems), seed 0",
+        "peer_trl_smollm2_seed0.json",
+        "flock /tmp/stream-dapo-cpu.lock python -m bench.studies.peer_trl --config configs/smollm2-words-wide-cpu.toml "
+        "--set learner.share_prompt=true --steps 400 --budget-s 3600 --eval-every 10 --grad-accum 4 --seed 0 "
+        "--order trl,stream-dapo --work runs/peer-trl-smollm2/seed-0 --out docs/results/peer_trl_smollm2_seed0.json",
+    ),
     ("Fault drill", "drill.json", "python -m bench.drills.drill --json docs/results/drill.json"),
     (
         "Elastic generator fleet drill",

@@ -596,7 +596,11 @@ def _template_table(sets: dict) -> list[str]:
             continue
         groups = e["by_template"]
         gains = {name: 100 * (g["after"] - g["before"]) for name, g in groups.items()}
-        out += [f"Per template, {label} (avg@{e['k']} before -> after, prompts): {spread_line(groups)}", ""]
+        out += [
+            f"Per template, {label} (avg@{e['k']} before -> after, prompts): {spread_line(groups)}"
+            f"{steps_line(groups)}",
+            "",
+        ]
         out += ["| template | prompts | before | after | gain (points) |", "|---|---|---|---|---|"]
         for name, g in groups.items():
             out.append(f"| {name} | {g['prompts']} | {g['before']:.3f} | {g['after']:.3f} | {gains[name]:+.1f} |")
@@ -604,6 +608,26 @@ def _template_table(sets: dict) -> list[str]:
     if not out:
         return []
     return ["<details><summary>Per-template figures</summary>", "", *out, "</details>", ""]
+
+
+def steps_line(groups: dict) -> str:
+    """The set's avg@k before -> after over its one-step and over its two-step word-problem templates
+    (prompt-weighted); empty when the templates are not word-problem ones."""
+    from stream_dapo.data.word_problems import PROBE_TEMPLATES, TEMPLATES, WIDE_TEMPLATES
+
+    steps = {t.name: t.steps for t in TEMPLATES + WIDE_TEMPLATES + PROBE_TEMPLATES}
+    if not groups or any(name not in steps for name in groups):
+        return ""
+    parts = []
+    for n in sorted({steps[name] for name in groups}):
+        names = [name for name in groups if steps[name] == n]
+        weight = sum(groups[name]["prompts"] for name in names)
+        before, after = (
+            100 * sum(groups[name][side] * groups[name]["prompts"] for name in names) / weight
+            for side in ("before", "after")
+        )
+        parts.append(f"{n}-step templates ({len(names)}) {before:.1f}% -> {after:.1f}% ({after - before:+.1f})")
+    return " By steps: " + ", ".join(parts) + "."
 
 
 def spread_line(groups: dict) -> str:

@@ -285,3 +285,18 @@ def test_the_summary_gives_each_run_and_each_recipes_mean_over_its_seeds():
         "| +10.0 (+5.0 .. +15.0) | +20.0 (+10.0 .. +30.0) |" in text
     )
     assert text.count("learner.lr=1e-5") == 1
+
+
+def test_the_steps_line_splits_a_word_problem_set_into_one_and_two_step_templates():
+    from bench.studies.real_model import steps_line
+
+    groups = {
+        "garden_rows": {"prompts": 5, "before": 0.1, "after": 0.5},  # one step
+        "two_halves": {"prompts": 5, "before": 0.0, "after": 0.2},  # one step
+        "fence": {"prompts": 10, "before": 0.05, "after": 0.05},  # two steps
+    }
+    # one step: (0.1 * 5 + 0.0 * 5) / 10 = 5% -> (0.5 * 5 + 0.2 * 5) / 10 = 35%
+    assert steps_line(groups) == (
+        " By steps: 1-step templates (2) 5.0% -> 35.0% (+30.0), 2-step templates (1) 5.0% -> 5.0% (+0.0)."
+    )
+    assert steps_line({"not_a_template": {"prompts": 1, "before": 0.0, "after": 1.0}}) == ""
