@@ -639,6 +639,12 @@ EXTERNAL = (
         "--set learner.share_prompt=true --steps 400 --budget-s 3600 --eval-every 10 --grad-accum 4 --seed 0 "
         "--order trl,stream-dapo --work runs/peer-trl-smollm2/seed-0 --out docs/results/peer_trl_smollm2_seed0.json",
     ),
+    (
+        "Weight deltas on or off in a real run on one machine (SmolLM2-135M fp32, loopback)",
+        "weight_delta_run.json",
+        "flock /tmp/stream-dapo-cpu.lock python -m bench.studies.weight_delta_run --set learner.share_prompt=true "
+        "--set learner.total_steps=400 --budget-s 720",
+    ),
     ("Fault drill", "drill.json", "python -m bench.drills.drill --json docs/results/drill.json"),
     (
         "Elastic generator fleet drill",
