@@ -621,13 +621,15 @@ def steps_line(groups: dict) -> str:
     parts = []
     for n in sorted({steps[name] for name in groups}):
         names = [name for name in groups if steps[name] == n]
-        weight = sum(groups[name]["prompts"] for name in names)
-        before, after = (
-            100 * sum(groups[name][side] * groups[name]["prompts"] for name in names) / weight
-            for side in ("before", "after")
-        )
+        before, after = (_weighted(groups, names, lambda g, side=side: 100 * g[side]) for side in ("before", "after"))
         parts.append(f"{n}-step templates ({len(names)}) {before:.1f}% -> {after:.1f}% ({after - before:+.1f})")
     return " By steps: " + ", ".join(parts) + "."
+
+
+def _weighted(groups: dict, names: Sequence[str], value: Any) -> float:
+    """The prompt-weighted mean of ``value(group)`` over the named templates (0 when they have none)."""
+    weight = sum(groups[n]["prompts"] for n in names)
+    return sum(value(groups[n]) * groups[n]["prompts"] for n in names) / weight if weight else 0.0
 
 
 def spread_line(groups: dict) -> str:
@@ -640,9 +642,7 @@ def spread_line(groups: dict) -> str:
     if len(gains) < 2:
         return line + "."
     top = max(gains, key=lambda n: gains[n])
-    rest = [n for n in gains if n != top]
-    weight = sum(groups[n]["prompts"] for n in rest)
-    without = 100 * sum(gains[n] * groups[n]["prompts"] for n in rest) / weight if weight else 0.0
+    without = _weighted(groups, [n for n in gains if n != top], lambda g: 100 * (g["after"] - g["before"]))
     return line + f"; without its largest gain ({top}, {100 * gains[top]:+.1f}) the set moved {without:+.1f} points."
 
 

@@ -63,6 +63,11 @@ class Template:
     make: Callable[[random.Random], Problem]
 
 
+def _by_steps(*groups: tuple[int, tuple[Callable[[random.Random], Problem], ...]]) -> tuple[Template, ...]:
+    """Templates named after their functions (without the leading underscore), by step count."""
+    return tuple(Template(fn.__name__.lstrip("_"), steps, fn) for steps, fns in groups for fn in fns)
+
+
 def _people(r: random.Random, n: int) -> list[str]:
     return r.sample(NAMES, n)
 
@@ -238,15 +243,11 @@ def _half_then_give(r: random.Random) -> Problem:
             half - c)
 
 
-TEMPLATES: tuple[Template, ...] = tuple(
-    Template(fn.__name__.lstrip("_"), steps, fn)
-    for steps, fns in (
-        (1, (_add, _give, _bags, _share, _altogether, _reading, _sold, _times_as_many, _how_many_more,
-             _price, _teams, _age)),
-        (2, (_buy_then_give, _bags_plus_loose, _change, _together, _savings, _share_after_buying, _chairs,
-             _twice_then_more, _two_days, _pens_and_bag, _eggs, _half_then_give)),
-    )
-    for fn in fns
+TEMPLATES: tuple[Template, ...] = _by_steps(
+    (1, (_add, _give, _bags, _share, _altogether, _reading, _sold, _times_as_many, _how_many_more,
+         _price, _teams, _age)),
+    (2, (_buy_then_give, _bags_plus_loose, _change, _together, _savings, _share_after_buying, _chairs,
+         _twice_then_more, _two_days, _pens_and_bag, _eggs, _half_then_give)),
 )
 
 
@@ -456,15 +457,11 @@ def _split_earnings(r: random.Random) -> Problem:
             f"{total // people} dollars.", total // people)
 
 
-WIDE_TEMPLATES: tuple[Template, ...] = tuple(
-    Template(fn.__name__.lstrip("_"), steps, fn)
-    for steps, fns in (
-        (1, (_hours_to_minutes, _minutes_left, _reach_goal, _fewer_than, _unknown_start, _friends_bring,
-             _hourly_pay, _afford, _bake_per_day, _speed, _walk_there_and_back, _temperature)),
-        (2, (_trip_distance, _practice_left, _unknown_start_two, _split_bill, _bike_weeks, _fewer_then_total,
-             _crates, _leaking_tank, _share_then_bonus, _printer, _class_pencils, _split_earnings)),
-    )
-    for fn in fns
+WIDE_TEMPLATES: tuple[Template, ...] = _by_steps(
+    (1, (_hours_to_minutes, _minutes_left, _reach_goal, _fewer_than, _unknown_start, _friends_bring,
+         _hourly_pay, _afford, _bake_per_day, _speed, _walk_there_and_back, _temperature)),
+    (2, (_trip_distance, _practice_left, _unknown_start_two, _split_bill, _bike_weeks, _fewer_then_total,
+         _crates, _leaking_tank, _share_then_bonus, _printer, _class_pencils, _split_earnings)),
 )
 """Train-only templates of data.word_problems.train_templates = "wide"; never in the eval split."""
 
@@ -665,15 +662,11 @@ def _shelves_left(r: random.Random) -> Problem:
             f"= {shelves * per_shelf - sold} are left.", shelves * per_shelf - sold)
 
 
-PROBE_TEMPLATES: tuple[Template, ...] = tuple(
-    Template(fn.__name__.lstrip("_"), steps, fn)
-    for steps, fns in (
-        (1, (_cars_wheels, _vases, _bus_stop, _ribbon, _laps_week, _dozens, _younger, _garden_rows,
-             _unit_price, _two_halves, _holiday_days, _borrowed)),
-        (2, (_adults_and_child, _pizza_left, _weekday_runs, _coupon, _average_two, _fence, _sticker_sheets,
-             _boxes_given_away, _fewer_then_triple, _bracelets, _warmer_then_colder, _shelves_left)),
-    )
-    for fn in fns
+PROBE_TEMPLATES: tuple[Template, ...] = _by_steps(
+    (1, (_cars_wheels, _vases, _bus_stop, _ribbon, _laps_week, _dozens, _younger, _garden_rows,
+         _unit_price, _two_halves, _holiday_days, _borrowed)),
+    (2, (_adults_and_child, _pizza_left, _weekday_runs, _coupon, _average_two, _fence, _sticker_sheets,
+         _boxes_given_away, _fewer_then_triple, _bracelets, _warmer_then_colder, _shelves_left)),
 )
 """Eval-only templates: the probe set (``probe.jsonl``), in no train or eval split."""
 PROBE_PER_TEMPLATE = 5
