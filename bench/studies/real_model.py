@@ -45,6 +45,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 from bench.report import machine_info, save_json  # noqa: E402
+from stream_dapo.data.dataset import prompt_id_of  # noqa: E402
+from stream_dapo.generator.group_log import read_group_log  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "smollm2-gsm-cpu.toml"
 _SUMMARY_KEYS = (
@@ -364,6 +366,51 @@ def throughput(rows: list[dict], steps_per_rollout: int, train_seconds: float | 
     }
 
 
+def group_outcomes(run_dir: Path, train_path: Path, key: str = "steps") -> dict | None:
+    """The run's judged groups (the generators' group logs) split by the train rows' ``extra_info[key]``:
+    per value, groups judged, kept (mixed), all wrong, all correct, and the share of samples correct.
+    None when the run wrote no group log or the rows have no such key."""
+    logs = sorted((run_dir / "generators").glob("*.groups.jsonl"))
+    if not logs:
+        return None
+    value_of = {}
+    for row in jsonl_rows(train_path):
+        if key in (row.get("extra_info") or {}):
+            value_of[prompt_id_of(row["prompt"])] = str(row["extra_info"][key])
+    if not value_of:
+        return None
+    out: dict[str, dict] = {}
+    for log in logs:
+        for r in read_group_log(log):
+            v = value_of.get(r["prompt_id"], "unknown")
+            c = out.setdefault(
+                v, {"groups": 0, "kept": 0, "all_wrong": 0, "all_correct": 0, "samples": 0, "correct": 0}
+            )
+            c["groups"] += 1
+            c["kept"] += int(r["kept"])
+            c["all_wrong"] += int(r["outcome"] == "all_wrong")
+            c["all_correct"] += int(r["outcome"] == "all_correct")
+            c["samples"] += r["size"]
+            c["correct"] += r["correct"]
+    for c in out.values():
+        c["sample_accuracy"] = round(c["correct"] / c["samples"], 4) if c["samples"] else None
+    return {"key": key, "by_value": dict(sorted(out.items()))}
+
+
+def group_outcomes_line(go: dict | None) -> list[str]:
+    """One sentence per value of the key: what dynamic sampling did with its groups."""
+    if not go:
+        return []
+    parts = [
+        f"{go['key']} = {v}: {c['groups']} groups, {c['kept']} trained ({100 * c['kept'] / c['groups']:.0f}%), "
+        f"{c['all_wrong']} all wrong, {c['all_correct']} all correct, samples correct {100 * (c['sample_accuracy'] or 0):.1f}%"
+        for v, c in go["by_value"].items()
+    ]
+    return [
+        "Groups by the train rows' " + f"`{go['key']}` (the generator's group log): " + "; ".join(parts) + "."
+    ]
+
+
 def report(
     names: Sequence[str],
     start: dict,
@@ -512,6 +559,7 @@ def render_page(reports: Sequence[dict]) -> str:
             f"(learner publish / generator load, median s): {t['weight_sync']['learner_publish_s']['median']} / "
             f"{t['weight_sync']['generator_load_s']['median']}.",
             *_throughput_line(t.get("throughput")),
+            *group_outcomes_line(t.get("group_outcomes")),
             "",
             "| eval set | avg@k before | after | gain (points) | answered before / after | acc given answered "
             "before / after | truncated before / after | mean length before / after |",
@@ -603,7 +651,9 @@ def _template_table(sets: dict) -> list[str]:
         ]
         out += ["| template | prompts | before | after | gain (points) |", "|---|---|---|---|---|"]
         for name, g in groups.items():
-            out.append(f"| {name} | {g['prompts']} | {g['before']:.3f} | {g['after']:.3f} | {gains[name]:+.1f} |")
+            out.append(
+                f"| {name} | {g['prompts']} | {g['before']:.3f} | {g['after']:.3f} | {gains[name]:+.1f} |"
+            )
         out.append("")
     if not out:
         return []
@@ -621,8 +671,12 @@ def steps_line(groups: dict) -> str:
     parts = []
     for n in sorted({steps[name] for name in groups}):
         names = [name for name in groups if steps[name] == n]
-        before, after = (_weighted(groups, names, lambda g, side=side: 100 * g[side]) for side in ("before", "after"))
-        parts.append(f"{n}-step templates ({len(names)}) {before:.1f}% -> {after:.1f}% ({after - before:+.1f})")
+        before, after = (
+            _weighted(groups, names, lambda g, side=side: 100 * g[side]) for side in ("before", "after")
+        )
+        parts.append(
+            f"{n}-step templates ({len(names)}) {before:.1f}% -> {after:.1f}% ({after - before:+.1f})"
+        )
     return " By steps: " + ", ".join(parts) + "."
 
 
@@ -643,7 +697,10 @@ def spread_line(groups: dict) -> str:
         return line + "."
     top = max(gains, key=lambda n: gains[n])
     without = _weighted(groups, [n for n in gains if n != top], lambda g: 100 * (g["after"] - g["before"]))
-    return line + f"; without its largest gain ({top}, {100 * gains[top]:+.1f}) the set moved {without:+.1f} points."
+    return (
+        line
+        + f"; without its largest gain ({top}, {100 * gains[top]:+.1f}) the set moved {without:+.1f} points."
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -732,6 +789,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     }
     rep["training"]["throughput"]["learner_planned_gib"] = planned_learner_gib(cfg)
+    rep["training"]["group_outcomes"] = group_outcomes(work / "run", Path(cfg.data.train_path))
     save_json(args.json or RESULTS / f"real_model_{tag}seed{args.seed}.json", rep)
     print_report(rep)
     return 0

@@ -416,6 +416,10 @@ class GeneratorConfig(_Section):
     buffer.generator_lease_s; a buffer that stops answering makes /readyz fail)."""
     seed: int = 0
     """Sampling seed (each generator adds its index)."""
+    group_log: bool = True
+    """Append one JSON line per judged group (prompt id, policy version, samples correct, kept or
+    filtered) to run.out_dir/generators/<generator id>.groups.jsonl: which prompts a run trains on
+    and which dynamic sampling drops (stream_dapo.generator.group_log; ~120 bytes a group)."""
 
     @model_validator(mode="after")
     def _samples_a_policy(self) -> GeneratorConfig:

@@ -137,6 +137,11 @@ class GroupOutcome:
     rewards: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     advantages: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     verify_seconds: float = 0.0
+    group_id: str = ""
+    prompt_id: str = ""
+    start_version: int = 0
+    truncated: int = 0
+    """Samples cut at max_response_len."""
 
     @property
     def accepted(self) -> bool:
@@ -166,12 +171,21 @@ def build_group(
                 f"({len(s)}, {s.logprobs.shape[0]}, {s.versions.shape[0]})"
             )
     correct = np.array([r.correct for r in results], dtype=bool)
+    truncated = np.array([s.truncated for s in samples], dtype=bool)
     decision = dynamic_sampling_filter(correct, enabled=settings.dynamic_sampling)
+    outcome = GroupOutcome(
+        decision=decision,
+        results=list(results),
+        group=None,
+        group_id=finished.group_id,
+        prompt_id=finished.prompt_id,
+        start_version=finished.start_version,
+        truncated=int(truncated.sum()),
+    )
     if not decision.keep:
-        return GroupOutcome(decision=decision, results=list(results), group=None)
+        return outcome
 
     lengths = np.array([len(s) for s in samples], dtype=np.int64)
-    truncated = np.array([s.truncated for s in samples], dtype=bool)
     shaped = shape_rewards(correct, lengths, truncated, settings.shaping)
     advantages = compute_group_advantages(
         shaped.rewards, scale_by_std=settings.adv_scale_by_std, eps=ADVANTAGE_EPS
@@ -198,9 +212,8 @@ def build_group(
         created_at=finished.created_at,
         samples=wire_samples,
     )
-    return GroupOutcome(
-        decision=decision, results=list(results), group=group, rewards=shaped.rewards, advantages=advantages
-    )
+    outcome.group, outcome.rewards, outcome.advantages = group, shaped.rewards, advantages
+    return outcome
 
 
 def process_group(

@@ -56,6 +56,7 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from stream_dapo.generator.credits import CreditLedger, Heartbeat, UnackedGroups
+from stream_dapo.generator.group_log import GroupLog, GroupRecord
 from stream_dapo.generator.prompts import PromptCursor
 from stream_dapo.generator.rollout import FinishedGroup, GroupOutcome, RolloutSettings, process_group
 from stream_dapo.generator.weight_watcher import WeightWatcher
@@ -277,6 +278,11 @@ class GeneratorService:
         self.metrics_server: MetricsServer | None = None
         self._cores: CoreClaims | None = None
         """The CPU cores this generator's engine is bound to, claimed on this host (`_claim_cores`)."""
+        self.group_log: GroupLog | None = (
+            GroupLog(Path(settings.out_dir) / "generators" / f"{self.generator_id}.groups.jsonl")
+            if settings.generator.group_log
+            else None
+        )
 
     # ------------------------------------------------------------------------------ start-up
 
@@ -800,6 +806,20 @@ class GeneratorService:
             mx.reward.observe(float(reward))
         self._accuracy.append(outcome.decision.num_correct / outcome.decision.group_size)
         mx.accuracy.set(sum(self._accuracy) / len(self._accuracy))
+        if self.group_log is not None:
+            d = outcome.decision
+            self.group_log.write(
+                GroupRecord(
+                    group_id=outcome.group_id,
+                    prompt_id=outcome.prompt_id,
+                    version=outcome.start_version,
+                    size=d.group_size,
+                    correct=d.num_correct,
+                    truncated=outcome.truncated,
+                    outcome=d.reason.value,
+                    kept=outcome.accepted,
+                )
+            )
 
     def _resend_unacked(self) -> None:
         for group in self.unacked.due(time.monotonic()):
@@ -908,6 +928,7 @@ class GeneratorService:
             self.engine and self.engine.close,
             self.verifier and self.verifier.close,
             self._save_prompt_position,
+            self.group_log and self.group_log.close,
             self._close_monitor,
             self.buffer and self.buffer.close,
             self._cores and self._cores.close,

@@ -28,6 +28,7 @@ pytest.importorskip("vllm")
 import zmq  # noqa: E402
 
 from stream_dapo.config import Config  # noqa: E402
+from stream_dapo.generator.group_log import read_group_log  # noqa: E402
 from stream_dapo.generator.root import build_generator  # noqa: E402
 from stream_dapo.model.tiny import init_model  # noqa: E402
 from stream_dapo.testing.services import HeldPorts  # noqa: E402
@@ -248,3 +249,16 @@ def test_generator_service_end_to_end(tmp_path: Path) -> None:
     assert "stream_dapo_generator_policy_version 4.0" in text
     outcomes = [line for line in text.splitlines() if line.startswith("stream_dapo_generator_groups_total{")]
     assert sum(float(line.rsplit(" ", 1)[1]) for line in outcomes) == CREDIT_BUDGET
+
+    # The group log: one line per judged group, joined to what the buffer received by group id.
+    lines = list(read_group_log(tmp_path / "run" / "generators" / "generator-0.groups.jsonl"))
+    assert len(lines) == CREDIT_BUDGET and {r["group_id"] for r in lines} == set(ids)
+    received = {g.group_id: g for g in buffer.received}
+    for r in lines:
+        g = received[r["group_id"]]
+        assert r["prompt_id"] == g.prompt_id and r["size"] == G and r["kept"] is True
+        assert r["correct"] == sum(s.correct for s in g.samples)
+        assert r["truncated"] == sum(s.truncated for s in g.samples)
+        # the version the group started on: its first tokens' or, with an update before they were
+        # sampled, an older one
+        assert r["version"] in {3, 4} and r["version"] <= min(int(s.versions[0]) for s in g.samples)

@@ -300,3 +300,51 @@ def test_the_steps_line_splits_a_word_problem_set_into_one_and_two_step_template
         " By steps: 1-step templates (2) 5.0% -> 35.0% (+30.0), 2-step templates (1) 5.0% -> 5.0% (+0.0)."
     )
     assert steps_line({"not_a_template": {"prompts": 1, "before": 0.0, "after": 1.0}}) == ""
+
+
+def test_group_outcomes_join_the_group_log_to_the_rows_steps(tmp_path: Path) -> None:
+    from bench.studies.real_model import group_outcomes, group_outcomes_line
+    from stream_dapo.data.dataset import prompt_id_of
+    from stream_dapo.generator.group_log import GroupLog, GroupRecord
+
+    def row(text: str, steps: int) -> dict:
+        return {"prompt": [{"role": "user", "content": text}], "extra_info": {"steps": steps}}
+
+    rows = [row("one a", 1), row("one b", 1), row("two a", 2)]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pid = [prompt_id_of(r["prompt"]) for r in rows]
+    # (prompt, correct of 8): one-step 3/8 kept, 8/8 all correct, 5/8 kept; two-step 0/8 twice, 1/8 kept
+    judged = [(0, 3), (1, 8), (0, 5), (2, 0), (2, 0), (2, 1)]
+    log = GroupLog(tmp_path / "run" / "generators" / "generator-0.groups.jsonl")
+    for i, (p, c) in enumerate(judged):
+        outcome = "all_wrong" if c == 0 else "all_correct" if c == 8 else "mixed"
+        log.write(GroupRecord(f"g{i}", pid[p], i, 8, c, 0, outcome, outcome == "mixed"))
+    log.close()
+    go = group_outcomes(tmp_path / "run", train)
+    assert go == {
+        "key": "steps",
+        "by_value": {
+            "1": {
+                "groups": 3,
+                "kept": 2,
+                "all_wrong": 0,
+                "all_correct": 1,
+                "samples": 24,
+                "correct": 16,
+                "sample_accuracy": 0.6667,
+            },
+            "2": {
+                "groups": 3,
+                "kept": 1,
+                "all_wrong": 2,
+                "all_correct": 0,
+                "samples": 24,
+                "correct": 1,
+                "sample_accuracy": 0.0417,
+            },
+        },
+    }
+    (line,) = group_outcomes_line(go)
+    assert "steps = 2: 3 groups, 1 trained (33%), 2 all wrong, 0 all correct, samples correct 4.2%" in line
+    assert group_outcomes(tmp_path / "elsewhere", train) is None  # no group log: nothing to say

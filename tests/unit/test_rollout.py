@@ -240,3 +240,15 @@ def test_a_groups_tail_counts_each_tokens_wait_for_its_longest_response() -> Non
     # Equal lengths: (L - 1) / 2 per token.
     even = group([sample(4, "stop"), sample(4, "length")])
     assert even.longest == 4 and even.tail_tokens() == 12
+
+
+@pytest.mark.parametrize("correct", [MIXED_CORRECT, (False,) * 4])
+def test_an_outcome_names_its_group_prompt_version_and_truncations_kept_or_not(
+    correct: tuple[bool, ...],
+) -> None:
+    finished = group(MIXED)
+    finished.start_version = 5
+    out = build_group(finished, results(*correct), settings(), "generator-0")
+    assert out.accepted is (correct == MIXED_CORRECT)
+    assert (out.group_id, out.prompt_id, out.start_version) == ("g-1", "p-7", 5)
+    assert out.truncated == 1  # MIXED's third sample ended at the length cap
