@@ -13,7 +13,8 @@ resumes where it stopped; the run itself resumes with the launcher's ``--resume`
    at eval.temperature; greedy: one sample at T = 0) and on the original GSM8K problems of the kept
    templates (the same two ways), and on the first eval.max_prompts training instances (in
    distribution: what RL sharpens where it trains), on one vLLM engine; a set missing from an
-   earlier file is evaluated and added;
+   earlier file is evaluated and added (``--start-only`` stops here: compare warm-ups, e.g.
+   ``--set sft.examples=768``, before spending an hour of RL on one);
 3. ``run/``: ``stream-dapo run --no-eval`` with ``learner.seed`` and ``generator.seed`` = the seed,
    stopped (SIGTERM; the launcher drains and exports ``run/final``) once the learner has stepped past
    ``--budget-s`` seconds after launch;
@@ -22,7 +23,8 @@ resumes where it stopped; the run itself resumes with the launcher's ``--resume`
 The report gives, per eval set, before and after: avg@k, pass@k, greedy accuracy, mean response
 length, truncation, the share of responses with an extractable answer and the accuracy among those
 (format learned vs problems solved), and from the run: steps, seconds per step, samples, filtered
-groups by reason, staleness, weight-sync seconds per version, entropy first and last.
+groups by reason (and, from the generators' group logs, by the train rows' ``steps``), staleness,
+weight-sync seconds per version, entropy first and last.
 
 What it does not show: another machine's speed; the eval's own noise (about +-4 points of avg@k at
 128 prompts x 4 samples); what more seeds would say (run it again with --seed).
@@ -723,6 +725,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--render", action="store_true", help="only write docs/results/real-model.md from the JSONs"
     )
     parser.add_argument(
+        "--start-only",
+        action="store_true",
+        help="evaluate the start model (building its warm-up) and stop: compare warm-ups before an hour of RL",
+    )
+    parser.add_argument(
         "--refresh",
         action="append",
         default=[],
@@ -754,6 +761,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # every study's start evals next to this one (other seeds, other recipes of the same warm model)
         donors=sorted(work.parent.parent.glob("*/seed-*/evals-start.json")),
     )
+    if args.start_only:
+        print(
+            f"seed {args.seed}: start evals in {work / 'evals-start.json'}; --start-only: no training",
+            flush=True,
+        )
+        return 0
     print(f"seed {args.seed}: training for {args.budget_s:.0f} s ...", flush=True)
     trained = _cached(work / "trained.json", lambda: train(args.config, overrides, work, args.budget_s))
     final_dir = str(trained_model(work / "run"))

@@ -348,3 +348,32 @@ def test_group_outcomes_join_the_group_log_to_the_rows_steps(tmp_path: Path) -> 
     (line,) = group_outcomes_line(go)
     assert "steps = 2: 3 groups, 1 trained (33%), 2 all wrong, 0 all correct, samples correct 4.2%" in line
     assert group_outcomes(tmp_path / "elsewhere", train) is None  # no group log: nothing to say
+
+
+def test_start_only_measures_the_start_model_and_does_not_train(tmp_path: Path, monkeypatch) -> None:
+    import bench.studies.real_model as study
+
+    model = tmp_path / "model"
+    model.mkdir()
+    prompts = tmp_path / "heldout.jsonl"
+    prompts.write_text('{"prompt": []}\n')
+    config = tmp_path / "c.toml"
+    config.write_text(f'[model]\npath = "{model}"\n[run]\nout_dir = "{tmp_path / "out"}"\n')
+    measured: list[tuple[str, list[str]]] = []
+
+    def evaluate(config, overrides, model_dir, sets, seed):
+        measured.append((model_dir, sorted(sets)))
+        return {f"{n}_{mode}": _eval(0.25) for n in sets for mode in ("sampled", "greedy")}
+
+    def train(*args, **kwargs):
+        raise AssertionError("--start-only trained")
+
+    monkeypatch.setattr(study, "prepare", lambda config, overrides: {"heldout": str(prompts)})
+    monkeypatch.setattr(study, "evaluate_model", evaluate)
+    monkeypatch.setattr(study, "train", train)
+    work = tmp_path / "work"
+    assert study.main(["--config", str(config), "--start-only", "--seed", "1", "--work", str(work)]) == 0
+    assert measured == [(str(model), ["heldout"])]
+    kept = json.loads((tmp_path / "work-c" / "seed-1" / "evals-start.json").read_text())
+    assert kept["heldout_sampled"]["avg_at_k"] == 0.25 and "heldout" in kept["keys"]
+    assert not (tmp_path / "work-c" / "seed-1" / "trained.json").exists()
