@@ -55,7 +55,10 @@ class Section:
 
 SECTIONS: dict[str, Section] = {
     "generation": Section(
-        "Generator: vLLM vs transformers", "bench.perf.generation", "measure_generation", "bench.perf.generation"
+        "Generator: vLLM vs transformers",
+        "bench.perf.generation",
+        "measure_generation",
+        "bench.perf.generation",
     ),
     "learner": Section(
         "Learner: DeepSpeed ZeRO vs plain torch",
@@ -66,10 +69,17 @@ SECTIONS: dict[str, Section] = {
     "packing": Section(
         "Packing efficiency", "bench.perf.learner", "measure_packing", "bench.perf.learner --only packing"
     ),
-    "transport": Section("Transport", "bench.perf.transport", "measure_transport", "bench.perf.transport --json"),
-    "weight_sync": Section("Weight sync", "bench.perf.weight_sync", "measure_weight_sync", "bench.perf.weight_sync"),
+    "transport": Section(
+        "Transport", "bench.perf.transport", "measure_transport", "bench.perf.transport --json"
+    ),
+    "weight_sync": Section(
+        "Weight sync", "bench.perf.weight_sync", "measure_weight_sync", "bench.perf.weight_sync"
+    ),
     "async_vs_sync": Section(
-        "Async vs sync, end to end", "bench.perf.async_vs_sync", "measure_async_vs_sync", "bench.perf.async_vs_sync"
+        "Async vs sync, end to end",
+        "bench.perf.async_vs_sync",
+        "measure_async_vs_sync",
+        "bench.perf.async_vs_sync",
     ),
 }
 
@@ -613,7 +623,11 @@ EXTERNAL = (
         "async_sync_ttt.json",
         "python -m bench.studies.async_sync_ttt --out docs/results/async_sync_ttt.json",
     ),
-    ("TRL peer comparison", "peer_trl.json", "python -m bench.studies.peer_trl --out docs/results/peer_trl.json"),
+    (
+        "TRL peer comparison",
+        "peer_trl.json",
+        "python -m bench.studies.peer_trl --out docs/results/peer_trl.json",
+    ),
     (
         "TRL peer comparison on the long-CoT recipe, seed 0",
         "peer_trl_longcot.json",
@@ -846,7 +860,9 @@ def render_pages(sections: dict[str, Any], results_dir: Path, plots: dict[str, s
     rel = results_dir.name
     pages: dict[str, str] = {}
     for name in SECTIONS:
-        pages[f"{rel}/{name}.md"] = render_section_page(name, sections.get(name), results_dir, plots.get(name))
+        pages[f"{rel}/{name}.md"] = render_section_page(
+            name, sections.get(name), results_dir, plots.get(name)
+        )
     index_rows: list[list[str]] = []
     for title, source, command in EXTERNAL:
         page, text = external_page(title, source, command, results_dir)

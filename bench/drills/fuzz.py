@@ -152,7 +152,7 @@ def seed_messages(rng: np.random.Generator) -> dict[str, list[m.Body]]:
             m.Batch([make_group(rng=rng)], 0),  # buffer -> learner; no fuzzed socket serves it
             m.Empty("ready"),
             m.WeightsManifest.of(1, "0" * 64, 8192, 4096),
-            m.Chunk(1, 0, b"abc"),
+            m.Chunk(1, 0, memoryview(b"abc")),
             m.NotAvailable(0, 0, "no_weights_yet"),
         ],
     }

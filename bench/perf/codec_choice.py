@@ -136,7 +136,7 @@ def _dec_hook(tp: type, obj: Any) -> Any:
 
 
 ENV = msgspec.msgpack.Decoder(MEnvelope)
-BODY = {
+BODY: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "groups": msgspec.msgpack.Decoder(MGroups, ext_hook=_ext, dec_hook=_dec_hook),
     "credit_request": msgspec.msgpack.Decoder(MCreditRequest),
 }
@@ -207,7 +207,7 @@ class PCreditRequest(pydantic.BaseModel):
     want: Annotated[int, pydantic.Field(ge=0)]
 
 
-PBODY = {"groups": PGroups, "credit_request": PCreditRequest}
+PBODY: dict[str, type[pydantic.BaseModel]] = {"groups": PGroups, "credit_request": PCreditRequest}
 
 
 def _msgpack_ext(code: int, data: bytes) -> np.ndarray:

@@ -27,6 +27,7 @@ import argparse
 import itertools
 import math
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ def measure_scaling(
         return rate
 
     try:
-        rates = interleave({str(m): (lambda m=m: at(m)) for m in groups}, repeats, warmup=1)
+        rates = interleave({str(m): partial(at, m) for m in groups}, repeats, warmup=1)
     finally:
         engine.close()
     medians = [summary(rates[str(m)])["median"] for m in groups]

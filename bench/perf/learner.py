@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +50,9 @@ from stream_dapo.learner.packing import (  # noqa: E402
     sequences_from_groups,
 )
 from stream_dapo.learner.trainer import Learner  # noqa: E402
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["LONG_COT", "PlainTorchEngine", "torch_learner", "measure_learner", "measure_packing"]
 
@@ -79,7 +83,11 @@ class PlainTorchEngine:
         lc = cfg.learner
         self.module = model
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=lc.lr, betas=tuple(lc.betas), eps=1e-8, weight_decay=lc.weight_decay
+            model.parameters(),
+            lr=lc.lr,
+            betas=(lc.betas[0], lc.betas[1]),
+            eps=1e-8,
+            weight_decay=lc.weight_decay,
         )
         warmup = lc.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -110,7 +118,7 @@ class PlainTorchEngine:
         return self._grad_norm
 
 
-def torch_learner(cfg: Config, model: torch.nn.Module) -> Learner:
+def torch_learner(cfg: Config, model: PreTrainedModel) -> Learner:
     """`Learner` with `PlainTorchEngine` in place of DeepSpeed (one process, no process group):
     packing, the loss, metrics and the step are the project's code."""
     return Learner(cfg, model, make_engine=PlainTorchEngine)
@@ -164,7 +172,7 @@ def measure_learner(quick: bool = False) -> dict[str, Any]:
         losses[name].append(metrics.loss)
         return tokens / seconds
 
-    rates = interleave({name: (lambda n=name: one_step(n)) for name in VARIANTS}, steps, warmup=warmup)
+    rates = interleave({name: partial(one_step, name) for name in VARIANTS}, steps, warmup=warmup)
     # Same data, same init, same optimizer: the variants should follow the same trajectory.
     first_loss = {name: values[0] for name, values in losses.items()}
     return {

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,13 +40,16 @@ from stream_dapo.testing.learner import BackwardOnlyEngine
 from stream_dapo.testing.services import random_group
 from stream_dapo.transport.messages import Group
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 LAYERS = 30
 PROMPT, RESPONSE, SPREAD = 96, 48, 24
 GROUPS, GROUP_SIZE = 4, 8
 LAYOUTS = ("per_sample", "shared")
 
 
-def smollm2_shaped(layers: int) -> torch.nn.Module:
+def smollm2_shaped(layers: int) -> PreTrainedModel:
     """SmolLM2-135M's architecture (Llama) with random weights."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -58,11 +62,11 @@ def smollm2_shaped(layers: int) -> torch.nn.Module:
         num_attention_heads=9,
         num_key_value_heads=3,
         max_position_embeddings=2048,
-        rope_theta=100000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
-        attn_implementation="sdpa",
     )
+    cfg._attn_implementation = "sdpa"
     return LlamaForCausalLM(cfg).float()
 
 
@@ -94,7 +98,6 @@ def mini_batch(seed: int = 0) -> list[Group]:
     return groups
 
 
-
 def measure(repeats: int, warmup: int, layers: int) -> dict[str, Any]:
     groups = mini_batch()
     model = smollm2_shaped(layers)
@@ -120,7 +123,7 @@ def measure(repeats: int, warmup: int, layers: int) -> dict[str, Any]:
         logprobs[name] = scatter_to_sequences(batch.micro_batches, prox, batch.num_samples)
         return end - start
 
-    totals = interleave({name: (lambda n=name: one_pass(n)) for name in LAYOUTS}, repeats, warmup=warmup)
+    totals = interleave({name: partial(one_pass, name) for name in LAYOUTS}, repeats, warmup=warmup)
     for name in LAYOUTS:  # interleave drops warm-up rounds from what it returns; do the same here
         for key in seconds[name]:
             seconds[name][key] = seconds[name][key][warmup:]

@@ -53,6 +53,7 @@ from stream_dapo.transport.messages import Group, Sample  # noqa: E402
 if TYPE_CHECKING:
     from stream_dapo.data.dataset import PromptItem
     from stream_dapo.generator.engine import RolloutEngine
+    from stream_dapo.generator.rollout import FinishedGroup
     from stream_dapo.learner.trainer import Learner
 
 __all__ = ["SETTINGS", "gap_figures", "prox_minus_mu", "sample_groups"]
@@ -74,7 +75,7 @@ def sample_groups(engine: RolloutEngine, items: list[PromptItem], policy: Sampli
     engine.temperature, engine.top_p = policy.temperature, policy.top_p
     engine.top_k, engine.min_p = policy.top_k, policy.min_p
     by_id = {engine.add_group(item): item for item in items}
-    done = []
+    done: list[FinishedGroup] = []
     while len(done) < len(by_id):
         done.extend(engine.step())
     groups = []

@@ -91,6 +91,16 @@ class TorchEngine:
         self.model.load_state_dict(dict(tensors_from_buffer(buf)), strict=True)
         return time.perf_counter() - start
 
+    # The zmq source loads images only; the other ways in are not what this bench measures.
+    def update_weights(self, path: Any, version: int) -> float:
+        raise NotImplementedError("the fan-out bench loads shared-memory images only")
+
+    def join_nccl(self, host: str, port: int, world_size: int, rank_base: int) -> list[int]:
+        raise NotImplementedError("the fan-out bench loads shared-memory images only")
+
+    def receive_weights_nccl(self, timeout_s: float) -> float:
+        raise NotImplementedError("the fan-out bench loads shared-memory images only")
+
 
 def _layer(item: tuple[str, Any]) -> int:
     return int(item[0].split(".")[1])

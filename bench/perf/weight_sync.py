@@ -268,7 +268,9 @@ class RawFrames:
             self.data.getsockopt_string(zmq.LAST_ENDPOINT),
             self.control.getsockopt_string(zmq.LAST_ENDPOINT),
         )
-        self.proc = mp.get_context("spawn").Process(target=_push_sender, args=(*addresses, CHUNK), daemon=True)
+        self.proc = mp.get_context("spawn").Process(
+            target=_push_sender, args=(*addresses, CHUNK), daemon=True
+        )
         self.proc.start()
 
     def round(self, nbytes: int) -> float:

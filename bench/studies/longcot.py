@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ OPS_BUCKETS = ((5, 8), (9, 13), (14, 20), (21, 26))
 POSITION_BUCKETS = ((0, 128), (128, 256), (256, 512), (512, 1_000_000))
 
 
-def _percentile(values: list[float], q: float) -> float:
+def _percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -70,6 +71,7 @@ def sample(cfg: Any, items: list[Any]) -> list[dict[str, Any]]:
         item = by_id[group.group_id]
         for s in group.samples:
             text = tokenizer.decode(s.token_ids.tolist(), skip_special_tokens=True)
+            assert isinstance(text, str)  # one sequence in, one string out
             rows.append(
                 {
                     "num_ops": int(item.extra_info["num_ops"]),

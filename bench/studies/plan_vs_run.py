@@ -280,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         print_report(result)
         results.append(result)
     if args.json:
-        command = "python -m bench.studies.plan_vs_run " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python -m bench.studies.plan_vs_run " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
         save_json(args.json, {"command": command, "runs": results})
         print(f"wrote {args.json}")
     return 0

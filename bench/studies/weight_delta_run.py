@@ -55,9 +55,7 @@ def arm_figures(run_dir: Path, trained: dict, steps_per_rollout: int) -> dict[st
     total = _metric(gen, "stream_dapo_generator_weight_sync_seconds_sum") or 0.0
     received = _metric(gen, "stream_dapo_generator_weight_received_bytes_total")
     launch = trained["launch"]
-    per_step = (
-        (steps[-1]["wall_time"] - steps[0]["wall_time"]) / (len(steps) - 1) if len(steps) > 1 else None
-    )
+    per_step = (steps[-1]["wall_time"] - steps[0]["wall_time"]) / (len(steps) - 1) if len(steps) > 1 else None
     summary = trained["summary"]
     return {
         "learner_steps": summary.get("learner_steps"),
@@ -106,10 +104,14 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "smollm2-words-wide-cpu.toml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--budget-s", type=float, default=720.0, help="seconds of training after launch, per arm")
+    parser.add_argument(
+        "--budget-s", type=float, default=720.0, help="seconds of training after launch, per arm"
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "weight-delta-run")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "weight_delta_run.json")
