@@ -43,7 +43,8 @@ test-fast: install
 
 lint: install
 	$(BIN)/ruff check stream_dapo services tests bench
-	$(BIN)/mypy stream_dapo
+	$(BIN)/ruff format --check stream_dapo services tests bench
+	$(BIN)/mypy stream_dapo bench
 
 docs: install
 	$(BIN)/python -m stream_dapo.tools.metrics_docs > docs/metrics.md

@@ -682,7 +682,8 @@ class BufferService:
                 *(endpoint.close for endpoint in self._endpoints),
                 self._auth and self._auth.stop,
                 self._ctx and self._ctx.term,
-                self.metrics_server and (lambda: self.metrics_server.stop(self.settings.metrics.final_scrape_wait_s)),
+                self.metrics_server
+                and (lambda: self.metrics_server.stop(self.settings.metrics.final_scrape_wait_s)),
                 lambda: self._compactor.shutdown(wait=True),  # a snapshot still being written
                 self.journal.close,
             )

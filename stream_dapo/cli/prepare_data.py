@@ -37,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
 
         words = ensure_word_problem_data(data.word_problems)
         out["word_problems"] = {
-            "train": str(words.train), "eval": str(words.eval), "probe": str(words.probe), **words.info
+            "train": str(words.train),
+            "eval": str(words.eval),
+            "probe": str(words.probe),
+            **words.info,
         }
     print(json.dumps(out))
     return 0

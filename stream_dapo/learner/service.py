@@ -394,7 +394,9 @@ class LearnerService:
             log.info("%s stores no configuration (written by an older version): not compared", path)
             return []
         changes = config_changes(stored, self.settings.run_config)
-        applied, refused = split_changes([c for c in changes if not c.key.startswith(("transport.", "metrics."))])
+        applied, refused = split_changes(
+            [c for c in changes if not c.key.startswith(("transport.", "metrics."))]
+        )
         if refused:
             raise ConfigError(refusal(refused, str(path), self.settings.out_dir))
         return applied

@@ -264,9 +264,7 @@ def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, int]:
             "launcher, which set RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT"
         )
     if "RANK" not in os.environ:
-        os.environ.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"
-        )
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
     deepspeed = _import_deepspeed()
     on_gpu = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -49,7 +49,9 @@ def sft_data(cfg: Config) -> Path:
     """The file of worked solutions the warm-up trains on (sft.data)."""
     if cfg.sft.data == "gsm_symbolic":
         if cfg.data.gsm_symbolic is None:
-            raise ConfigError('sft.data = "gsm_symbolic" needs a [data.gsm_symbolic] section; add one or set sft.data = "train"')
+            raise ConfigError(
+                'sft.data = "gsm_symbolic" needs a [data.gsm_symbolic] section; add one or set sft.data = "train"'
+            )
         return cfg.data.gsm_symbolic.folder() / "train.jsonl"
     if cfg.data.train_path is None:
         raise ConfigError(

@@ -102,11 +102,15 @@ class FaultDrill:
         # incarnation (STREAM_DAPO_LISTEN_FDS), so that a restarted service is where its peers look
         # and nothing else can take its port while it is down; generators bind any free port.
         self.held = HeldPorts(*SERVICE_PORTS["buffer"], *SERVICE_PORTS["learner"])
-        overrides = tiny_overrides(model, out) + self.held.overrides() + [
-            f"learner.total_steps={total_steps}",
-            "learner.checkpoint_every=2",
-            "algo.dynamic_sampling=false",  # progress must not hinge on the tiny model's accuracy here
-        ]
+        overrides = (
+            tiny_overrides(model, out)
+            + self.held.overrides()
+            + [
+                f"learner.total_steps={total_steps}",
+                "learner.checkpoint_every=2",
+                "algo.dynamic_sampling=false",  # progress must not hinge on the tiny model's accuracy here
+            ]
+        )
         self.cfg: Config = load_config(overrides=overrides, environ={})
         out.mkdir(parents=True)
         self.config_path = out / "config.toml"
@@ -127,7 +131,9 @@ class FaultDrill:
             recoveries = [self.kill_generator(), self.kill_learner(), self.kill_buffer()]
             learner = self.children["learner"]
             if learner.popen.poll() is not None:
-                raise DrillError(f"the learner finished before the drill did: raise total_steps\n{self.logs()}")
+                raise DrillError(
+                    f"the learner finished before the drill did: raise total_steps\n{self.logs()}"
+                )
         finally:
             # Drain order, like `stream-dapo run` at the end: generators, then the learner (it
             # finishes its step and checkpoints), then the buffer (it persists). The run is stopped

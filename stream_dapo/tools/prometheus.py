@@ -73,7 +73,6 @@ def histogram_quantile(samples: Mapping[str, float], name: str, q: float) -> flo
     return next(le for le, count in buckets if count >= target)
 
 
-
 def instant_query(base_url: str, promql: str, timeout_s: float) -> float | None:
     """One instant query against Prometheus' HTTP API; None when it returns no (finite) sample."""
     url = base_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
@@ -82,7 +81,9 @@ def instant_query(base_url: str, promql: str, timeout_s: float) -> float | None:
             body = json.loads(resp.read().decode("utf-8"))
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", "replace")[:300]
-        raise PrometheusError(f"Prometheus at {base_url} answered {exc.code} to {promql!r}: {detail}") from None
+        raise PrometheusError(
+            f"Prometheus at {base_url} answered {exc.code} to {promql!r}: {detail}"
+        ) from None
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise PrometheusUnreachable(

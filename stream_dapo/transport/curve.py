@@ -55,7 +55,9 @@ class RefusedConnections:
     passed to `count(reason)` and logged (rate-limited). ZeroMQ drops such a peer before any message,
     so without this nothing records a refusal. Poll it from the thread that owns the socket."""
 
-    def __init__(self, sock: zmq.Socket[Any], name: str, count: Callable[[str], None], logger: logging.Logger) -> None:
+    def __init__(
+        self, sock: zmq.Socket[Any], name: str, count: Callable[[str], None], logger: logging.Logger
+    ) -> None:
         self.name = name
         self._sock = sock
         self._count = count
@@ -85,6 +87,7 @@ class RefusedConnections:
     def close(self) -> None:
         self._sock.disable_monitor()
         self._monitor.close(linger=0)
+
 
 SERVER = "server"
 DEFAULT_CLIENT = "client"

@@ -207,7 +207,9 @@ class RateLimitedWarnings:
     """At most one warning per key per interval, reporting how many were suppressed: a peer that
     sends a flood of bad or misrouted messages must not flood the log too."""
 
-    def __init__(self, log: logging.Logger = logger, interval_s: float = 10.0, level: int = logging.WARNING) -> None:
+    def __init__(
+        self, log: logging.Logger = logger, interval_s: float = 10.0, level: int = logging.WARNING
+    ) -> None:
         self.log = log
         self.interval_s = interval_s
         self.level = level

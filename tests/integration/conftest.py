@@ -42,5 +42,7 @@ def async_run(tmp_path_factory: pytest.TempPathFactory, warm_model: Path) -> Ite
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(WANDB_MODE="offline", WANDB_SILENT="true")
     with live_prometheus(tmp) as prom:
-        result = run_pipeline(tmp, warm_model, "async", ASYNC_STEPS, extra=extra, env=env, on_ports=prom.scrape)
+        result = run_pipeline(
+            tmp, warm_model, "async", ASYNC_STEPS, extra=extra, env=env, on_ports=prom.scrape
+        )
         yield (*result, prom.url)

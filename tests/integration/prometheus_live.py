@@ -21,7 +21,11 @@ from tests.integration.ops_helpers import require_tool
 ALERTS = Path(__file__).resolve().parents[2] / "ops" / "prometheus" / "alerts.yml"
 
 
-JOBS = {"buffer": "stream-dapo-buffer", "learner": "stream-dapo-learner", "generator": "stream-dapo-generator"}
+JOBS = {
+    "buffer": "stream-dapo-buffer",
+    "learner": "stream-dapo-learner",
+    "generator": "stream-dapo-generator",
+}
 """Service name prefix -> job name of ops/prometheus/prometheus.yml."""
 
 

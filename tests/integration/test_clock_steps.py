@@ -91,8 +91,14 @@ def test_the_shim_steps_only_the_real_time_clock(tmp_path: Path) -> None:
     offset.write_bytes(struct.pack("<q", HOURS_3_NS))
     probe = "import time, json; print(json.dumps([time.time(), time.monotonic()]))"
     env = shifted_env(lib, offset)
-    shifted = json.loads(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout)
-    plain = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
+    shifted = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+        ).stdout
+    )
+    plain = json.loads(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    )
     assert abs(shifted[0] - plain[0] - 3 * 3600) < 60
     assert abs(shifted[1] - plain[1]) < 60
 
@@ -169,7 +175,9 @@ def test_the_shim_is_loaded_into_the_buffer(tmp_path: Path, step_ns: int) -> Non
     lib, offset = build_shim(tmp_path), tmp_path / "offset"
     offset.write_bytes(struct.pack("<q", step_ns))
     out = tmp_path / "run"
-    proc = subprocess.Popen(buffer_argv(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=shifted_env(lib, offset))
+    proc = subprocess.Popen(
+        buffer_argv(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=shifted_env(lib, offset)
+    )
     ctx: zmq.Context[Any] = zmq.Context()
     try:
         ports = wait_ports(out, "buffer", proc, timeout_s=120)
@@ -177,7 +185,9 @@ def test_the_shim_is_loaded_into_the_buffer(tmp_path: Path, step_ns: int) -> Non
         from tests.integration.test_buffer_service import make_group
 
         with open_endpoint(ctx, zmq.DEALER, connect=address, max_bytes=1 << 24, peer="buffer") as gen:
-            assert request(gen, m.Groups("gen-0", [make_group("g0")]), timeout_ms=30_000, retries=0).body.accepted == ["g0"]
+            assert request(
+                gen, m.Groups("gen-0", [make_group("g0")]), timeout_ms=30_000, retries=0
+            ).body.accepted == ["g0"]
     finally:
         ctx.destroy(linger=0)
         proc.terminate()

@@ -214,7 +214,9 @@ def test_the_weight_server_counts_and_logs_refused_connections(
     )
     stranger_dir = keys.parent / "stranger"
     generate_keys(stranger_dir)
-    stranger = dataclasses.replace(load_client_keys(stranger_dir), server_public=load_server_keys(keys).public)
+    stranger = dataclasses.replace(
+        load_client_keys(stranger_dir), server_public=load_server_keys(keys).public
+    )
     with caplog.at_level("WARNING"), server.start():
         # Both stay open (the fixture's context closes them): a socket dropped here would be closed
         # by the garbage collector, perhaps before its handshake was refused and counted.

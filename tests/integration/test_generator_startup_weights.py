@@ -94,7 +94,13 @@ def test_a_corrupt_newest_file_at_start_up_is_waited_out_not_a_crash(
                 thread.start()
                 wait_for(
                     "the warning about the corrupt file",
-                    lambda: errors or any("waiting for the learner to publish a good version" in r.getMessage() for r in caplog.records),
+                    lambda: (
+                        errors
+                        or any(
+                            "waiting for the learner to publish a good version" in r.getMessage()
+                            for r in caplog.records
+                        )
+                    ),
                 )
                 assert not errors, errors
                 assert thread.is_alive() and engine.version == 0, "nothing corrupt was loaded"

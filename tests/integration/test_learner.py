@@ -255,7 +255,9 @@ class FakeBuffer:
             max_bytes=t.max_message_bytes,
             peer="learner",
         )
-        transport = t.model_copy(update={"batches_port": endpoint_port(self.endpoint.address), "weights_port": 0})
+        transport = t.model_copy(
+            update={"batches_port": endpoint_port(self.endpoint.address), "weights_port": 0}
+        )
         self.cfg = cfg.model_copy(update={"transport": transport})
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -372,7 +374,9 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
 
     buffer = FakeBuffer(cfg)
     try:
-        stopping = StopDuringStep5(learner_settings(buffer.cfg, max_steps=10), ConfiguredCollaborators(buffer.cfg))
+        stopping = StopDuringStep5(
+            learner_settings(buffer.cfg, max_steps=10), ConfiguredCollaborators(buffer.cfg)
+        )
         assert stopping.run() == 0
     finally:
         buffer.close()

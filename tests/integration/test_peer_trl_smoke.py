@@ -23,6 +23,7 @@ from tests.conftest import REPO  # noqa: E402
 @pytest.mark.timeout(300)
 def test_trl_side_trains_one_step_with_the_project_reward(warm_model, tmp_path):
     import bench.studies.peer_trl as peer
+
     cfg = load_config(
         [REPO / "configs" / "tiny-cpu.toml"],
         [

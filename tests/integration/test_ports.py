@@ -89,7 +89,7 @@ def test_nothing_picks_a_free_port_and_binds_it_later() -> None:
 
 
 def test_the_guard_catches_the_pattern_it_is_for() -> None:
-    picked = '''
+    picked = """
 def free():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -106,12 +106,16 @@ def held():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         serve(port)
-'''
+"""
     assert _picks_then_binds(ast.parse(picked), picked.splitlines()) == [3, 8]
 
 
 def test_inherited_sockets_are_named_by_setting() -> None:
-    env = {"LISTEN_PID": "42", "LISTEN_FDS": "2", "LISTEN_FDNAMES": "transport.samples_port:metrics.buffer_port"}
+    env = {
+        "LISTEN_PID": "42",
+        "LISTEN_FDS": "2",
+        "LISTEN_FDNAMES": "transport.samples_port:metrics.buffer_port",
+    }
     assert parse_listen_fds(env, 42) == {"transport.samples_port": 3, "metrics.buffer_port": 4}
     assert parse_listen_fds(env, 43) == {}, "systemd's variables are for the process it started"
     assert parse_listen_fds({LISTEN_FDS_ENV: "transport.weights_port=7"}, 1) == {"transport.weights_port": 7}

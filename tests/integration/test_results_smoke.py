@@ -90,5 +90,8 @@ def test_quick_results_page_has_finite_positive_figures(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "`python -m bench.results --only transport --quick`" in (tmp_path / "results" / "transport.md").read_text()
+    assert (
+        "`python -m bench.results --only transport --quick`"
+        in (tmp_path / "results" / "transport.md").read_text()
+    )
     assert page.read_text() == index

@@ -10,6 +10,7 @@ import pytest
 @pytest.mark.timeout(300)
 def test_hostile_corpus_bench_reports_bounded_latency_and_no_execution() -> None:
     import bench.drills.verifier_hostile as bench
+
     d = bench.measure(repeats=1, timeout_s=5.0)
     assert d["inputs"] == len(d["per_input"]) > 30
     assert d["all_scored_minus_1"] and d["pool_still_verifies"]

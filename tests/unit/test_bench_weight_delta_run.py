@@ -36,7 +36,10 @@ def _run_folder(root: Path, sync_sum: float, versions: int, received: float) -> 
 
 def test_an_arms_figures_come_from_its_final_metrics_and_learner_rows(tmp_path: Path) -> None:
     run = _run_folder(tmp_path, sync_sum=22.2, versions=3, received=807e6)
-    trained = {"launch": 100.0, "summary": {"learner_steps": 3, "samples_generated": 96, "train_seconds": 120.0}}
+    trained = {
+        "launch": 100.0,
+        "summary": {"learner_steps": 3, "samples_generated": 96, "train_seconds": 120.0},
+    }
     got = arm_figures(run, trained, steps_per_rollout=1)
     assert got["learner_steps"] == 3 and got["samples_generated"] == 96
     assert got["first_step_after_launch_s"] == 60.0  # 160 - 100
@@ -50,14 +53,34 @@ def test_an_arms_figures_come_from_its_final_metrics_and_learner_rows(tmp_path: 
 
 def test_the_summary_is_the_median_per_arm_over_repeats() -> None:
     runs = [
-        {"arm": "true", "learner_steps": 20, "seconds_per_step": 31.0, "generator_sync_s_mean": 7.0,
-         "received_mb_per_version": 300.0},
-        {"arm": "true", "learner_steps": 22, "seconds_per_step": 30.0, "generator_sync_s_mean": 8.0,
-         "received_mb_per_version": 310.0},
-        {"arm": "false", "learner_steps": 25, "seconds_per_step": 27.0, "generator_sync_s_mean": 1.5,
-         "received_mb_per_version": None},
+        {
+            "arm": "true",
+            "learner_steps": 20,
+            "seconds_per_step": 31.0,
+            "generator_sync_s_mean": 7.0,
+            "received_mb_per_version": 300.0,
+        },
+        {
+            "arm": "true",
+            "learner_steps": 22,
+            "seconds_per_step": 30.0,
+            "generator_sync_s_mean": 8.0,
+            "received_mb_per_version": 310.0,
+        },
+        {
+            "arm": "false",
+            "learner_steps": 25,
+            "seconds_per_step": 27.0,
+            "generator_sync_s_mean": 1.5,
+            "received_mb_per_version": None,
+        },
     ]
     got = summarize(runs)
-    assert got["true"] == {"runs": 2, "learner_steps": 21.0, "seconds_per_step": 30.5,
-                           "generator_sync_s_mean": 7.5, "received_mb_per_version": 305.0}
+    assert got["true"] == {
+        "runs": 2,
+        "learner_steps": 21.0,
+        "seconds_per_step": 30.5,
+        "generator_sync_s_mean": 7.5,
+        "received_mb_per_version": 305.0,
+    }
     assert got["false"]["runs"] == 1 and got["false"]["received_mb_per_version"] is None

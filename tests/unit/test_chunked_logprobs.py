@@ -187,7 +187,6 @@ def _groups(seed: int) -> list[Group]:
     ]
 
 
-
 def _float64_gradients(cfg: Config, tied: bool) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     learner = Learner(cfg, tiny_qwen2(seed=1, tied=tied), make_engine=BackwardOnlyEngine)
     learner.engine.module.double()  # in place: Parameters (and the tie) are kept

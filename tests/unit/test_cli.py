@@ -65,7 +65,10 @@ def test_config_show_refuses_what_the_buffer_would_refuse(capsys: pytest.Capture
     buffer exited 2 and the learner and the generator 69 after 30 s."""
     assert main(["config", "show", "--set", "learner.checkpoint_every=50"]) == 2
     err = capsys.readouterr().err
-    assert "Set buffer.capacity_groups >= 400, or lower learner.checkpoint_every" in err and "Traceback" not in err
+    assert (
+        "Set buffer.capacity_groups >= 400, or lower learner.checkpoint_every" in err
+        and "Traceback" not in err
+    )
 
 
 def test_run_refuses_a_precision_the_learner_cannot_train_before_starting_anything(

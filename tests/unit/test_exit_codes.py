@@ -231,7 +231,9 @@ def test_a_buffer_whose_disk_fills_exits_1_and_says_so_without_a_traceback(
     def learner_says_hello(request_stop) -> None:
         ctx = zmq.Context()
         port = read_bound_ports(tmp_path / "run", "buffer")["transport.batches_port"]  # type: ignore[index]
-        learner = open_endpoint(ctx, zmq.DEALER, connect=f"tcp://127.0.0.1:{port}", max_bytes=1 << 20, peer="buffer")
+        learner = open_endpoint(
+            ctx, zmq.DEALER, connect=f"tcp://127.0.0.1:{port}", max_bytes=1 << 20, peer="buffer"
+        )
         try:
             learner.send(m.LearnerHello(0, 0))  # journalled before its reply: the write hits the full disk
             if not done.wait(30):

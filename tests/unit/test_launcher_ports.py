@@ -61,8 +61,12 @@ def test_the_launcher_waits_only_for_ports_that_later_services_connect_to() -> N
     zero = load_config(overrides=port_overrides(), environ={})
     assert peers_need_reported_ports(zero, "buffer") and peers_need_reported_ports(zero, "learner")
     fixed = load_config(
-        overrides=[*port_overrides(), "transport.samples_port=5555", "transport.batches_port=5556",
-                   "transport.weights_port=5557"],
+        overrides=[
+            *port_overrides(),
+            "transport.samples_port=5555",
+            "transport.batches_port=5556",
+            "transport.weights_port=5557",
+        ],
         environ={},
     )
     assert not peers_need_reported_ports(fixed, "buffer") and not peers_need_reported_ports(fixed, "learner")

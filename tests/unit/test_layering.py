@@ -49,7 +49,9 @@ def imports_of(path: Path) -> set[str]:
                 found.add(node.module.split(".")[0])
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                found.add(resolve(alias.name) if alias.name.startswith("stream_dapo") else alias.name.split(".")[0])
+                found.add(
+                    resolve(alias.name) if alias.name.startswith("stream_dapo") else alias.name.split(".")[0]
+                )
     return found
 
 
@@ -114,7 +116,9 @@ PURE = (
 @pytest.mark.parametrize("layer", PURE)
 def test_pure_layers_do_not_import_the_configuration(layer: str) -> None:
     offenders = {
-        name: sorted(d for d in GRAPH[name] if d == "stream_dapo.config" or d.startswith("stream_dapo.config."))
+        name: sorted(
+            d for d in GRAPH[name] if d == "stream_dapo.config" or d.startswith("stream_dapo.config.")
+        )
         for name in MODULES
         if name == layer or name.startswith(layer + ".") or name.startswith(layer + "_")
     }
@@ -130,9 +134,15 @@ def config_names_used(path: Path) -> set[str]:
     name, argument or attribute in it is called so."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("stream_dapo.config"):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").startswith("stream_dapo.config")
+        ):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.Import) and any(a.name.startswith("stream_dapo.config") for a in node.names):
+        elif isinstance(node, ast.Import) and any(
+            a.name.startswith("stream_dapo.config") for a in node.names
+        ):
             found.add("*")
         elif (
             (isinstance(node, ast.Name) and node.id == "cfg")
@@ -162,7 +172,9 @@ def test_services_take_settings_from_their_composition_root_not_the_configuratio
 
 def test_only_cli_parses_arguments() -> None:
     parsing = sorted(
-        name for name, path in MODULES.items() if "argparse" in imports_of(path) and not name.startswith("stream_dapo.cli")
+        name
+        for name, path in MODULES.items()
+        if "argparse" in imports_of(path) and not name.startswith("stream_dapo.cli")
     )
     assert parsing == []
 

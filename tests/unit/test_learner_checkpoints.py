@@ -134,14 +134,22 @@ def test_a_resume_applies_a_new_lr_and_refuses_a_new_group_size_naming_both_valu
     assert run_learner(tmp_path, monkeypatch, total_steps=2, warmup_steps=0, lr=2e-4)[0] == ExitCode.OK
     with caplog.at_level("INFO", logger="stream_dapo"):
         assert run_learner(tmp_path, monkeypatch, total_steps=4, warmup_steps=0, lr=1e-4)[0] == ExitCode.OK
-    rows = [json.loads(line) for line in (tmp_path / "run" / "learner" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "learner" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["version"] for r in rows] == [1, 2, 3, 4]
     assert [r["lr"] for r in rows] == pytest.approx([2e-4, 2e-4, 1e-4, 1e-4])
     assert "resumed with changed settings, applied: learner.lr 0.0002 -> 0.0001" in caplog.text
     caplog.clear()
     with caplog.at_level("ERROR", logger="stream_dapo"):
         code, _ = run_learner(
-            tmp_path, monkeypatch, algo={"group_size": 4}, total_steps=6, warmup_steps=0, lr=1e-4, mini_batch_samples=4
+            tmp_path,
+            monkeypatch,
+            algo={"group_size": 4},
+            total_steps=6,
+            warmup_steps=0,
+            lr=1e-4,
+            mini_batch_samples=4,
         )
     assert code == ExitCode.CONFIG
     assert "algo.group_size 2 -> 4" in caplog.text and "another run.out_dir" in caplog.text

@@ -106,7 +106,9 @@ def test_too_small_capacity_groups_fails_naming_the_minimum() -> None:
     with pytest.raises(ConfigError, match=r"Set buffer\.capacity_groups >= 160"):
         cfg_with("buffer.capacity_groups=100")
     with pytest.raises(ConfigError, match=r"Set buffer\.capacity_groups >= 160"):
-        cfg.model_copy(update={"buffer": cfg.buffer.model_copy(update={"capacity_groups": 100})}).admission_policy()
+        cfg.model_copy(
+            update={"buffer": cfg.buffer.model_copy(update={"capacity_groups": 100})}
+        ).admission_policy()
     assert cfg_with("buffer.capacity_groups=160").admission_policy().admission_capacity == 24
 
 
@@ -273,7 +275,9 @@ def test_a_second_process_with_a_live_generator_id_is_refused_and_changes_nothin
     assert buf.grant_credits("gen-0", 6) == 6
     buf.add_groups("gen-0", [], filtered_total=2)
     clock.now += 5
-    with pytest.raises(GeneratorIdTaken, match=r"'gen-0' is held by host-a pid 10 \(aa\).*host-b pid 20") as err:
+    with pytest.raises(
+        GeneratorIdTaken, match=r"'gen-0' is held by host-a pid 10 \(aa\).*host-b pid 20"
+    ) as err:
         buf.generator_hello("gen-0", second)
     assert err.value.reason == "generator_id_taken" and "--index" in str(err.value)
     with pytest.raises(GeneratorIdTaken):
@@ -632,7 +636,9 @@ def test_a_step_of_the_wall_clock_neither_expires_leases_nor_ages_groups() -> No
     assert buf.generator_leases()["gen-0"] == {"credits": 3, "silent_s": 5.0}
     wall.now -= 3 * 3600 + 180
     clock.now += 26
-    assert buf.expire_generators() == [("gen-0", 3)], "a lease is 30 s of the monotonic clock, whatever the wall"
+    assert buf.expire_generators() == [("gen-0", 3)], (
+        "a lease is 30 s of the monotonic clock, whatever the wall"
+    )
     (accepted,) = [r for r in log.records if r["kind"] == "accept"]
     assert accepted["accepted_at"] == 1000.0, "acceptance is stamped with wall time, for people"
 

@@ -28,12 +28,19 @@ def test_a_json_result_with_a_page_of_its_name_links_that_page_and_one_without_g
     monkeypatch.setattr(
         results,
         "EXTERNAL",
-        (("A", "a.json", "python a.py"), ("B", "b.json", "python b.py"), ("C", "c.json", "c"), ("D", "d/ablation.md", "d")),
+        (
+            ("A", "a.json", "python a.py"),
+            ("B", "b.json", "python b.py"),
+            ("C", "c.json", "c"),
+            ("D", "d/ablation.md", "d"),
+        ),
     )
     pages = results.render_pages({}, results_dir, {})
     # a's own page is linked and not rewritten; b gets a page of its tables; c is not run yet
     assert "results/a.md" not in pages
-    assert pages["results/b.md"].startswith(results.GENERATED + "# B\n\n[All results](../RESULTS.md)\n\nFrom `b.json`")
+    assert pages["results/b.md"].startswith(
+        results.GENERATED + "# B\n\n[All results](../RESULTS.md)\n\nFrom `b.json`"
+    )
     assert "| pairs | 12 |" in pages["results/b.md"]
     # a page this script wrote is written again, never mistaken for a page of its own
     (results_dir / "b.md").write_text(pages["results/b.md"])
@@ -45,7 +52,9 @@ def test_a_json_result_with_a_page_of_its_name_links_that_page_and_one_without_g
     assert "| D | [results/d/ablation.md](results/d/ablation.md) |" in index
     # every throughput section has a page, measured or not, and the index links each once
     for name in results.SECTIONS:
-        assert pages[f"results/{name}.md"].startswith(f"{results.GENERATED}# {results.SECTIONS[name].title}\n")
+        assert pages[f"results/{name}.md"].startswith(
+            f"{results.GENERATED}# {results.SECTIONS[name].title}\n"
+        )
         assert index.count(f"(results/{name}.md)") == 1
     assert "Not yet run: `python -m bench.results --only transport`" in pages["results/transport.md"]
 
@@ -69,9 +78,12 @@ def test_the_time_to_target_row_names_the_long_cot_seeds_when_their_file_is_ther
 def test_render_only_reproduces_every_committed_page_bit_for_bit(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs", docs)
-    committed = {rel: (REPO / "docs" / rel).read_text() for rel in results.render_pages(
-        results.load_results(docs / "results" / results.RESULTS_JSON), docs / "results", {}
-    )}
+    committed = {
+        rel: (REPO / "docs" / rel).read_text()
+        for rel in results.render_pages(
+            results.load_results(docs / "results" / results.RESULTS_JSON), docs / "results", {}
+        )
+    }
     sections = results.load_results(docs / "results" / results.RESULTS_JSON)
     results.render(docs, sections, plots=False)
     for rel, text in committed.items():

@@ -398,7 +398,10 @@ def test_delta_auto_is_off_towards_a_learner_on_this_machine_and_on_towards_anot
             assert isinstance(source, ZmqWeightSource) and source.delta is wanted, overrides
         finally:
             source.close()
-    for overrides, served in ((("transport.weights_port=0",), True), (("transport.weights_port=0", "weights.delta=false"), False)):
+    for overrides, served in (
+        (("transport.weights_port=0",), True),
+        (("transport.weights_port=0", "weights.delta=false"), False),
+    ):
         publisher = make_publisher(cfg(*overrides))
         try:
             assert isinstance(publisher, WeightServer) and publisher.delta is served

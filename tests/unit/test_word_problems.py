@@ -72,7 +72,9 @@ def test_files_are_written_once_with_template_disjoint_rows(tmp_path: Path) -> N
     train = [json.loads(line) for line in files.train.read_text().splitlines()]
     held = [json.loads(line) for line in files.eval.read_text().splitlines()]
     assert len(train) == 5 * (len(TEMPLATES) - 4) and len(held) == 3 * 4
-    assert {r["extra_info"]["template"] for r in train}.isdisjoint({r["extra_info"]["template"] for r in held})
+    assert {r["extra_info"]["template"] for r in train}.isdisjoint(
+        {r["extra_info"]["template"] for r in held}
+    )
     assert len({r["prompt"][0]["content"] for r in train}) == len(train), "instances are distinct"
     stamp = files.train.stat().st_mtime_ns
     again = ensure_word_problem_data(cfg)
@@ -82,11 +84,19 @@ def test_files_are_written_once_with_template_disjoint_rows(tmp_path: Path) -> N
 def test_the_config_points_the_run_at_the_word_problems_and_sft_at_gsm_symbolic(tmp_path: Path) -> None:
     cfg = load_config(overrides=[f'data.word_problems.dir="{tmp_path}"'], environ={})
     folder = cfg.data.word_problems.folder()
-    assert cfg.data.train_path == str(folder / "train.jsonl") and cfg.data.eval_path == str(folder / "eval.jsonl")
+    assert cfg.data.train_path == str(folder / "train.jsonl") and cfg.data.eval_path == str(
+        folder / "eval.jsonl"
+    )
     from stream_dapo.model.sft import sft_data
 
-    with pytest.raises(ConfigError, match=r'needs a \[data.gsm_symbolic\] section; add one or set sft.data = "train"'):
-        sft_data(load_config(overrides=[f'data.word_problems.dir="{tmp_path}"', 'sft.data="gsm_symbolic"'], environ={}))
+    with pytest.raises(
+        ConfigError, match=r'needs a \[data.gsm_symbolic\] section; add one or set sft.data = "train"'
+    ):
+        sft_data(
+            load_config(
+                overrides=[f'data.word_problems.dir="{tmp_path}"', 'sft.data="gsm_symbolic"'], environ={}
+            )
+        )
     assert sft_data(cfg) == folder / "train.jsonl"
 
 
@@ -146,7 +156,9 @@ def test_the_probe_set_is_in_no_split_and_is_added_to_an_existing_folder_untouch
     assert files.probe is not None
     probe = [json.loads(line) for line in files.probe.read_text().splitlines()]
     assert len(probe) == 24 * PROBE_PER_TEMPLATE == 120  # all of them under eval.max_prompts = 128
-    assert [r["extra_info"]["template"] for r in probe] == [n for n in names for _ in range(PROBE_PER_TEMPLATE)]
+    assert [r["extra_info"]["template"] for r in probe] == [
+        n for n in names for _ in range(PROBE_PER_TEMPLATE)
+    ]
     for path in (files.train, files.eval):
         used = {json.loads(line)["extra_info"]["template"] for line in path.read_text().splitlines()}
         assert not used & set(names)
@@ -158,4 +170,6 @@ def test_the_probe_set_is_in_no_split_and_is_added_to_an_existing_folder_untouch
     assert again.probe is not None and again.probe.read_text() == text  # seeded: the same instances
     assert {p: p.stat().st_mtime_ns for p in (files.train, files.eval)} == stamps
     one_step = ensure_word_problem_data(WordProblemsConfig(dir=str(tmp_path), max_steps=1, eval_templates=2))
-    assert one_step.probe is not None and len(one_step.probe.read_text().splitlines()) == 12 * PROBE_PER_TEMPLATE
+    assert (
+        one_step.probe is not None and len(one_step.probe.read_text().splitlines()) == 12 * PROBE_PER_TEMPLATE
+    )

@@ -113,5 +113,3 @@ def plan_to_json(p: Plan, sources: dict[str, str]) -> dict[str, Any]:
     data["sources"] = sources
     data["warnings"] = list(p.warnings)
     return data
-
-

@@ -26,6 +26,7 @@ def prometheus_query(base_url: str, promql: str, timeout_s: float) -> float | No
     except PrometheusError as exc:
         raise PlanError(str(exc)) from None
 
+
 _WINDOW = re.compile(r"^[0-9]+(ms|s|m|h|d|w|y)$")
 
 
@@ -145,5 +146,3 @@ def measure_from_prometheus(
         if all(c is not None and c > 0 for c in counts):
             out["token_age"] = token_age_from_counts(*(float(c) for c in counts if c is not None))
     return out
-
-

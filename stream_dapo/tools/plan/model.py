@@ -413,5 +413,3 @@ def _with_warnings(p: Plan) -> Plan:
             f"wait {p.staleness.queue:.1f} versions on average"
         )
     return replace(p, warnings=tuple(out))
-
-
