@@ -41,9 +41,11 @@ _UNCOMPARED_KEYS = (
     ("weights", "peer_fanout"),
     ("weights", "peer_timeout_s"),
     ("weights", "peer_host"),
+    ("generator", "group_log"),
 )
 """How a version travels (issue 38: the fetch window, deltas, fan-out through other generators): the
-weights that arrive are the same, checked bit for bit, whatever these say."""
+weights that arrive are the same, checked bit for bit, whatever these say. And what is only recorded:
+the generators' group log writes down each group's outcome and changes none."""
 _NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {
     ("buffer", "in_flight_hold_s"): 0.0,
     ("warmup", "track_every"): 0,  # tracking never changes the warm weights; off, it is not even timed
