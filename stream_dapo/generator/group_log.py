@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
@@ -46,7 +46,7 @@ class GroupRecord:
     kept: bool
 
     def line(self, t: float) -> str:
-        return json.dumps({"t": round(t, 3), **self.__dict__}, separators=(",", ":")) + "\n"
+        return json.dumps({"t": round(t, 3), **asdict(self)}, separators=(",", ":")) + "\n"
 
 
 class GroupLog:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def test_each_record_is_one_line_read_back_as_written(tmp_path: Path) -> None:
     log.close()
     back = list(read_group_log(path))
     assert len(path.read_text().splitlines()) == 3
-    assert [{k: v for k, v in r.items() if k != "t"} for r in back] == [r.__dict__ for r in written]
+    assert [{k: v for k, v in r.items() if k != "t"} for r in back] == [asdict(r) for r in written]
     assert all(isinstance(r["t"], float) for r in back)
     # appended, not truncated, by a restarted generator
     log = GroupLog(path)
