@@ -408,9 +408,7 @@ def group_outcomes_line(go: dict | None) -> list[str]:
         f"{c['all_wrong']} all wrong, {c['all_correct']} all correct, samples correct {100 * (c['sample_accuracy'] or 0):.1f}%"
         for v, c in go["by_value"].items()
     ]
-    return [
-        "Groups by the train rows' " + f"`{go['key']}` (the generator's group log): " + "; ".join(parts) + "."
-    ]
+    return [f"Groups by the train rows' `{go['key']}` (the generator's group log): {'; '.join(parts)}."]
 
 
 def report(
