@@ -452,6 +452,7 @@ def prepare_model(cfg: Config) -> None:
         if cfg.model.source is not None:
             ensure_imported_model(cfg.model.source, cfg.sft.base if cfg.sft.enabled else path)
         if cfg.sft.enabled:
+            write_generated_data(cfg)  # [sft] trains on these files: a caller may not have run check_data
             ensure_sft_model(cfg)
         return
     if not (path / "config.json").is_file():
@@ -466,13 +467,9 @@ def prepare_model(cfg: Config) -> None:
         )
 
 
-def check_data(cfg: Config) -> None:
-    """Write data.gsm_symbolic's and data.word_problems' files when set (cached); then validate
-    data.train_path, and data.eval_path when the run evaluates, row by row before any
-    service starts: a bad line or a missing column stops the run with the file, line and fix (a
-    ConfigError), not a generator at start-up."""
-    from stream_dapo.data.dataset import check_data_file
-
+def write_generated_data(cfg: Config) -> None:
+    """Write data.gsm_symbolic's and data.word_problems' files when set; each is written once per
+    setting (cached), so calling this again is cheap."""
     if cfg.data.gsm_symbolic is not None:
         from stream_dapo.data.gsm_symbolic import ensure_gsm_symbolic_data
 
@@ -481,6 +478,16 @@ def check_data(cfg: Config) -> None:
         from stream_dapo.data.word_problems import ensure_word_problem_data
 
         ensure_word_problem_data(cfg.data.word_problems)
+
+
+def check_data(cfg: Config) -> None:
+    """Write data.gsm_symbolic's and data.word_problems' files when set (cached); then validate
+    data.train_path, and data.eval_path when the run evaluates, row by row before any
+    service starts: a bad line or a missing column stops the run with the file, line and fix (a
+    ConfigError), not a generator at start-up."""
+    from stream_dapo.data.dataset import check_data_file
+
+    write_generated_data(cfg)
     files = {"data.train_path": cfg.data.train_path}
     if cfg.run.eval_before_after:
         files["data.eval_path"] = cfg.data.eval_path

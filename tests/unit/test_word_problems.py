@@ -173,3 +173,29 @@ def test_the_probe_set_is_in_no_split_and_is_added_to_an_existing_folder_untouch
     assert (
         one_step.probe is not None and len(one_step.probe.read_text().splitlines()) == 12 * PROBE_PER_TEMPLATE
     )
+
+
+def test_prepare_model_writes_the_files_the_warm_up_trains_on_first(tmp_path: Path, monkeypatch) -> None:
+    """`stream-dapo ablate` calls prepare_model without check_data: on a fresh machine the warm-up
+    on the train templates' solutions found no train.jsonl (FileNotFoundError before any cell)."""
+    import stream_dapo.model.sft as sft_module
+    from stream_dapo.tools.launch import prepare_model
+
+    cfg = load_config(
+        overrides=[
+            f'data.word_problems.dir="{tmp_path / "data"}"',
+            "data.word_problems.per_template=2",
+            "sft.enabled=true",
+            'sft.data="train"',
+            f'model.path="{tmp_path / "warm"}"',
+        ],
+        environ={},
+    )
+    train = Path(cfg.data.train_path)
+    assert not train.exists()
+    seen: list[int] = []
+    monkeypatch.setattr(
+        sft_module, "ensure_sft_model", lambda c: seen.append(len(train.read_text().splitlines()))
+    )
+    prepare_model(cfg)
+    assert seen == [2 * len(split_names(cfg.data.word_problems)[0])]
