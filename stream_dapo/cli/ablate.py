@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--presets",
         default=",".join(PRESETS),
         help=f"comma-separated presets, in table order (default: Table 1's rows: {','.join(PRESETS)}; "
-        f"the off-policy corrections: {','.join(PRESET_FAMILIES['offpolicy'])})",
+        f"the off-policy corrections: {','.join(PRESET_FAMILIES['offpolicy'])}; DAPO less one technique: "
+        f"{','.join(PRESET_FAMILIES['leave-one-out'])})",
     )
     parser.add_argument("--out", default="runs/ablation", help="output directory (default: runs/ablation)")
     parser.add_argument(

@@ -1,7 +1,8 @@
-"""Named sets of config overrides that `stream-dapo ablate` runs side by side: two families.
+"""Named sets of config overrides that `stream-dapo ablate` runs side by side: three families.
 
 ``PRESETS``: the ablation ladder of the DAPO paper's Table 1 (below). ``OFFPOLICY_PRESETS``: the
-off-policy corrections of issue 40 (further below). A name belongs to one family only.
+off-policy corrections of issue 40 (further below). ``LEAVE_ONE_OUT_PRESETS``: full DAPO and DAPO
+less one technique each (last). A name belongs to one family only.
 
 Table 1
 -------
@@ -52,6 +53,16 @@ gspo           GSPO's length-normalised sequence ratio, clipped to [1 - 3e-4, 1 
 SkyRL pairs its geometric mask with token TIS at 2; here one behaviour weight is chosen per run, so
 geo-mask is the mask alone. GSPO keeps the token TIS weight, so against token-tis only the policy
 ratio, its clip range and the aggregation change.
+
+Leave one out
+-------------
+
+``dapo-all`` is Table 1's ``dapo`` (all five switches on); each other arm turns one of them back to
+naive GRPO's value: ``no-overlong-filter``, ``no-clip-higher`` (eps_high 0.2, symmetric with the
+recipe's eps_low), ``no-soft-overlong``, ``no-token-loss`` (seq-mean-token-mean) and
+``no-dynamic-sampling``. The
+paper's Figures 2, 5 and 6 each compare a run with and without one technique; these arms do the same
+on top of the whole recipe.
 """
 
 from __future__ import annotations
@@ -59,6 +70,7 @@ from __future__ import annotations
 import copy
 
 __all__ = [
+    "LEAVE_ONE_OUT_PRESETS",
     "OFFPOLICY_PRESETS",
     "PAPER_AIME",
     "PRESETS",
@@ -136,7 +148,30 @@ OFFPOLICY_PRESETS: dict[str, dict[str, object]] = {
 }
 """Arm name -> flat dict of dotted config overrides; the first (token-tis) is the baseline."""
 
-PRESET_FAMILIES: dict[str, dict[str, dict[str, object]]] = {"table1": PRESETS, "offpolicy": OFFPOLICY_PRESETS}
+
+def _leave_one_out() -> dict[str, dict[str, object]]:
+    full = PRESETS["dapo"]
+    off: list[tuple[str, str, object]] = [
+        ("no-overlong-filter", "algo.overlong_filter", False),
+        ("no-clip-higher", "algo.eps_high", PRESETS["naive-grpo"]["algo.eps_high"]),
+        ("no-soft-overlong", "algo.soft_overlong", False),
+        ("no-token-loss", "algo.agg_mode", PRESETS["naive-grpo"]["algo.agg_mode"]),
+        ("no-dynamic-sampling", "algo.dynamic_sampling", False),
+    ]
+    return {"dapo-all": dict(full), **{name: {**full, key: value} for name, key, value in off}}
+
+
+LEAVE_ONE_OUT_PRESETS: dict[str, dict[str, object]] = _leave_one_out()
+"""Arm name -> flat dict of dotted config overrides: full DAPO (``dapo-all``, the same switches as
+Table 1's ``dapo``), then DAPO with one technique turned back to naive GRPO's setting. Each arm is
+read against ``dapo-all``, so a difference belongs to one technique; Table 1's cumulative rows mix
+the step's technique with everything added before it."""
+
+PRESET_FAMILIES: dict[str, dict[str, dict[str, object]]] = {
+    "table1": PRESETS,
+    "offpolicy": OFFPOLICY_PRESETS,
+    "leave-one-out": LEAVE_ONE_OUT_PRESETS,
+}
 """Family name -> its presets, in table order; the first preset of a family is its baseline."""
 
 

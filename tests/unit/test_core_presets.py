@@ -90,3 +90,22 @@ def test_the_off_policy_family_is_found_by_name_but_algo_preset_names_table_1_on
         preset_overrides("ppo")
     with pytest.raises(ConfigError, match="algo.preset: unknown preset 'gspo'; valid presets: naive-grpo"):
         load_config([], ['algo.preset="gspo"'], environ={})
+
+
+def test_each_leave_one_out_arm_turns_exactly_one_dapo_switch_back_to_naive_grpo() -> None:
+    from stream_dapo.core.presets import LEAVE_ONE_OUT_PRESETS, preset_family
+    from stream_dapo.tools.ablate.settings import preset_changes
+
+    names = list(LEAVE_ONE_OUT_PRESETS)
+    assert names[0] == "dapo-all" and LEAVE_ONE_OUT_PRESETS["dapo-all"] == PRESETS["dapo"]
+    turned_back = set()
+    for name in names[1:]:
+        changes = preset_changes(name)  # read against dapo-all
+        assert len(changes) == 1, name
+        ((key, (full, value)),) = changes.items()
+        assert full == PRESETS["dapo"][key] and value == PRESETS["naive-grpo"][key], name
+        assert preset_family(name) == "leave-one-out"
+        turned_back.add(key)
+    assert turned_back == set(PRESETS["dapo"])  # every switch Table 1 varies has its arm
+    assert LEAVE_ONE_OUT_PRESETS["no-clip-higher"]["algo.eps_high"] == 0.2
+    assert preset_changes("dapo-all") == {}

@@ -78,9 +78,9 @@ it counts, so cells that ran with and without it never share a table."""
 def preset_changes(name: str) -> dict[str, tuple[object, object]]:
     """What preset ``name`` changes relative to the row it is read against: key -> (before, after).
 
-    Table 1's rows are cumulative, so each is read against the row above it; the off-policy arms
-    are alternatives, so each is read against its family's first arm (token-tis). A family's first
-    row (the baseline) changes nothing.
+    Table 1's rows are cumulative, so each is read against the row above it; the off-policy and
+    leave-one-out arms are alternatives, so each is read against its family's first arm (token-tis,
+    dapo-all). A family's first row (the baseline) changes nothing.
     """
     current = preset_overrides(name)  # raises for an unknown name
     family = preset_family(name)
