@@ -62,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train nothing: write the table and plots of the cells already done in --out",
     )
     parser.add_argument(
+        "--rebuilt-start",
+        action="store_true",
+        help="reuse finished cells (and the before-training eval) that started from another build of "
+        "the same start model: the same warm-up settings, other weights (a warm-up repeated on another "
+        "machine rounds differently); the report lists the builds",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="run and write nothing: print every cell's `stream-dapo run` command and whether it is done",
@@ -94,6 +101,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         out=Path(args.out),
         target_delta=args.target_delta,
         group_size=base.algo.group_size,
+        rebuilt_start=getattr(args, "rebuilt_start", False),
     )
 
 

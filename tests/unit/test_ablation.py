@@ -525,3 +525,64 @@ def test_the_off_policy_arms_run_through_ablate_in_table_order_and_dry_run_write
     assert "[2/2] gspo seed 0 (to run; fingerprint" in printed and "2 cells, 2 to run, 0 done" in printed
     assert "algo.ratio_level=" in printed and "algo.preset" not in printed
     assert not (tmp_path / "out").exists()
+
+
+def test_a_warm_up_or_import_folder_has_a_model_key_of_its_build_and_weights(tmp_path: Path) -> None:
+    """[sft]'s output (sft.json) and an imported model (import.json) are builds too: before, their
+    key was None, so a cell matched any weights at model.path."""
+    sft, imported = tmp_path / "sft", tmp_path / "imported"
+    for folder in (sft, imported):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"w")
+    (sft / "sft.json").write_text(json.dumps({"key": "6d876a9172e9e8fc", "final_loss": 0.17}))
+    (imported / "import.json").write_text(json.dumps({"source_sha256": "b179c9523d0e6a0f98a3"}))
+    keys = {
+        f.name: ablation.cells.model_key(load_config(overrides=[f"model.path='{f}'"], environ={}))
+        for f in (sft, imported)
+    }
+    digest = __import__("hashlib").sha256(b"w").hexdigest()[:16]
+    assert keys == {"sft": f"sft-6d876a9172e9e8fc/{digest}", "imported": f"import-b179c9523d0e6a0f/{digest}"}
+
+
+def test_rebuilt_start_reuses_cells_of_another_build_of_the_same_warm_up_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = argparse.Namespace(
+        config=[str(TINY)],
+        overrides=[],
+        presets="dapo",
+        seeds=1,
+        budget=3,
+        out=str(tmp_path),
+        target_delta=0.05,
+    )
+    plan = ablate_cli.make_plan(args)
+    cfg, _ = plan.cell_config("dapo", 0)
+    cell = plan.cell_dir("dapo", 0)
+    _finish_cell(cell, config_fingerprint(cfg, "sft-k1/aaaa"))
+    record = json.loads((cell / "ablation_cell.json").read_text())
+    (cell / "ablation_cell.json").write_text(json.dumps({**record, "start_model": "sft-k1/aaaa"}))
+    finished = ablation.cells.finished_cell
+    assert finished(cell, cfg, "sft-k1/aaaa")  # the same build
+    assert not finished(cell, cfg, "sft-k1/bbbb")  # a rebuild: not without the flag
+    assert finished(cell, cfg, "sft-k1/bbbb", rebuilt_start=True)
+    assert not finished(cell, cfg, "sft-k2/aaaa", rebuilt_start=True)  # another warm-up
+    other_cfg, _ = plan.cell_config("naive-grpo", 0)
+    assert not finished(cell, other_cfg, "sft-k1/bbbb", rebuilt_start=True)  # another config
+
+    plan.rebuilt_start = True
+    monkeypatch.setattr(ablation.cells, "model_key", lambda cfg: "sft-k1/bbbb")
+    reused = ablation.run_cell(plan, "dapo", 0)
+    assert reused.status == "reused" and reused.start_model == "sft-k1/aaaa"
+    report = ablation.cells.build_report(plan, {"avg_at_k": 0.2, "k": 4}, [reused])
+    assert report["meta"]["start_models"] == ["sft-k1/aaaa"]
+
+
+def test_the_report_names_the_builds_a_table_mixes() -> None:
+    from stream_dapo.tools.ablate.render import render_markdown
+
+    meta = {"seeds": [0, 1], "budget": 3, "config_files": ["c.toml"], "overrides": [], "k": 4}
+    one = render_markdown({"meta": {**meta, "start_models": ["sft-k1/aaaa"]}, "presets": {}})
+    two = render_markdown({"meta": {**meta, "start_models": ["sft-k1/aaaa", "sft-k1/bbbb"]}, "presets": {}})
+    assert "builds of the start model" not in one
+    assert "started from 2 builds of the start model (sft-k1/aaaa, sft-k1/bbbb" in two

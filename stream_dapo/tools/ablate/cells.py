@@ -85,6 +85,36 @@ def cell_is_done(cell_dir: Path, fingerprint: str) -> bool:
     )
 
 
+def build_of(key: str | None) -> str | None:
+    """The build part of a model key: the warm-up's settings, without the weights' digest."""
+    return None if key is None else key.split("/", 1)[0]
+
+
+def finished_cell(cell_dir: Path, cfg: Config, key: str | None, rebuilt_start: bool = False) -> bool:
+    """True when ``cell_dir`` holds a finished cell of ``cfg`` started from model ``key``. With
+    ``rebuilt_start``, also one started from another build of the same start model: the same
+    warm-up key, other weights (the record's ``start_model``; a warm-up repeated on another machine
+    rounds differently). Its config must match all the same."""
+    if cell_is_done(cell_dir, config_fingerprint(cfg, key)):
+        return True
+    start = _recorded_start(cell_dir)
+    return (
+        rebuilt_start
+        and key is not None
+        and start is not None
+        and build_of(start) == build_of(key)
+        and cell_is_done(cell_dir, config_fingerprint(cfg, start))
+    )
+
+
+def _recorded_start(run_dir: Path) -> str | None:
+    try:
+        start = json.loads((run_dir / CELL_RECORD).read_text()).get("start_model")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return start if isinstance(start, str) else None
+
+
 def read_curves(metrics_jsonl: Path) -> dict[str, dict[int, float]]:
     """CURVE_METRICS per step, and ``wall_time`` (the row's Unix time); the last row of a step wins
     (a resumed learner rewrites its tail)."""
@@ -118,6 +148,9 @@ class Plan:
     out: Path
     target_delta: float = 0.05
     """Steps/seconds-to-target target: the warm model's eval avg@k plus this (see aggregate)."""
+    rebuilt_start: bool = False
+    """Reuse cells (and the before-training eval) that started from another build of the same start
+    model (see finished_cell); the report lists the builds."""
     group_size: int | None = None
     run_files: list[str] = field(default_factory=list)
     """What children load: a snapshot of the resolved base config (see freeze_base_config)."""
@@ -162,22 +195,43 @@ def model_key(cfg: Config) -> str | None:
     """The starting model's identity: its build key and a digest of its weight files. The build key
     comes from the config alone, and the same config warmed up on another machine gave other weights
     (docs/results/longcot.md), so cells finished from one build are never mixed with another's.
-    None when model.path holds no model this package built."""
-    from stream_dapo.model.tiny import read_marker
-
+    The build key is the tiny model's warm-up key, the [sft] warm-up's key, or an imported model's
+    source digest. None when model.path holds no model this package built."""
     folder = Path(cfg.model.path)
-    marker = read_marker(folder)
-    if marker is None:
+    build = _build_key(folder)
+    if build is None:
         return None
     files = sorted(folder.glob("*.safetensors"))
     if not files and (folder / WEIGHTS_DIGEST).is_file():  # a recorded model kept as its checksum alone
-        return f"{marker.get('key')}/{(folder / WEIGHTS_DIGEST).read_text().strip()[:16]}"
+        return f"{build}/{(folder / WEIGHTS_DIGEST).read_text().strip()[:16]}"
     digest = hashlib.sha256()
     for path in files:
         with path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
-    return f"{marker.get('key')}/{digest.hexdigest()[:16]}"
+    return f"{build}/{digest.hexdigest()[:16]}"
+
+
+def _build_key(folder: Path) -> str | None:
+    """The key of the build that wrote ``folder`` (see model_key), or None."""
+    from stream_dapo.model.importer import IMPORT_MARKER
+    from stream_dapo.model.sft import SFT_MARKER
+    from stream_dapo.model.tiny import read_marker
+
+    marker = read_marker(folder)
+    if marker is not None:
+        return str(marker.get("key"))
+    for name, field_name, prefix in (
+        (SFT_MARKER, "key", "sft-"),
+        (IMPORT_MARKER, "source_sha256", "import-"),
+    ):
+        try:
+            info = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and info.get(field_name):
+            return prefix + str(info[field_name])[:16]
+    return None
 
 
 def eval_fingerprint(cfg: Config, model_key: str | None) -> str:
@@ -200,15 +254,18 @@ def evaluate_before(plan: Plan) -> dict[str, Any]:
     run_dir = plan.out / "eval-before"
     cfg, _ = plan.child_config(f"run.out_dir={_toml_value(str(run_dir))}")
     prepare_model(cfg)
-    fp = eval_fingerprint(cfg, model_key(cfg))
-    done = _done_before(run_dir, fp)
+    key = model_key(cfg)
+    done = _done_before(run_dir, eval_fingerprint(cfg, key))
+    start = _recorded_start(run_dir)
+    if done is None and plan.rebuilt_start and start is not None and build_of(start) == build_of(key):
+        done = _done_before(run_dir, eval_fingerprint(cfg, start))
     if done is not None:
         return done
     record = run_dir / CELL_RECORD
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(config_to_toml(cfg))
     result = evaluate_subprocess(cfg, run_dir / "config.toml", Path(cfg.model.path), "before", run_dir)
-    record.write_text(json.dumps({"fingerprint": fp}))
+    record.write_text(json.dumps({"fingerprint": eval_fingerprint(cfg, key), "start_model": key}))
     return result
 
 
@@ -235,6 +292,7 @@ def load_cell(preset: str, seed: int, cell_dir: Path, status: str) -> CellResult
         summary=summary,
         curves=read_curves(cell_dir / "learner" / "metrics.jsonl"),
         wall_seconds=json.loads((cell_dir / CELL_RECORD).read_text()).get("wall_seconds"),
+        start_model=_recorded_start(cell_dir),
     )
 
 
@@ -267,8 +325,8 @@ def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
 
     cfg, sets = plan.cell_config(preset, seed)
     cell_dir = plan.cell_dir(preset, seed)
-    fp = config_fingerprint(cfg, model_key(cfg))
-    if cell_is_done(cell_dir, fp):
+    key = model_key(cfg)
+    if finished_cell(cell_dir, cfg, key, plan.rebuilt_start):
         return load_cell(preset, seed, cell_dir, "reused")
     t0 = time.monotonic()
     argv = plan.child_argv("run", sets, "--quiet")
@@ -292,7 +350,16 @@ def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
         return CellResult(preset, seed, "failed", error=str(exc))
     wall = round(time.monotonic() - t0, 1)
     (cell_dir / CELL_RECORD).write_text(
-        json.dumps({"fingerprint": fp, "preset": preset, "seed": seed, "wall_seconds": wall}, indent=2)
+        json.dumps(
+            {
+                "fingerprint": config_fingerprint(cfg, key),
+                "preset": preset,
+                "seed": seed,
+                "wall_seconds": wall,
+                "start_model": key,
+            },
+            indent=2,
+        )
     )
     return load_cell(preset, seed, cell_dir, "done")
 
@@ -306,6 +373,7 @@ def build_report(plan: Plan, before: Mapping[str, Any], cells: Sequence[CellResu
         "k": before.get("k"),
         "eval_prompts": before.get("num_prompts"),
         "target_delta": plan.target_delta,
+        "start_models": sorted({c.start_model for c in cells if c.start_model}),
     }
     return {
         "meta": meta,
@@ -363,7 +431,7 @@ def planned_cells(plan: Plan) -> list[PlannedCell]:
                 key = model_key(cfg)  # every cell starts from one model: hash it once
             fp = config_fingerprint(cfg, key)
             cell_dir = plan.cell_dir(preset, seed)
-            done = key is not None and cell_is_done(cell_dir, fp)
+            done = key is not None and finished_cell(cell_dir, cfg, key, plan.rebuilt_start)
             argv = plan.child_argv("run", sets, "--quiet")
             cells.append(PlannedCell(preset, seed, cell_dir, fp, done, argv))
     return cells
@@ -382,6 +450,9 @@ def done_cells(plan: Plan) -> tuple[dict[str, Any], list[CellResult], list[tuple
             "--report-only (a new build has other weights)"
         )
     before = _done_before(plan.out / "eval-before", eval_fingerprint(cfg, key))
+    start = _recorded_start(plan.out / "eval-before")
+    if before is None and plan.rebuilt_start and start is not None and build_of(start) == build_of(key):
+        before = _done_before(plan.out / "eval-before", eval_fingerprint(cfg, start))
     if before is None:
         raise SystemExit(
             f"stream-dapo ablate --report-only: {plan.out / 'eval-before'} holds no evaluation of this "
@@ -392,7 +463,7 @@ def done_cells(plan: Plan) -> tuple[dict[str, Any], list[CellResult], list[tuple
         for preset in plan.presets:
             cell_cfg, _ = plan.cell_config(preset, seed)
             cell_dir = plan.cell_dir(preset, seed)
-            if cell_is_done(cell_dir, config_fingerprint(cell_cfg, key)):
+            if finished_cell(cell_dir, cell_cfg, key, plan.rebuilt_start):
                 cells.append(load_cell(preset, seed, cell_dir, "reused"))
             else:
                 missing.append((preset, seed))

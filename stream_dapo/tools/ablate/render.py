@@ -199,6 +199,13 @@ def _notes(meta: Mapping[str, Any]) -> list[str]:
         "- The paper's column is a 32B model on AIME; only the direction of each step is comparable, not "
         "the magnitude.",
     ]
+    builds = meta.get("start_models") or []
+    if len(builds) > 1:
+        notes.append(
+            f"- The cells started from {len(builds)} builds of the start model ({', '.join(builds)}: "
+            "the same warm-up settings, weights that differ in rounding, as a warm-up repeated on another "
+            "machine gives); resumed with --rebuilt-start. Each cell's build is in ablation.json."
+        )
     if meta.get("plots_skipped"):
         notes.append(f"- Plots were not drawn: {meta['plots_skipped']}")
     drawn = {Path(p).stem for p in meta.get("plots") or ()}

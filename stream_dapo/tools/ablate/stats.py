@@ -207,3 +207,5 @@ class CellResult:
     """metric -> {optimizer step: value} from learner/metrics.jsonl."""
     error: str | None = None
     wall_seconds: float | None = None
+    start_model: str | None = None
+    """The model key (warm-up key/weights digest) the cell started from, as its record says."""
