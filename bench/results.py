@@ -747,6 +747,7 @@ def external_page(title: str, rel: str, command: str, results_dir: Path) -> tupl
 
 MACHINE_ROWS = (
     ("CPU", "cpu_model"),
+    ("CPU family, model and vector ISA", "cpu_isa"),
     ("cores (usable)", "usable_cores"),
     ("memory GiB", "memory_gib"),
     ("OS", "os"),
