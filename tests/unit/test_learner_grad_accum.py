@@ -152,13 +152,16 @@ def test_one_vs_three_micro_batches_match_one_big_batch_reference(algo: dict[str
             assert (metrics.seq_ratio_min, metrics.seq_ratio_max) == pytest.approx((1.0, 1.0))
             for name, g in ref_grads.items():
                 torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7, msg=f"grad of {name}")
-            # Adam's update g / (|g| + eps) amplifies float noise in gradients near eps (1e-8), so
-            # updates agree to 1e-6 absolute: a thousandth of a step of size LR.
+            # Adam's update g / (|g| + eps) amplifies float noise in gradients near eps (1e-8): its
+            # slope is LR * eps / (|g| + eps)^2. On a Zen 3 without AVX-512 one element of up_proj had
+            # g = -1.78e-8 in the reference and -1.77e-8 here (8e-11 apart, inside the 1e-7 gradient
+            # tolerance), and its update moved by 1.05e-6. So updates agree to 2e-6 absolute: two
+            # thousandths of a step of size LR (a wrong accumulation moves them by ~LR).
             ref_now = params_of(reference)
             for name, value in params_of(learner.engine.module).items():
                 update, ref_update = value - start[name], ref_now[name] - start[name]
                 assert ref_update.abs().max() > LR / 2, name
-                torch.testing.assert_close(update, ref_update, rtol=1e-5, atol=1e-6, msg=f"update of {name}")
+                torch.testing.assert_close(update, ref_update, rtol=1e-5, atol=2e-6, msg=f"update of {name}")
     assert metrics.lr == pytest.approx(LR)
 
 
