@@ -44,7 +44,7 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check stream_dapo services tests bench
 	$(BIN)/ruff format --check stream_dapo services tests bench
-	$(BIN)/mypy stream_dapo bench
+	$(BIN)/mypy stream_dapo bench tests
 
 docs: install
 	$(BIN)/python -m stream_dapo.tools.metrics_docs > docs/metrics.md

@@ -12,7 +12,7 @@ import dataclasses
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import zmq
@@ -98,7 +98,7 @@ def test_known_client_talks_and_strangers_are_refused_without_delivering_anythin
         server = make_socket(
             ctx, zmq.ROUTER, bind="tcp://127.0.0.1:*", curve=load_server_keys(keys), curve_server=True
         )
-        address = server.last_endpoint.decode()
+        address = cast(bytes, server.last_endpoint).decode()  # a bytes option
         monitor = Monitor(server)
 
         # A plain (NULL mechanism) client and a Curve client whose key is not in the allow-list,
@@ -224,7 +224,7 @@ def test_the_weight_server_counts_and_logs_refused_connections(
         for sock in rogues:
             sock.send(b"x")
         deadline = time.monotonic() + 30  # only reached when a refusal is never counted
-        counts = {}
+        counts: dict[str, float] = {}
         while not (counts.get("not_allowed") == 1 and sum(counts.values()) == 2):
             assert time.monotonic() < deadline, counts
             counts = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pytest
@@ -23,6 +23,9 @@ from stream_dapo.data.dataset import PromptItem  # noqa: E402
 from stream_dapo.generator.engine import RolloutEngine  # noqa: E402
 from stream_dapo.generator.rollout import FinishedGroup  # noqa: E402
 from stream_dapo.model.tiny import EOS_TOKEN, TinyModelSpec, build_tiny_model, build_tokenizer  # noqa: E402
+
+if TYPE_CHECKING:
+    from torch import nn
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +41,7 @@ def _build_model(tokenizer: Any, seed: int, out: Path) -> Path:
     model = build_tiny_model(tokenizer, SPEC, seed)
     eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     with torch.no_grad():
-        embed = model.get_input_embeddings().weight
+        embed = cast("nn.Embedding", model.get_input_embeddings()).weight
         embed.mul_(4.0)
         embed[eos].zero_()
     assert model.lm_head.weight.data_ptr() == embed.data_ptr(), "the test needs tied embeddings"
@@ -90,11 +93,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
             prompt_id=f"p{i}",
             messages=[{"role": "user", "content": q}],
             prompt_token_ids=list(
-                tokenizer.apply_chat_template(
-                    [{"role": "user", "content": q}],
-                    add_generation_prompt=True,
-                    tokenize=True,
-                    return_dict=False,
+                cast(
+                    "list[int]",  # tokenize=True, return_dict=False: the ids
+                    tokenizer.apply_chat_template(
+                        [{"role": "user", "content": q}],
+                        add_generation_prompt=True,
+                        tokenize=True,
+                        return_dict=False,
+                    ),
                 )
             ),
             gold=str(i),
@@ -235,7 +241,12 @@ def test_keep_kv_mode_salts_new_requests_and_retries_cache_reset(setup: Any) -> 
         new = engine.add_group(long_prompt)
         tries: list[tuple] = []
         reset = engine._engine.reset_prefix_cache
-        engine._engine.reset_prefix_cache = lambda *a, **k: tries.append(a) or reset(*a, **k)
+
+        def counted_reset(*a: Any, **k: Any) -> Any:
+            tries.append(a)
+            return reset(*a, **k)
+
+        engine._engine.reset_prefix_cache = counted_reset
         engine._kv_reset_last_try = -math.inf  # a retry would be due at once
         try:
             groups = {g.group_id: g for g in _run_until_done(engine, 2)}

@@ -211,6 +211,7 @@ def test_generator_service_end_to_end(tmp_path: Path) -> None:
             120,
             "all acks",
         )
+        assert service.metrics_server is not None  # started with the service (metrics.generator_port=0)
         status, health = scrape(service.metrics_server.port, "/healthz")
         status_metrics, text = scrape(service.metrics_server.port, "/metrics")
     finally:

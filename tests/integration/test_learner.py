@@ -167,6 +167,7 @@ def test_each_correction_trains_every_parameter_against_a_stale_proximal_policy(
         assert math.isfinite(step.loss) and math.isfinite(step.grad_norm) and step.grad_norm > 0
         assert 0.0 <= step.masked_frac < 1.0
     assert (step1.seq_ratio_min, step1.seq_ratio_max) == pytest.approx((1.0, 1.0))
+    assert step2.seq_ratio_min is not None and step2.seq_ratio_max is not None
     assert step2.seq_ratio_min < step2.seq_ratio_max  # the first step moved the policy
     after = params_of(learner.engine.module)
     assert [n for n in before if torch.equal(before[n], after[n])] == []
@@ -239,8 +240,8 @@ class FakeBuffer:
     (whose weights port, 0, it reads from the learner's report, `stream_dapo/runtime/ports.py`)."""
 
     def __init__(self, cfg: Config) -> None:
-        self.hellos: list[dict] = []
-        self.commits: list[dict] = []
+        self.hellos: list[m.LearnerHello] = []
+        self.commits: list[m.Commit] = []
         self.served: list[str] = []
         self.groups: list[m.Group] = []
         self.batch_requests = 0
@@ -269,6 +270,7 @@ class FakeBuffer:
             if got is None:
                 continue
             peer, msg = got
+            reply: m.Body
             if msg.type == m.LEARNER_HELLO:
                 self.hellos.append(msg.body)
                 reply = m.Empty("ready")
@@ -327,7 +329,7 @@ def test_service_trains_publishes_checkpoints_drains_and_resumes(tmp_path: Path)
     finally:
         buffer.close()
     # Initial weights were published before step 0 and served over ZeroMQ.
-    assert buffer.fetched is not None and buffer.fetched[0] == 0
+    assert buffer.fetched is not None and buffer.fetched[0] == 0 and buffer.fetched[1] is not None
     fetched = load_file(buffer.fetched[1])
     assert all(torch.equal(fetched[n], p) for n, p in params_of(initial).items() if n in fetched)
     sampling = m.Sampling.of(buffer.cfg.generator)  # the learner says its sampling settings (issue 41)
@@ -437,7 +439,7 @@ def test_the_service_takes_its_settings_and_collaborators_from_its_composition_r
         buffer.close()
     assert rows == [1, 2], "the injected tracker, to the injected step count (not learner.total_steps)"
     assert not (tmp_path / "run" / "learner" / "metrics.jsonl").exists(), "the config's tracker was not built"
-    assert buffer.fetched is not None and buffer.fetched[0] == 0
+    assert buffer.fetched is not None and buffer.fetched[0] == 0 and buffer.fetched[1] is not None
     fetched = load_file(buffer.fetched[1])  # version 0: the injected model as it started
     assert all(torch.equal(fetched[n], p) for n, p in initial.items() if n in fetched)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import tomllib
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -189,7 +190,7 @@ def test_configmap_holds_the_recipe_unchanged(overlay: str) -> None:
     )
 
 
-def resolved_config(overlay: str, component: str, overrides: list[str] = ()) -> Config:
+def resolved_config(overlay: str, component: str, overrides: Iterable[str] = ()) -> Config:
     return load_config([OVERLAYS[overlay][1]], overrides, environ=env_of(overlay, component))
 
 
@@ -403,6 +404,7 @@ def test_gpu_overlay_sizes_ranks_and_gpus_from_the_recipe() -> None:
         mounts = {m["mountPath"] for m in container("gpu", component)["volumeMounts"]}
         assert {"/models", "/data", "/dev/shm"} <= mounts
         cfg = resolved_config("gpu", component)
+        assert cfg.data.train_path is not None
         assert cfg.model.path.startswith("/models/") and cfg.data.train_path.startswith("/data/")
     for overlay in ("base", "cpu-demo"):
         for component in WORKLOADS:
@@ -434,10 +436,10 @@ def test_buffer_is_a_single_recreated_pod_with_its_state_on_a_volume(overlay: st
     deploy = workload(overlay, "buffer")
     assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
     cfg = resolved_config(overlay, "buffer")
+    persist_path = cfg.buffer.persist_path
+    assert persist_path is not None
     claims = {d["metadata"]["name"] for d in render(overlay) if d["kind"] == "PersistentVolumeClaim"}
-    state_mount = [
-        path for path in _mounts(overlay, "buffer") if cfg.buffer.persist_path.startswith(path + "/")
-    ]
+    state_mount = [path for path in _mounts(overlay, "buffer") if persist_path.startswith(path + "/")]
     assert state_mount, "buffer.persist_path must be on a PVC"
     assert _mounts(overlay, "buffer")[state_mount[0]] in claims
     svc = find(overlay, "Service", "stream-dapo-buffer")

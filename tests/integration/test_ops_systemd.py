@@ -34,7 +34,9 @@ def _systemd_analyze() -> str:
 
 def _systemd_version() -> int:
     out = subprocess.run([_systemd_analyze(), "--version"], capture_output=True, text=True, check=True).stdout
-    return int(re.match(r"systemd (\d+)", out).group(1))
+    found = re.match(r"systemd (\d+)", out)
+    assert found is not None, out
+    return int(found.group(1))
 
 
 def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
@@ -209,7 +211,9 @@ def test_generator_template_pins_its_gpu_and_allows_per_instance_overrides() -> 
 def test_learner_outlasts_torchruns_shutdown_timeout() -> None:
     service = parse_unit(UNITS / "stream-dapo-learner.service")["Service"]
     (exec_start,) = service["ExecStart"]
-    torchrun_grace = int(re.search(r"--shutdown-timeout=(\d+)", exec_start).group(1))
+    found = re.search(r"--shutdown-timeout=(\d+)", exec_start)
+    assert found is not None, exec_start
+    torchrun_grace = int(found.group(1))
     assert torchrun_grace >= 600, "a step plus a checkpoint of a large model needs minutes"
     assert _seconds(service["TimeoutStopSec"][0]) > torchrun_grace
     assert "--max-restarts=0" in exec_start  # systemd restarts; torchrun must not hide failures

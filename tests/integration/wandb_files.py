@@ -46,7 +46,7 @@ def records(path: Path) -> Iterator[Any]:
         else:
             pending += chunk
         if kind in (FULL, LAST):
-            record = pb.Record()
+            record = pb.Record()  # type: ignore[attr-defined]  # built at import (no stub names it)
             record.ParseFromString(pending)
             yield record
             pending = b""

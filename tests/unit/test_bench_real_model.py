@@ -9,7 +9,7 @@ from bench.studies.real_model import _cached_evals, eval_keys, render_page, repo
 
 
 def _eval(avg: float, groups: dict[str, float] | None = None) -> dict:
-    out = {
+    out: dict[str, object] = {
         "avg_at_k": avg,
         "pass_at_k": avg,
         "mean_response_len": 40.0,

@@ -254,10 +254,10 @@ def test_deepspeed_step_with_chunks_equals_the_full_logits_step(zero_stage: int)
         cfg.learner.zero_stage = zero_stage
         learner = Learner(cfg, tiny_qwen2(seed=2), source_dir=".")
         groups = _groups(seed=5)
-        metrics[chunk] = (learner.train_step(groups), learner.train_step(groups))
+        steps = (learner.train_step(groups), learner.train_step(groups))
         state = learner.gather_state_dict()
         assert state is not None
-        metrics[chunk] += (state,)
+        metrics[chunk] = (*steps, state)
     for full, chunked in zip(metrics[0][:2], metrics[4][:2], strict=True):
         assert chunked.loss == pytest.approx(full.loss, rel=1e-5, abs=1e-7)
         assert chunked.entropy == pytest.approx(full.entropy, rel=1e-5)

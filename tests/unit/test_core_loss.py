@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from stream_dapo.core.loss import PolicyLossParams, policy_loss, token_entropy, token_logprobs
+from stream_dapo.core.loss_params import AggMode, RatioMode
 
 F64 = torch.float64
 LN = math.log
@@ -109,7 +110,7 @@ def _example(params: PolicyLossParams) -> tuple[torch.Tensor, dict[str, float], 
     ("agg_mode", "expected"),
     [("token-mean", -0.326), ("seq-mean-token-mean", -0.11333333333), ("seq-mean-token-sum", -0.815)],
 )
-def test_worked_example_loss_for_each_aggregation(agg_mode: str, expected: float) -> None:
+def test_worked_example_loss_for_each_aggregation(agg_mode: AggMode, expected: float) -> None:
     loss, metrics, _ = _example(PolicyLossParams(ratio_mode="behaviour", agg_mode=agg_mode))
     assert loss.item() == pytest.approx(expected, abs=1e-9)
     assert metrics["pg_loss"] == pytest.approx(expected, abs=1e-9)
@@ -235,7 +236,9 @@ def test_decoupled_mode_requires_prox_logprobs() -> None:
 
 
 @pytest.mark.parametrize("ratio_mode", ["behaviour", "decoupled"])
-def test_non_finite_behaviour_logprobs_are_dropped_and_the_gradient_stays_finite(ratio_mode: str) -> None:
+def test_non_finite_behaviour_logprobs_are_dropped_and_the_gradient_stays_finite(
+    ratio_mode: RatioMode,
+) -> None:
     # Token 0 is normal (r = 1, A = +1 -> loss -1); tokens 1-3 have mu = -inf, NaN, +inf and are dropped.
     # loss = -1 / 4 (the mask has 4 tokens); masked_frac = 3/4.
     logp = _t([[LN(0.5), LN(0.3), LN(0.3), LN(0.3)]], grad=True)
@@ -436,7 +439,7 @@ _MODES = [
 
 @pytest.mark.parametrize(("agg_mode", "ratio_mode"), _MODES)
 def test_micro_batches_with_the_global_count_sum_to_the_full_batch_gradient(
-    agg_mode: str, ratio_mode: str
+    agg_mode: AggMode, ratio_mode: RatioMode
 ) -> None:
     s = _accumulation_setup()
     params = PolicyLossParams(agg_mode=agg_mode, ratio_mode=ratio_mode)
@@ -447,7 +450,9 @@ def test_micro_batches_with_the_global_count_sum_to_the_full_batch_gradient(
 
 
 @pytest.mark.parametrize(("agg_mode", "ratio_mode"), _MODES)
-def test_two_data_parallel_ranks_sum_to_the_full_batch_gradient(agg_mode: str, ratio_mode: str) -> None:
+def test_two_data_parallel_ranks_sum_to_the_full_batch_gradient(
+    agg_mode: AggMode, ratio_mode: RatioMode
+) -> None:
     s = _accumulation_setup()
     params = PolicyLossParams(agg_mode=agg_mode, ratio_mode=ratio_mode)
     full = _grad(_micro_loss(s, list(range(6)), params, None, None), s["w"])
@@ -487,7 +492,7 @@ def test_corrections_accumulate_over_micro_batches_and_ranks_to_the_full_batch_g
 
 
 @pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
-def test_per_micro_batch_normalisation_gives_a_different_gradient(agg_mode: str) -> None:
+def test_per_micro_batch_normalisation_gives_a_different_gradient(agg_mode: AggMode) -> None:
     s = _accumulation_setup()
     params = PolicyLossParams(agg_mode=agg_mode)
     full = _grad(_micro_loss(s, list(range(6)), params, None, None), s["w"])

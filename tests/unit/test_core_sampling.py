@@ -87,6 +87,7 @@ def test_gradient_flows_through_the_renormalised_softmax_only() -> None:
     policy = SamplingPolicy(temperature=0.5, top_k=2)
     logp = token_logprobs(sampling_logits(z, policy), torch.tensor([[1]]))
     logp.sum().backward()
+    assert z.grad is not None  # a leaf that requires grad, after backward
     # d log pi_1 / dz = (onehot_1 - pi) / T over the kept tokens, 0 on the dropped ones.
     pi = torch.tensor([0.25, 0.09], dtype=torch.float64) / 0.34
     want = torch.tensor([-pi[0], 1 - pi[1], 0.0, 0.0], dtype=torch.float64) / 0.5
@@ -99,6 +100,7 @@ def test_entropy_of_a_truncated_distribution_is_finite_with_a_finite_gradient() 
     p = torch.tensor([0.625, 0.375], dtype=torch.float64)
     torch.testing.assert_close(h.reshape(()), -(p * p.log()).sum(), rtol=0, atol=1e-12)
     h.sum().backward()
+    assert z.grad is not None
     assert bool(torch.isfinite(z.grad).all())
     assert z.grad.reshape(-1)[2:].abs().max() == 0
 
@@ -120,6 +122,7 @@ def test_a_token_outside_the_current_kept_set_gets_no_gradient_and_a_finite_loss
         entropy=token_entropy(sampling_logits(z, SamplingPolicy(top_k=2))),
     )
     loss.backward()
+    assert z.grad is not None
     assert math.isfinite(float(loss.detach())) and bool(torch.isfinite(z.grad).all())
     assert z.grad[0, 0].abs().max() == 0  # ratio ~0 on the excluded token: no gradient
     assert math.isfinite(metrics["kl_ref"]) and math.isfinite(metrics["entropy"])

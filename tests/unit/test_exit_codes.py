@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stream_dapo.cli import main
-from stream_dapo.config import load_config
+from stream_dapo.config import Config, load_config
 from stream_dapo.runtime.exit_codes import ExitCode
 from stream_dapo.runtime.ports import endpoint_port, read_bound_ports
 from stream_dapo.testing.services import port_overrides, unserved_ports
@@ -183,11 +183,12 @@ def test_only_the_embedded_default_cache_is_built_on_first_use(
     from stream_dapo.model import warmup
 
     built: list[str] = []
-    monkeypatch.setattr(
-        warmup,
-        "warmup",
-        lambda cfg: built.append(cfg.model.path) or argparse.Namespace(path=Path(cfg.model.path)),
-    )
+
+    def fake_warmup(cfg: Config) -> argparse.Namespace:
+        built.append(cfg.model.path)
+        return argparse.Namespace(path=Path(cfg.model.path))
+
+    monkeypatch.setattr(warmup, "warmup", fake_warmup)
     monkeypatch.chdir(tmp_path)
     assert warmup.is_default_model_path("runs/tiny-model/warm")
     assert warmup.is_default_model_path(tmp_path / "runs" / "tiny-model" / "warm")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -572,15 +572,15 @@ def test_an_expired_lease_drops_held_credits_and_resends_the_pending_request_at_
 
 def wire_group(gid: str) -> Group:
     s = Sample(
-        tokens=[1, 2],
-        logprobs=[-0.1, -0.2],
-        versions=[0, 0],
+        tokens=np.array([1, 2], dtype=np.int32),
+        logprobs=np.array([-0.1, -0.2], dtype=np.float32),
+        versions=np.array([0, 0], dtype=np.int32),
         reward=1.0,
         correct=True,
         truncated=False,
         advantage=0.5,
     )
-    return Group(gid, "p", "generator-0", "1", [3], 1.0, [s])
+    return Group(gid, "p", "generator-0", "1", np.array([3], dtype=np.int32), 1.0, [s])
 
 
 def test_unacked_groups_are_resent_after_the_timeout_until_acknowledged() -> None:
@@ -773,7 +773,7 @@ def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_so
     payload = serialize_weights({"w": torch.ones(2)}, 7)
     SharedDirPublisher(tmp_path).publish(payload)
     svc = build_generator(cfg)
-    svc.engine = FileEngine()  # type: ignore[assignment]
+    svc.engine = cast(RolloutEngine, FileEngine())
     try:
         svc._load_initial_weights()
         assert svc.engine.version == 7
@@ -830,7 +830,7 @@ def test_the_generator_takes_its_settings_and_collaborators_from_its_composition
 
     settings = dataclasses.replace(generator_settings(cfg, 2), out_dir=str(tmp_path / "out"))
     svc = GeneratorService(settings, WeightsFromElsewhere(cfg, settings))
-    svc.engine = FileEngine()  # type: ignore[assignment]
+    svc.engine = cast(RolloutEngine, FileEngine())
     try:
         svc._start_metrics()
         svc._load_initial_weights()
@@ -873,7 +873,7 @@ def _stoppable_generator(tmp_path: Path, weights: Any) -> Any:
 
     cfg = load_config(overrides=["metrics.generator_port=0", f'run.out_dir="{tmp_path}"'], environ={})
     svc = build_generator(cfg)
-    svc.engine = ClosingEngine()
+    svc.engine = cast(RolloutEngine, ClosingEngine())
     svc.weights = weights
     return svc
 

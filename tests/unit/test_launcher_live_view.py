@@ -144,7 +144,8 @@ def test_starvation_is_named_with_its_cause_and_fixes_once_it_is_clear() -> None
         "dynamic sampling drops 97% of groups (95 all wrong, 2 all correct"
     )
     assert "every ~267 groups" in msg and "[sft]" in msg and "generator.temperature" in msg
-    assert "almost always right" in starvation_warning(_groups(2, 95, 3), cfg)
+    msg = starvation_warning(_groups(2, 95, 3), cfg)
+    assert msg is not None and "almost always right" in msg
     assert starvation_warning(_groups(20, 0, 10), cfg) is None  # 67% filtered: dynamic sampling at work
     assert starvation_warning(_groups(31, 0, 0), cfg) is None  # fewer than 4 rollout batches finished
     assert starvation_warning(_groups(32, 0, 0), cfg) is not None

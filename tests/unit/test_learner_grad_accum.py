@@ -19,7 +19,7 @@ from stream_dapo.config import Config
 from stream_dapo.core.loss import policy_loss, token_logprobs
 from stream_dapo.errors import ConfigError
 from stream_dapo.learner.packing import sequences_from_groups
-from stream_dapo.learner.trainer import Learner, deepspeed_config
+from stream_dapo.learner.trainer import Learner, StepMetrics, deepspeed_config
 from stream_dapo.testing.services import random_group, tiny_qwen2
 from stream_dapo.transport.messages import Group
 
@@ -56,6 +56,11 @@ def make_groups(seed: int) -> list[Group]:
     ]
 
 
+def grad_of(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None  # every parameter is in the loss
+    return p.grad.clone()
+
+
 def reference_step(
     model: Qwen2ForCausalLM, opt: torch.optim.Optimizer, groups: list[Group], cfg: Config
 ) -> tuple[float, dict, float, float]:
@@ -84,14 +89,14 @@ def reference_step(
         loss.backward()
         loss_sum += float(loss.detach())
         kept += m["num_tokens"]
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    grads = {n: grad_of(p) for n, p in model.named_parameters()}
     norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.learner.grad_clip))
     opt.step()
     opt.zero_grad()
     return loss_sum, grads, norm, 1.0 - kept / total_tokens
 
 
-def learner_step(learner: Learner, groups: list[Group]) -> tuple[object, dict, int]:
+def learner_step(learner: Learner, groups: list[Group]) -> tuple[StepMetrics, dict, int]:
     batch = learner.prepare(groups)
     acc = learner.accumulate_gradients(batch)
     grads = {n: p.grad.clone() for n, p in learner.engine.module.named_parameters()}

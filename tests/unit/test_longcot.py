@@ -247,6 +247,7 @@ def test_every_label_is_the_same_token_in_the_question_and_the_solution() -> Non
         found: dict[str, set[int]] = {}
         for prev, tok in zip(ids, ids[1:], strict=False):
             piece = tokenizer.decode([tok])
+            assert isinstance(piece, str)  # one sequence decodes to one string
             if prev == newline and piece in LABELS:
                 found.setdefault(piece, set()).add(tok)
         return found

@@ -140,18 +140,18 @@ def test_placeholder_contributes_nothing_and_is_excluded_from_efficiency(three: 
 def test_sequences_from_groups_keeps_order_and_fields() -> None:
     samples = [
         Sample(
-            tokens=[5, 6],
-            logprobs=[-1.0, -2.0],
-            versions=[2, 3],
+            tokens=np.array([5, 6], dtype=np.int32),
+            logprobs=np.array([-1.0, -2.0], dtype=np.float32),
+            versions=np.array([2, 3], dtype=np.int32),
             reward=1.0,
             correct=True,
             truncated=False,
             advantage=0.7,
         ),
         Sample(
-            tokens=[7],
-            logprobs=[-3.0],
-            versions=[3],
+            tokens=np.array([7], dtype=np.int32),
+            logprobs=np.array([-3.0], dtype=np.float32),
+            versions=np.array([3], dtype=np.int32),
             reward=-1.0,
             correct=False,
             truncated=True,
@@ -164,7 +164,7 @@ def test_sequences_from_groups_keeps_order_and_fields() -> None:
         prompt_id="p",
         generator_id="gen",
         gold="1",
-        prompt_tokens=[1, 2, 3],
+        prompt_tokens=np.array([1, 2, 3], dtype=np.int32),
         created_at=0.0,
         samples=samples,
     )

@@ -42,7 +42,7 @@ def make_group(
     return Group(gid, f"p-{gid}", gen, "42", np.arange(prompt_len, dtype=np.int32), 1.0, [sample] * samples)
 
 
-def policy(**overrides: int) -> AdmissionPolicy:
+def policy(**overrides: float) -> AdmissionPolicy:
     return admission_policy(**{"group_size": G, **overrides})
 
 
@@ -816,15 +816,15 @@ def test_lockstep_grants_one_rollout_batch_per_learner_version() -> None:
 
 def _lockstep_group(gid: str) -> Group:
     sample = Sample(
-        tokens=[1, 2],
-        logprobs=[-0.5, -0.5],
-        versions=[0, 0],
+        tokens=np.array([1, 2], dtype=np.int32),
+        logprobs=np.array([-0.5, -0.5], dtype=np.float32),
+        versions=np.array([0, 0], dtype=np.int32),
         reward=1.0,
         correct=True,
         truncated=False,
         advantage=0.0,
     )
-    return Group(gid, "p", "g", "1", [3], 0.0, [sample, sample])
+    return Group(gid, "p", "g", "1", np.array([3], dtype=np.int32), 0.0, [sample, sample])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -961,6 +961,8 @@ def test_credited_groups_finished_out_of_order_are_never_too_stale_with_the_hold
     cfg = admission_argument_config(sync_every, slack)
     buf = ReplayBuffer(cfg.admission_policy())
     rng = random.Random(seed)
+    inflight: list[tuple[str, int]]
+    batch: list[str]
     version, n, inflight, batch, trained = 0, 0, [], [], 0
     for _ in range(400):
         op = rng.random()

@@ -13,7 +13,7 @@ from stream_dapo.config import Config, load_config
 from stream_dapo.errors import ConfigError
 from stream_dapo.runtime import service_runner
 from stream_dapo.runtime.exit_codes import ExitCode
-from stream_dapo.runtime.service_runner import exit_code_for, run_service
+from stream_dapo.runtime.service_runner import ErrorCodes, exit_code_for, run_service
 from stream_dapo.transport.sockets import PeerUnavailable, TransportError
 
 
@@ -63,7 +63,7 @@ def test_each_failure_while_serving_gets_its_exit_code_and_the_service_is_closed
 
 
 def test_a_service_own_errors_are_checked_after_disk_full_and_before_the_shared_table() -> None:
-    own = {JournalError: ExitCode.CONFIG}
+    own: ErrorCodes = {JournalError: ExitCode.CONFIG}
     assert exit_code_for(JournalError("unreadable journal"), own) == ExitCode.CONFIG
     assert exit_code_for(JournalDiskFullError("no space left on /x", "/x"), own) == ExitCode.FAILURE
     assert exit_code_for(RuntimeError("a bug")) is None

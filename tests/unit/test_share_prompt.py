@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -33,8 +33,11 @@ from stream_dapo.testing.learner import BackwardOnlyEngine
 from stream_dapo.testing.services import random_group
 from stream_dapo.transport.messages import Group
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def tiny_qwen2_gqa(attn: str = "sdpa") -> torch.nn.Module:
+
+def tiny_qwen2_gqa(attn: str = "sdpa") -> PreTrainedModel:
     """Qwen2 with grouped-query attention (4 query heads, 2 key/value heads)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -46,12 +49,13 @@ def tiny_qwen2_gqa(attn: str = "sdpa") -> torch.nn.Module:
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=64,
-        attn_implementation=attn,
+        # Taken through **kwargs, which the strict dataclass signature does not show.
+        attn_implementation=attn,  # type: ignore[call-arg]
     )
     return Qwen2ForCausalLM(cfg).float()
 
 
-def tiny_llama(attn: str = "sdpa") -> torch.nn.Module:
+def tiny_llama(attn: str = "sdpa") -> PreTrainedModel:
     """Llama with plain multi-head attention and an untied output embedding."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -64,12 +68,13 @@ def tiny_llama(attn: str = "sdpa") -> torch.nn.Module:
         num_key_value_heads=4,
         intermediate_size=64,
         tie_word_embeddings=False,
-        attn_implementation=attn,
+        # Taken through **kwargs, which the strict dataclass signature does not show.
+        attn_implementation=attn,  # type: ignore[call-arg]
     )
     return LlamaForCausalLM(cfg).float()
 
 
-MODELS: dict[str, Callable[[], torch.nn.Module]] = {
+MODELS: dict[str, Callable[[], PreTrainedModel]] = {
     "qwen2-gqa-sdpa": lambda: tiny_qwen2_gqa("sdpa"),
     "qwen2-gqa-eager": lambda: tiny_qwen2_gqa("eager"),
     "llama-sdpa": lambda: tiny_llama("sdpa"),

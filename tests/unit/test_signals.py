@@ -64,6 +64,7 @@ def test_sigterm_runs_the_finally_block_of_a_real_process_and_exits_143(tmp_path
         text=True,
     )
     try:
+        assert proc.stdout is not None and proc.stderr is not None  # both are pipes
         with selectors.DefaultSelector() as sel:  # the handler is installed once "ready" is printed
             sel.register(proc.stdout, selectors.EVENT_READ)
             assert sel.select(timeout=120), "the child never entered the block"
@@ -117,7 +118,8 @@ def test_running_llm_shuts_the_engine_down_when_sigterm_arrives(
 ) -> None:
     """The tools' engine (`stream-dapo eval`, the studies' evals): SIGTERM while it is up stops its
     processes (`shutdown_llm`) before the tool exits."""
-    engine, stopped = object(), []
+    engine = object()
+    stopped: list[object] = []
     monkeypatch.setattr(vllm_utils, "make_llm", lambda *a, **kw: engine)
     monkeypatch.setattr(vllm_utils, "shutdown_llm", stopped.append)
     gen = vllm_utils.GeneratorConfig()

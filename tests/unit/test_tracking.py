@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ class Recorder:
     def log_config(self, cfg) -> None:
         self.configs += 1
 
-    def log(self, step: int, row: dict[str, Any]) -> None:
+    def log(self, step: int, row: Mapping[str, Any]) -> None:
         if step == self.fail_at_step:
             raise OSError(errno.ENOSPC, "No space left on device")
         self.steps.append(step)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -275,7 +275,9 @@ def test_group_token_counts_and_version_range() -> None:
 
 
 def test_sample_converts_lists_and_wide_ints_exactly() -> None:
-    s = Sample([1, 2, 2**31 - 1], [-0.25, -1.5, 0.0], np.array([0, 1, 1], dtype=np.int64), 1, True, False, -2)
+    # Lists where the annotations say arrays, on purpose: the conversion is what is tested.
+    tokens, logprobs = cast(Any, [1, 2, 2**31 - 1]), cast(Any, [-0.25, -1.5, 0.0])
+    s = Sample(tokens, logprobs, np.array([0, 1, 1], dtype=np.int64), 1, True, False, -2)
     assert s.tokens.dtype == np.int32 and s.tokens.tolist() == [1, 2, 2**31 - 1]
     assert s.logprobs.dtype == np.float32 and s.logprobs.tolist() == [-0.25, -1.5, 0.0]
     assert s.versions.dtype == np.int32 and s.versions.tolist() == [0, 1, 1]
@@ -350,7 +352,7 @@ def test_wire_bytes_is_an_upper_estimate_of_the_encoded_size() -> None:
 # Rejections, one reason each
 # --------------------------------------------------------------------------------------------
 
-HELLO_BODY = {"generator_id": "gen-0", "policy_version": 3}
+HELLO_BODY: dict[str, Any] = {"generator_id": "gen-0", "policy_version": 3}
 
 
 @pytest.mark.parametrize("data", [b"", b"\xc1", b"hello world", b"\x93\x01\x02", b"\xff" * 64])
@@ -396,7 +398,9 @@ def test_wrong_version_names_both_versions_and_says_to_upgrade() -> None:
         ),  # str and bytes keys mixed
         raw_envelope(HELLO_BODY, t=7),
         msgpack.packb({"v": SCHEMA_VERSION, "t": "hello", "b": {1: 2}}),  # non-string map key
-        msgpack.packb({"v": SCHEMA_VERSION, "t": "hello", "b": {**HELLO_BODY, b"raw": 1}}),  # bytes key
+        msgpack.packb(
+            {"v": SCHEMA_VERSION, "t": "hello", "b": {**cast(dict[Any, Any], HELLO_BODY), b"raw": 1}}
+        ),  # bytes key
         raw_envelope(HELLO_BODY, id=-1),
         raw_envelope(HELLO_BODY, id="7"),
         raw_envelope(HELLO_BODY, id=True),
@@ -624,7 +628,7 @@ VALID = [
     encode(m.Hello("gen-0", 3)),
     encode(m.Ack(["a", "b"], ["c"], [m.Rejection("d", "stale")])),
     encode(m.WeightsManifest.of(2, "0f" * 32, 1000, 300)),
-    encode(m.Chunk(2, 1, b"\x00\x01" * 50)),
+    encode(m.Chunk(2, 1, memoryview(b"\x00\x01" * 50))),
 ]
 
 

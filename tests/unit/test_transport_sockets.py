@@ -121,7 +121,7 @@ def test_oversized_and_multi_frame_messages_are_counted_by_reason(
     ctx: zmq.Context[Any], private: str
 ) -> None:
     with server(ctx, private, max_bytes=1000, reply_errors=False) as srv, client(ctx, srv.address) as cli:
-        cli.send(m.Chunk(1, 0, b"x" * 2000))
+        cli.send(m.Chunk(1, 0, memoryview(b"x" * 2000)))
         cli.socket.send_multipart(
             [b"", encode(m.Hello("gen-0", 1))]
         )  # REQ-style delimiter: 3 frames at the ROUTER
@@ -139,7 +139,7 @@ def test_a_frame_far_beyond_the_limit_is_never_read_whole_the_connection_drops(
     frame makes libzmq drop the connection instead of buffering it (the peer reconnects)."""
     with server(ctx, private, max_bytes=1000, reply_errors=False) as srv, client(ctx, srv.address) as cli:
         assert srv.socket.maxmsgsize == 2 * 1000 + OVERSIZE_SLACK_BYTES
-        cli.send(m.Chunk(1, 0, b"x" * 1500))  # over the limit, under the socket's bound
+        cli.send(m.Chunk(1, 0, memoryview(b"x" * 1500)))  # over the limit, under the socket's bound
         cli.socket.send(b"\0" * (4 << 20))  # 4 MiB: far beyond both
         cli.send(m.Hello("gen-0", 3))  # after the reconnect
         got = srv.recv(WAIT_MS)
@@ -187,6 +187,7 @@ def test_request_retries_until_the_server_answers(ctx: zmq.Context[Any]) -> None
                 got = srv.recv(WAIT_MS)
                 assert got is not None
                 seen.append((got[1].body.want, got[1].request_id))
+            assert got is not None  # the loop ran
             srv.send(m.Credit(4, 9), to=got[0], request_id=got[1].request_id)
 
         thread = threading.Thread(target=serve)
@@ -251,8 +252,8 @@ def test_request_raises_remote_error_on_an_error_reply_and_skips_unaccepted_repl
         peer = got[0]
         rid = new_request_id()
         # A reply with the right id that `accept` refuses, then the one it takes.
-        srv.send(m.Chunk(5, 0, b"old"), to=peer, request_id=rid)
-        srv.send(m.Chunk(5, 1, b"new"), to=peer, request_id=rid)
+        srv.send(m.Chunk(5, 0, memoryview(b"old")), to=peer, request_id=rid)
+        srv.send(m.Chunk(5, 1, memoryview(b"new")), to=peer, request_id=rid)
         reply = request(
             cli,
             m.ChunkRequest(5, 1),

@@ -95,14 +95,14 @@ def test_pruned_version_is_reported_gone_and_bad_requests_do_not_stop_the_server
 ) -> None:
     for v in range(3):  # keep=2: version 0 is no longer served
         server.publish(payload_of(0, version=v))
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     with open_endpoint(ctx, zmq.DEALER, connect=server.address, max_bytes=1 << 24) as ep:
         reply = request(ep, messages.ChunkRequest(0, 0), timeout_ms=5000, retries=0)
         assert reply.type == messages.NOT_AVAILABLE and reply.body.reason == "version_gone"
         assert reply.body.current_version == 2
         ep.socket.send(b"\x00 not msgpack")
-        reply = ep.recv(5000)
-        assert reply is not None and reply[1].type == messages.ERROR
+        got = ep.recv(5000)
+        assert got is not None and got[1].type == messages.ERROR
         reply = request(ep, messages.ChunkRequest(1, 0), timeout_ms=5000, retries=0)
         assert reply.type == messages.CHUNK and reply.body.index == 0
 
@@ -121,7 +121,7 @@ def test_refused_requests_are_counted_by_reason_in_the_learners_metrics(tmp_path
         f"ipc://{tmp_path}/weights", chunk_bytes=CHUNK, rejected_metric=metrics.messages_rejected
     ) as srv:
         srv.publish(payload_of(0, version=1))
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[Any] = zmq.Context.instance()
         with open_endpoint(ctx, zmq.DEALER, connect=srv.address, max_bytes=1 << 24) as ep:
             ep.socket.send(b"\x00 not msgpack")
             ep.send(messages.Hello("gen-0", 0))
@@ -149,7 +149,7 @@ def test_a_generator_that_never_reads_its_chunks_does_not_stall_the_others() -> 
 
     with WeightServer("tcp://127.0.0.1:*", chunk_bytes=1 << 20, hwm=4) as srv:
         srv.publish(serialize_weights({"w": torch.zeros(1 << 20)}, version=1))  # 4 chunks of 1 MiB
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[Any] = zmq.Context.instance()
         hog = ctx.socket(zmq.DEALER)
         hog.linger, hog.rcvhwm, hog.rcvbuf = 0, 1, 4096
         hog.connect(srv.address)
@@ -185,7 +185,9 @@ def test_shared_dir_publishes_atomically_and_prunes(tmp_path: Path) -> None:
         "v00000002.safetensors",
         "v00000003.safetensors",
     ]
-    version, path = read_shared_dir(pub.directory, have_version=-1)
+    found = read_shared_dir(pub.directory, have_version=-1)
+    assert found is not None
+    version, path = found
     assert version == 3 and path.read_bytes() == payloads[3].data
     assert read_shared_dir(pub.directory, have_version=3) is None
 

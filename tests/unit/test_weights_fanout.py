@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import prometheus_client
 import pytest
@@ -32,7 +32,7 @@ from stream_dapo.transport import messages
 from stream_dapo.transport.curve import CLIENTS_DIR, generate_keys, load_client_keys, load_server_keys
 from stream_dapo.transport.sockets import CurveKeys, open_endpoint, request
 from stream_dapo.weights import WeightServer, serialize_weights
-from stream_dapo.weights.base import WeightsPayload, WeightUpdate
+from stream_dapo.weights.base import WeightsPayload, WeightTarget, WeightUpdate
 from stream_dapo.weights.delta import chunk_span
 from stream_dapo.weights.fanout import ChunkRelay, RelayTree
 from stream_dapo.weights.image import WeightImage
@@ -103,7 +103,7 @@ def receiver(
 def take(source: ZmqWeightSource, engine: Engine, have: int = 0) -> WeightUpdate:
     update = source(have)
     assert update is not None
-    source.load(engine, update)
+    source.load(cast(WeightTarget, engine), update)  # only the method a zmq source calls
     return update
 
 
@@ -357,7 +357,7 @@ class FakeRelay:
                 break
             ask = got[1].body
             lo, hi = chunk_span(ask.index, CHUNK, len(data))
-            chunk = messages.Chunk(ask.version, ask.index, tamper(ask.index, data[lo:hi]))
+            chunk = messages.Chunk(ask.version, ask.index, memoryview(tamper(ask.index, data[lo:hi])))
             self.ep.send(chunk, to=got[0], request_id=got[1].request_id)
             self.served += 1
         if hang:
@@ -702,7 +702,7 @@ def handshake_refused(address: str, keys: CurveKeys) -> bool:
     """Connect with ``keys`` and wait for the handshake's outcome (a monitor event, not a timer)."""
     from zmq.utils.monitor import recv_monitor_message
 
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[Any] = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (

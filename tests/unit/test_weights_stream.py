@@ -283,6 +283,7 @@ def test_the_source_keeps_what_it_loaded_as_the_next_base_and_follows_an_older_l
         first, second = engine.loaded
         assert first == (1, payloads[0].data) and second == (2, payloads[1].data)
         # The first update came whole, the second as a delta against the first.
+        assert update is not None
         assert update.wire_bytes is not None and update.wire_bytes < update.nbytes / 2
         # The learner resumes from version 1's checkpoint with other weights: follow it, in full.
         resumed = serialize_weights(state(9), 1)
@@ -329,6 +330,7 @@ class CorruptingRelay:
                     self.back.send(data)
                 else:
                     data = self.back.recv()
+                    assert self.client is not None  # a reply answers a request the front forwarded
                     self.front.send_multipart([self.client, self.tamper(data)])
 
     def tamper(self, data: bytes) -> bytes:
@@ -342,7 +344,7 @@ class CorruptingRelay:
             return data
         bad = bytearray(body.data)
         bad[len(bad) // 2] ^= 0x01
-        damaged = messages.Chunk(body.version, body.index, bytes(bad), body.encoding, body.base_version)
+        damaged = messages.Chunk(body.version, body.index, memoryview(bad), body.encoding, body.base_version)
         return encode(damaged, msg.request_id)
 
     def close(self) -> None:

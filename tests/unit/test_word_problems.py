@@ -83,6 +83,7 @@ def test_files_are_written_once_with_template_disjoint_rows(tmp_path: Path) -> N
 
 def test_the_config_points_the_run_at_the_word_problems_and_sft_at_gsm_symbolic(tmp_path: Path) -> None:
     cfg = load_config(overrides=[f'data.word_problems.dir="{tmp_path}"'], environ={})
+    assert cfg.data.word_problems is not None
     folder = cfg.data.word_problems.folder()
     assert cfg.data.train_path == str(folder / "train.jsonl") and cfg.data.eval_path == str(
         folder / "eval.jsonl"
@@ -191,6 +192,7 @@ def test_prepare_model_writes_the_files_the_warm_up_trains_on_first(tmp_path: Pa
         ],
         environ={},
     )
+    assert cfg.data.train_path is not None and cfg.data.word_problems is not None
     train = Path(cfg.data.train_path)
     assert not train.exists()
     seen: list[int] = []
