@@ -30,7 +30,13 @@ from stream_dapo.config import load_config
 from stream_dapo.tools.ablate.cells import WEIGHTS_DIGEST, config_fingerprint, eval_fingerprint, model_key
 from stream_dapo.tools.ablate.settings import CELL_RECORD
 
-CELL_FILES: tuple[str, ...] = ("config.toml", "summary.json", "eval_after.json", CELL_RECORD, "learner/metrics.jsonl")
+CELL_FILES: tuple[str, ...] = (
+    "config.toml",
+    "summary.json",
+    "eval_after.json",
+    CELL_RECORD,
+    "learner/metrics.jsonl",
+)
 BEFORE_FILES: tuple[str, ...] = ("config.toml", "eval_before.json", CELL_RECORD)
 REPORT_FILES = ("ablation.md", "ablation.json")
 MODEL_SKIP = (".safetensors", ".bin", ".pt")
