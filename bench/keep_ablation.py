@@ -1,7 +1,7 @@
 """Keep a `stream-dapo ablate` folder in the repository: the report (ablation.md, ablation.json,
 plots/) and what a later run or ``--report-only`` reads of each finished cell (its records, its
 curves and its generators' group log), without checkpoints, logs or the buffer; and the start model
-as its checksum (``start-model/``: config, tokenizer, build markers and ``weights.sha256``), so the
+as its checksum (``start-model/``: config, build markers, small tokenizer files and ``weights.sha256``), so the
 cells' fingerprints can be checked against the weights they started from.
 
     python -m bench.keep_ablation runs/findings-warm docs/results/ablation-smollm2-warm
@@ -40,6 +40,9 @@ CELL_FILES: tuple[str, ...] = (
 BEFORE_FILES: tuple[str, ...] = ("config.toml", "eval_before.json", CELL_RECORD)
 REPORT_FILES = ("ablation.md", "ablation.json")
 MODEL_SKIP = (".safetensors", ".bin", ".pt")
+MODEL_FILE_MAX_BYTES = 1 << 20
+"""Larger files of the start model are not kept (a 49k-token tokenizer.json is 3.4 MB; the import
+that wrote it is deterministic and recorded in the build marker)."""
 
 
 def finished_cells(out: Path) -> list[Path]:
@@ -65,7 +68,11 @@ def keep_start_model(model: Path, dest: Path) -> str:
     """Copy the model folder less its weights, plus weights.sha256; returns the digest."""
     dest.mkdir(parents=True, exist_ok=True)
     for path in sorted(model.iterdir()):
-        if path.is_file() and not path.name.endswith(MODEL_SKIP):
+        if (
+            path.is_file()
+            and not path.name.endswith(MODEL_SKIP)
+            and path.stat().st_size <= MODEL_FILE_MAX_BYTES
+        ):
             shutil.copy2(path, dest / path.name)
     digest = weights_digest(model)
     (dest / WEIGHTS_DIGEST).write_text(digest + "\n")

@@ -607,6 +607,14 @@ EXTERNAL = (
         "docs/results/ablation-longcot-cliphigher/",
     ),
     (
+        "The paper's findings on the real model (SmolLM2-135M, warm word-problem recipe): leave-one-out "
+        "cells, in progress",
+        "ablation-smollm2-warm/findings.md",
+        "stream-dapo ablate --config configs/smollm2-words-warm-cpu.toml --presets dapo-all,no-dynamic-sampling "
+        "--seeds 1 --budget 40 --out runs/findings-warm, then python -m bench.keep_ablation runs/findings-warm "
+        "docs/results/ablation-smollm2-warm",
+    ),
+    (
         "Off-policy corrections where staleness binds: token TIS, geometric sequence mask, IcePop, GSPO "
         "(long-CoT recipe, float32 and bfloat16)",
         "offpolicy.md",

@@ -21,6 +21,7 @@ def _ablation(tmp_path: Path) -> tuple[Path, Path]:
     (model / "model.safetensors").write_bytes(b"the weights")
     (model / "sft.json").write_text(json.dumps({"key": "abcdef0123456789"}))
     (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_bytes(b"x" * ((1 << 20) + 1))  # too large to keep
     out = tmp_path / "out"
     cfg = load_config([REPO / "configs" / "tiny-cpu.toml"], [f"model.path='{model}'"], environ={})
     for run_dir, result, fp in (
@@ -53,6 +54,8 @@ def test_keep_copies_records_and_the_start_model_as_its_checksum_and_rekeys(tmp_
     assert (cell / "generators" / "generator-0.groups.jsonl").read_text() == '{"kept": true}\n'
     assert not (cell / "checkpoints").exists() and (dest / "ablation.md").is_file()
     assert not (dest / "start-model" / "model.safetensors").exists()
+    assert not (dest / "start-model" / "tokenizer.json").exists()
+    assert (dest / "start-model" / "config.json").is_file()
     # The kept checksum gives the key the weights gave, and the re-keyed record matches it.
     kept_cfg = load_config([cell / "config.toml"], [f"model.path='{dest / 'start-model'}'"], environ={})
     assert model_key(kept_cfg) == key
