@@ -20,14 +20,19 @@ folder).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
 from pathlib import Path
 
 from stream_dapo.config import load_config
-from stream_dapo.tools.ablate.cells import WEIGHTS_DIGEST, config_fingerprint, eval_fingerprint, model_key
+from stream_dapo.tools.ablate.cells import (
+    WEIGHTS_DIGEST,
+    config_fingerprint,
+    eval_fingerprint,
+    model_key,
+    weights_digest,
+)
 from stream_dapo.tools.ablate.settings import CELL_RECORD
 
 CELL_FILES: tuple[str, ...] = (
@@ -52,16 +57,6 @@ def finished_cells(out: Path) -> list[Path]:
         for record in out.glob(f"*/seed-*/{CELL_RECORD}")
         if all((record.parent / name).is_file() for name in CELL_FILES)
     )
-
-
-def weights_digest(folder: Path) -> str:
-    """sha256 of the folder's *.safetensors, concatenated in name order (what model_key hashes)."""
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")):
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
 def keep_start_model(model: Path, dest: Path) -> str:

@@ -204,12 +204,17 @@ def model_key(cfg: Config) -> str | None:
     files = sorted(folder.glob("*.safetensors"))
     if not files and (folder / WEIGHTS_DIGEST).is_file():  # a recorded model kept as its checksum alone
         return f"{build}/{(folder / WEIGHTS_DIGEST).read_text().strip()[:16]}"
+    return f"{build}/{weights_digest(folder)[:16]}"
+
+
+def weights_digest(folder: Path) -> str:
+    """sha256 of the folder's *.safetensors, concatenated in name order (what WEIGHTS_DIGEST holds)."""
     digest = hashlib.sha256()
-    for path in files:
+    for path in sorted(folder.glob("*.safetensors")):
         with path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
-    return f"{build}/{digest.hexdigest()[:16]}"
+    return digest.hexdigest()
 
 
 def _build_key(folder: Path) -> str | None:
