@@ -23,6 +23,7 @@ from stream_dapo.tools.ablate.cells import (
     write_report,
 )
 from stream_dapo.tools.ablate.render import plot_curves
+from stream_dapo.tools.ablate.settings import TARGET_WINDOW
 from stream_dapo.tools.ablate.stats import CellResult
 
 log = logging.getLogger("stream_dapo.tools.ablate")
@@ -53,8 +54,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.05,
         metavar="D",
-        help="steps/seconds-to-target figures: the training reward (gen_accuracy) reaching the warm "
-        "model's eval avg@k + D (default: 0.05)",
+        help="steps/seconds-to-target figures: the training reward (gen_accuracy) reaching a starting "
+        "level (see --target-from) + D (default: 0.05)",
+    )
+    parser.add_argument(
+        "--target-from",
+        choices=("eval", "train"),
+        default="eval",
+        help="the target's starting level: eval, the warm model's eval avg@k (where eval and training "
+        f"prompts are alike); train, the training reward's own first {TARGET_WINDOW} steps, averaged over "
+        "the runs "
+        "(where they differ, e.g. held-out eval templates) (default: eval)",
     )
     parser.add_argument(
         "--report-only",
@@ -100,6 +110,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         budget=budget,
         out=Path(args.out),
         target_delta=args.target_delta,
+        target_from=getattr(args, "target_from", "eval"),
         group_size=base.algo.group_size,
         rebuilt_start=getattr(args, "rebuilt_start", False),
     )

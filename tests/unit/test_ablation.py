@@ -393,6 +393,42 @@ def test_aggregate_reports_cost_and_time_to_target() -> None:
     assert "reaches 60.0%" in md
 
 
+def test_target_from_train_starts_at_the_training_rewards_first_window(tmp_path: Path) -> None:
+    def cell(preset: str, seed: int, first: float, done: bool = True) -> CellResult:
+        # first 10 steps at `first`, then 0.9: the start level reads only the first window
+        curve = {s: (first if s <= 10 else 0.9) for s in range(1, 21)}
+        return CellResult(
+            preset,
+            seed,
+            "done" if done else "failed",
+            eval_after={"avg_at_k": 0.5, "pass_at_k": 0.8, "k": 4, "truncation_rate": 0.0} if done else None,
+            summary={"samples_generated": 160, "groups_trained": 20, "train_seconds": 100.0},
+            curves={"gen_accuracy": curve},
+        )
+
+    cells = [
+        cell("dapo-all", 0, 0.20),
+        cell("no-clip-higher", 0, 0.30),
+        cell("no-clip-higher", 1, 0.0, done=False),
+    ]
+    assert ablation.training_start(cells) == pytest.approx(0.25)  # the failed cell is not counted
+    assert ablation.training_start([cell("dapo-all", 0, 0.2, done=False)]) is None
+    plan = ablation.Plan([], [], ["dapo-all", "no-clip-higher"], [0], 20, tmp_path, target_delta=0.05)
+    before = {"avg_at_k": 0.10, "pass_at_k": 0.3, "k": 4, "truncation_rate": 0.0, "num_prompts": 8}
+    by_eval = ablation.build_report(plan, before, cells)
+    assert by_eval["presets"]["dapo-all"]["to_target"]["target"] == pytest.approx(0.15)
+    assert by_eval["presets"]["dapo-all"]["to_target"]["steps"].mean == 10  # 0.2 >= 0.15 at once
+    plan.target_from = "train"
+    report = ablation.build_report(plan, before, cells)
+    assert report["meta"]["target_start"] == pytest.approx(0.25)
+    tt = report["presets"]["dapo-all"]["to_target"]
+    # target 0.30: dapo-all's trailing 10-step mean is 0.2 + 0.07 (s - 10) >= 0.30 from step 12 on
+    assert tt["target"] == pytest.approx(0.30) and tt["steps"].mean == 12
+    md = render_markdown(to_json(report))
+    assert "reaches 30.0%, the training reward's own starting level (25.0%)" in md
+    assert "reaches 15.0%, the warm model's eval avg@k" in render_markdown(to_json(by_eval))
+
+
 def test_direction_reports_opposite_steps_and_noise() -> None:
     assert direction(Spread(-0.02, None, -0.02, -0.02, 1), 6) == "opposite direction"
     assert direction(Spread(0.01, 0.03, -0.02, 0.04, 3), 2) == "same direction (within 1 std over seeds)"

@@ -85,6 +85,7 @@ from stream_dapo.tools.ablate.stats import (
     mean_curve,
     spread,
     time_to_target,
+    training_start,
     window_means,
 )
 
@@ -124,6 +125,7 @@ __all__ = [
     "spread",
     "time_to_target",
     "to_json",
+    "training_start",
     "window_means",
     "write_report",
 ]

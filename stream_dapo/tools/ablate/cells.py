@@ -28,7 +28,7 @@ from stream_dapo.tools.ablate.settings import (
     CURVE_METRICS,
     _toml_value,
 )
-from stream_dapo.tools.ablate.stats import CellResult, aggregate
+from stream_dapo.tools.ablate.stats import CellResult, aggregate, training_start
 
 log = logging.getLogger("stream_dapo.tools.ablate")
 
@@ -147,7 +147,11 @@ class Plan:
     budget: int
     out: Path
     target_delta: float = 0.05
-    """Steps/seconds-to-target target: the warm model's eval avg@k plus this (see aggregate)."""
+    """Steps/seconds-to-target target: a starting level (see target_from) plus this (see aggregate)."""
+    target_from: str = "eval"
+    """The target's starting level: "eval", the warm model's eval avg@k (right where the eval and the
+    training prompts are alike); "train", the training reward's own first window over the cells
+    (`training_start`; right where they differ, e.g. held-out eval templates)."""
     rebuilt_start: bool = False
     """Reuse cells (and the before-training eval) that started from another build of the same start
     model (see finished_cell); the report lists the builds."""
@@ -378,15 +382,19 @@ def build_report(plan: Plan, before: Mapping[str, Any], cells: Sequence[CellResu
         "k": before.get("k"),
         "eval_prompts": before.get("num_prompts"),
         "target_delta": plan.target_delta,
+        "target_from": plan.target_from,
         "start_models": sorted({c.start_model for c in cells if c.start_model}),
     }
+    start = training_start(cells) if plan.target_from == "train" else before.get("avg_at_k")
+    if plan.target_from == "train":
+        meta["target_start"] = start
     return {
         "meta": meta,
         "eval_before": dict(before),
         "presets": aggregate(
             cells,
             plan.presets,
-            target=before["avg_at_k"] + plan.target_delta if "avg_at_k" in before else None,
+            target=start + plan.target_delta if start is not None else None,
             group_size=plan.group_size,
         ),
         "cells": [asdict(c) for c in cells],

@@ -89,7 +89,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             f"| {len(r['seeds_done'])}{failed} |"
         )
     lines += _direction_section(rows, k) if table1 else []
-    lines += _target_section(rows)
+    lines += _target_section(rows, meta)
     lines += _curve_section(rows)
     lines += _notes(meta)
     return "\n".join(lines) + "\n"
@@ -117,7 +117,7 @@ def _direction_section(rows: Mapping[str, Any], k: object) -> list[str]:
     return lines
 
 
-def _target_section(rows: Mapping[str, Any]) -> list[str]:
+def _target_section(rows: Mapping[str, Any], meta: Mapping[str, Any]) -> list[str]:
     """Cost and speed: samples generated per sample trained, and steps/seconds to the target."""
     names = [n for n in rows if rows[n].get("to_target") or rows[n].get("generated_per_trained")]
     if not names:
@@ -129,7 +129,7 @@ def _target_section(rows: Mapping[str, Any]) -> list[str]:
         "## What a step costs, and how fast the training reward gets there",
         "",
         f"Target: the generators' accuracy over every group they finished ({TARGET_METRIC}, mean of "
-        f"the last {TARGET_WINDOW} rollout windows) reaches {t}, the warm model's eval avg@k plus "
+        f"the last {TARGET_WINDOW} rollout windows) reaches {t}, {_target_origin(meta)} plus "
         "--target-delta. Seconds count from the run's start (start-up included). Mean ± std over the "
         "seeds that reached it.",
         "",
@@ -146,6 +146,18 @@ def _target_section(rows: Mapping[str, Any]) -> list[str]:
             f"| {_num(secs) if secs else '—'} | {tt.get('reached', '—')} of {tt.get('runs', '—')} |"
         )
     return lines
+
+
+def _target_origin(meta: Mapping[str, Any]) -> str:
+    """What the target of `_target_section` is measured from (ablate --target-from)."""
+    if meta.get("target_from") == "train":
+        start = meta.get("target_start")
+        level = f" ({100 * start:.1f}%)" if start is not None else ""
+        return (
+            f"the training reward's own starting level{level}: the mean over the finished runs of its "
+            f"first {TARGET_WINDOW} recorded steps (--target-from train)"
+        )
+    return "the warm model's eval avg@k"
 
 
 def _curve_section(rows: Mapping[str, Any]) -> list[str]:

@@ -106,6 +106,19 @@ def time_to_target(
     return None
 
 
+def training_start(cells: Sequence[CellResult], window: int = TARGET_WINDOW) -> float | None:
+    """Where the training reward starts: each finished cell's mean of TARGET_METRIC over its first
+    ``window`` recorded steps, averaged over the cells (every preset starts from the same model, so
+    one level for all). None when no finished cell has the curve."""
+    firsts = []
+    for cell in cells:
+        curve = cell.curves.get(TARGET_METRIC, {}) if cell.eval_after else {}
+        steps = sorted(curve)[:window]
+        if steps:
+            firsts.append(statistics.fmean(curve[s] for s in steps))
+    return statistics.fmean(firsts) if firsts else None
+
+
 def _paired_delta(cells_a: Sequence[CellResult], cells_b: Sequence[CellResult]) -> Spread | None:
     """avg@k of b minus a, paired by seed (common seeds only)."""
     a = {c.seed: c.eval_after["avg_at_k"] for c in cells_a if c.eval_after}
