@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "machine rounds differently); the report lists the builds",
     )
     parser.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep each finished cell's resume checkpoints (by default they are removed once its final "
+        "policy is evaluated: only final/ is read afterwards, and on a real model they are GBs per cell)",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="run and write nothing: print every cell's `stream-dapo run` command and whether it is done",
@@ -113,6 +119,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         target_from=getattr(args, "target_from", "eval"),
         group_size=base.algo.group_size,
         rebuilt_start=getattr(args, "rebuilt_start", False),
+        keep_checkpoints=getattr(args, "keep_checkpoints", False),
     )
 
 

@@ -517,6 +517,65 @@ def test_a_stop_signal_to_ablate_is_passed_on_to_its_running_child(tmp_path: Pat
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.process
+def test_a_training_cell_reports_progress_while_its_child_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ablate used to print nothing for the 40+ minutes a real-model cell trains. The child here
+    exits only once the progress callback has run (it waits for the file the callback writes), so
+    the line is logged whatever the machine's speed."""
+    import logging
+
+    go = tmp_path / "go"
+    child = f"import pathlib, time\nwhile not pathlib.Path({str(go)!r}).exists(): time.sleep(0.01)\n"
+    calls: list[int] = []
+
+    def progress() -> str:
+        calls.append(1)
+        go.touch()
+        return "dapo seed 0: step 3/40"
+
+    with (
+        caplog.at_level(logging.INFO, logger="stream_dapo.tools.ablate"),
+        (tmp_path / "c.log").open("w") as log_file,
+    ):
+        code, stopped_by = ablation.run_child([sys.executable, "-c", child], log_file, progress, every_s=0.01)
+    assert (code, stopped_by) == (0, None) and calls
+    assert "dapo seed 0: step 3/40" in caplog.messages
+
+
+def test_cell_progress_reads_the_last_complete_metrics_row(tmp_path: Path) -> None:
+    from stream_dapo.tools.ablate.cells import cell_progress
+
+    metrics = tmp_path / "metrics.jsonl"
+    assert cell_progress(metrics, 160) is None  # no file before the learner's first step
+    rows = [
+        {"version": 11, "accuracy": 0.25, "gen_accuracy": 0.2, "entropy": 0.4},
+        {"version": 12, "accuracy": 0.5, "gen_accuracy": 0.25, "entropy": 0.3},
+    ]
+    metrics.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"version": 13, "acc')
+    assert (
+        cell_progress(metrics, 160)
+        == "step 12/160, batch accuracy 0.500, training reward 0.250, entropy 0.300"
+    )
+
+
+def test_a_finished_cells_checkpoints_are_pruned_and_its_final_export_kept(tmp_path: Path) -> None:
+    from stream_dapo.tools.ablate.cells import prune_checkpoints
+
+    cell = tmp_path / "dapo" / "seed-0"
+    (cell / "checkpoints" / "step_000010").mkdir(parents=True)
+    (cell / "checkpoints" / "step_000010" / "optim.pt").write_bytes(b"x" * 300)
+    (cell / "checkpoints" / "step_000010" / "model.pt").write_bytes(b"x" * 200)
+    (cell / "checkpoints" / "latest").symlink_to("step_000010")
+    (cell / "final").mkdir()
+    (cell / "final" / "model.safetensors").write_bytes(b"w" * 100)
+    assert prune_checkpoints(cell) == 500
+    assert not (cell / "checkpoints").exists()
+    assert (cell / "final" / "model.safetensors").read_bytes() == b"w" * 100
+    assert prune_checkpoints(cell) == 0  # nothing left to prune
+
+
 def test_a_model_kept_as_its_checksum_has_the_key_of_its_weights(tmp_path: Path) -> None:
     """docs/results keeps no model weights: a start model is kept as weights.sha256, and its key (which
     the cells' fingerprints hold) is the one its weight files had."""

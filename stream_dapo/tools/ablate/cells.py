@@ -8,11 +8,12 @@ import contextlib
 import hashlib
 import json
 import logging
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -156,6 +157,8 @@ class Plan:
     """Reuse cells (and the before-training eval) that started from another build of the same start
     model (see finished_cell); the report lists the builds."""
     group_size: int | None = None
+    keep_checkpoints: bool = False
+    """Keep each finished cell's resume checkpoints (by default they are removed: `prune_checkpoints`)."""
     run_files: list[str] = field(default_factory=list)
     """What children load: a snapshot of the resolved base config (see freeze_base_config)."""
 
@@ -305,8 +308,45 @@ def load_cell(preset: str, seed: int, cell_dir: Path, status: str) -> CellResult
     )
 
 
-def run_child(argv: Sequence[str], log_file: IO[str]) -> tuple[int, int | None]:
-    """Run one child to its end, its output to `log_file`. A SIGTERM or SIGINT that reaches this
+PROGRESS_EVERY_S = 300.0
+"""How often ablate logs a training cell's progress (a cell runs for minutes to hours)."""
+
+
+def cell_progress(metrics_jsonl: Path, budget: int) -> str | None:
+    """One line on a training cell from the last row of its learner's metrics.jsonl: the step of
+    the budget, its training-batch accuracy and the generators' (the training reward), the entropy.
+    None before the first step."""
+    try:
+        lines = metrics_jsonl.read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:  # a row being written
+            continue
+        if not isinstance(row, dict) or "version" not in row:
+            continue
+        parts = [f"step {row['version']}/{budget}"]
+        for key, name in (
+            ("accuracy", "batch accuracy"),
+            ("gen_accuracy", "training reward"),
+            ("entropy", "entropy"),
+        ):
+            if isinstance(row.get(key), int | float):
+                parts.append(f"{name} {row[key]:.3f}")
+        return ", ".join(parts)
+    return None
+
+
+def run_child(
+    argv: Sequence[str],
+    log_file: IO[str],
+    progress: Callable[[], str | None] | None = None,
+    every_s: float = PROGRESS_EVERY_S,
+) -> tuple[int, int | None]:
+    """Run one child to its end, its output to `log_file`, logging ``progress()`` every ``every_s``
+    seconds while it runs (when it has something to say). A SIGTERM or SIGINT that reaches this
     process meanwhile is passed on to the child, which drains and exits (a signal sent to ablate
     alone used to leave its child training). Returns the child's exit code and the first signal
     received (None if none)."""
@@ -321,11 +361,31 @@ def run_child(argv: Sequence[str], log_file: IO[str]) -> tuple[int, int | None]:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        code = proc.wait()
+        while True:
+            try:
+                code = proc.wait(timeout=every_s if progress is not None else None)
+                break
+            except subprocess.TimeoutExpired:
+                line = progress() if progress is not None else None
+                if line:
+                    log.info("%s", line)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return code, (received[0] if received else None)
+
+
+def prune_checkpoints(cell_dir: Path) -> int:
+    """Delete a finished cell's resume checkpoints (``checkpoints/``): once its run has ended and
+    its ``final/`` export is evaluated nothing reads them, and on a real model they are GBs per cell
+    (keep_checkpoints of them, each with the optimizer state). Returns the bytes freed."""
+    root = cell_dir / "checkpoints"
+    if not root.is_dir():
+        return 0
+    freed = sum(f.stat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink())
+    shutil.rmtree(root)
+    log.info("removed %s (%.2f GB): the cell's final/ export is kept", root, freed / 1e9)
+    return freed
 
 
 def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
@@ -341,8 +401,24 @@ def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
     argv = plan.child_argv("run", sets, "--quiet")
     log_path = plan.out / "logs" / f"{preset}_seed-{seed}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    log.info(
+        "training %s seed %s (%d steps): its log %s, its learner's metrics %s",
+        preset,
+        seed,
+        plan.budget,
+        log_path,
+        cell_dir / "learner" / "metrics.jsonl",
+    )
     with log_path.open("w") as log_file:
-        returncode, stopped_by = run_child(argv, log_file)
+        returncode, stopped_by = run_child(
+            argv,
+            log_file,
+            progress=lambda: (
+                f"{preset} seed {seed}: {line}"
+                if (line := cell_progress(cell_dir / "learner" / "metrics.jsonl", plan.budget))
+                else None
+            ),
+        )
     if stopped_by is not None:
         raise SystemExit(
             f"stream-dapo ablate: stopped by {signal.Signals(stopped_by).name} during {preset} seed {seed}, "
@@ -357,6 +433,8 @@ def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
         evaluate_subprocess(cfg, cell_dir / "config.toml", cell_dir / "final", "after", cell_dir)
     except RuntimeError as exc:
         return CellResult(preset, seed, "failed", error=str(exc))
+    if not plan.keep_checkpoints:
+        prune_checkpoints(cell_dir)
     wall = round(time.monotonic() - t0, 1)
     (cell_dir / CELL_RECORD).write_text(
         json.dumps(
