@@ -42,6 +42,9 @@ CELL_FILES: tuple[str, ...] = (
     CELL_RECORD,
     "learner/metrics.jsonl",
 )
+CELL_OPTIONAL = ("learner/trained_groups.jsonl",)
+"""Kept where present: the learner's trained-group log (which groups each step trained; the report
+joins it with the group logs; a cell recorded without it still counts)."""
 BEFORE_FILES: tuple[str, ...] = ("config.toml", "eval_before.json", CELL_RECORD)
 REPORT_FILES = ("ablation.md", "ablation.json")
 MODEL_SKIP = (".safetensors", ".bin", ".pt")
@@ -115,6 +118,10 @@ def keep(out: Path, dest: Path, do_rekey: bool = False) -> dict[str, object]:
             target = dest / "cells" / run_dir.relative_to(out) / name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(run_dir / name, target)
+        for name in CELL_OPTIONAL:
+            if (run_dir / name).is_file():
+                (dest / "cells" / run_dir.relative_to(out) / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(run_dir / name, dest / "cells" / run_dir.relative_to(out) / name)
         for log in sorted((run_dir / "generators").glob("*.groups.jsonl")):
             target = dest / "cells" / run_dir.relative_to(out) / "generators" / log.name
             target.parent.mkdir(parents=True, exist_ok=True)

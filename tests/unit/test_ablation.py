@@ -389,8 +389,59 @@ def test_aggregate_reports_cost_and_time_to_target() -> None:
         )
     )
     line = next(x for x in md.splitlines() if x.startswith("| dapo | 2.67"))
-    assert line == "| dapo | 2.67 ± 1.2 | 20 ± 7.1 | 200 ± 71 | 2 of 3 |"
+    assert line == "| dapo | 2.67 ± 1.2 | — | — | 20 ± 7.1 | 200 ± 71 | 2 of 3 |"  # no trained-group logs
     assert "reaches 60.0%" in md
+
+
+def test_samples_that_carry_gradient_are_counted_from_the_trained_groups_outcomes(tmp_path: Path) -> None:
+    """Without dynamic sampling the learner trains all-wrong and all-correct groups at zero advantage;
+    "samples generated per sample trained" counted them as trained (no-dynamic-sampling looked 2x
+    cheaper than it is per sample that carries gradient)."""
+    from stream_dapo.tools.ablate.cells import trained_outcomes
+
+    run = tmp_path / "cell"
+    (run / "generators").mkdir(parents=True)
+    (run / "learner").mkdir()
+    assert trained_outcomes(run) is None  # no learner log
+    outcomes = {"a": "mixed", "b": "all_wrong", "c": "all_correct", "d": "mixed"}
+    (run / "generators" / "generator-0.groups.jsonl").write_text(
+        "\n".join(json.dumps({"group_id": g, "outcome": o}) for g, o in outcomes.items()) + "\n{torn"
+    )
+    (run / "learner" / "trained_groups.jsonl").write_text(
+        json.dumps({"version": 1, "group_ids": ["a", "b"]})
+        + "\n"
+        + json.dumps({"version": 2, "group_ids": ["d", "e"]})
+        + "\n"
+    )
+    assert trained_outcomes(run) == {"mixed": 2, "all_wrong": 1, "unknown": 1}
+
+    def cell(seed: int, mixed: int, wrong: int) -> CellResult:
+        return CellResult(
+            "no-dynamic-sampling",
+            seed,
+            "done",
+            eval_after={"avg_at_k": 0.5, "pass_at_k": 0.8, "k": 4, "truncation_rate": 0.0},
+            summary={"samples_generated": 160, "groups_trained": mixed + wrong},
+            trained_outcomes={"mixed": mixed, "all_wrong": wrong},
+        )
+
+    row = aggregate([cell(0, 10, 10), cell(1, 5, 15)], ["no-dynamic-sampling"], group_size=8)[
+        "no-dynamic-sampling"
+    ]
+    # 160 / (20 x 8) = 1.0 per sample trained either way; per mixed sample 160 / 80 = 2, 160 / 40 = 4
+    assert row["generated_per_trained"].mean == pytest.approx(1.0)
+    assert row["generated_per_mixed_trained"].mean == pytest.approx(3.0)
+    # zero-advantage share of trained groups: 10/20 and 15/20
+    assert row["trained_zero_advantage_share"].mean == pytest.approx(0.625)
+    md = render_markdown(
+        to_json(
+            {
+                "meta": {"config_files": ["t.toml"], "overrides": [], "seeds": [0, 1], "budget": 3},
+                "presets": {"no-dynamic-sampling": row},
+            }
+        )
+    )
+    assert "| no-dynamic-sampling | 1 ± 0 | 3 ± 1.4 | 62.5 ± 17.7 | — | — | — of — |" in md
 
 
 def test_target_from_train_starts_at_the_training_rewards_first_window(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ def _ablation(tmp_path: Path) -> tuple[Path, Path]:
     cell = out / "dapo" / "seed-0"
     (cell / "summary.json").write_text("{}")
     (cell / "learner" / "metrics.jsonl").write_text('{"version": 1}\n')
+    (cell / "learner" / "trained_groups.jsonl").write_text('{"version": 1, "group_ids": ["g"]}\n')
     (cell / "generators").mkdir()
     (cell / "generators" / "generator-0.groups.jsonl").write_text('{"kept": true}\n')
     (cell / "checkpoints" / "step_000010").mkdir(parents=True)
@@ -52,6 +53,7 @@ def test_keep_copies_records_and_the_start_model_as_its_checksum_and_rekeys(tmp_
     assert kept["cells"] == ["dapo/seed-0"] and kept["rekeyed"] == ["dapo/seed-0", "eval-before"]
     cell = dest / "cells" / "dapo" / "seed-0"
     assert (cell / "generators" / "generator-0.groups.jsonl").read_text() == '{"kept": true}\n'
+    assert (cell / "learner" / "trained_groups.jsonl").read_text() == '{"version": 1, "group_ids": ["g"]}\n'
     assert not (cell / "checkpoints").exists() and (dest / "ablation.md").is_file()
     assert not (dest / "start-model" / "model.safetensors").exists()
     assert not (dest / "start-model" / "tokenizer.json").exists()

@@ -294,6 +294,31 @@ def _done_before(run_dir: Path, fingerprint: str) -> dict[str, Any] | None:
     return None
 
 
+def trained_outcomes(run_dir: Path) -> dict[str, int] | None:
+    """How many of the groups the learner trained were mixed, all wrong or all correct: its
+    trained-group log (learner/trained_groups.jsonl) joined with the generators' group logs by group
+    id ("unknown" for an id no generator log names). Without dynamic sampling, all-wrong and
+    all-correct groups are trained with zero advantage: their samples carry no gradient. None
+    without the learner's log."""
+    trained = run_dir / "learner" / "trained_groups.jsonl"
+    if not trained.is_file():
+        return None
+    outcome: dict[str, str] = {}
+    for log_file in sorted((run_dir / "generators").glob("*.groups.jsonl")):
+        for line in log_file.read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                row = json.loads(line)
+                outcome[row["group_id"]] = row["outcome"]
+    counts: dict[str, int] = {}
+    for line in trained.read_text().splitlines():
+        if not line.strip():
+            continue
+        for group in json.loads(line)["group_ids"]:
+            kind = outcome.get(group, "unknown")
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
 def load_cell(preset: str, seed: int, cell_dir: Path, status: str) -> CellResult:
     summary = json.loads((cell_dir / "summary.json").read_text())
     return CellResult(
@@ -305,6 +330,7 @@ def load_cell(preset: str, seed: int, cell_dir: Path, status: str) -> CellResult
         curves=read_curves(cell_dir / "learner" / "metrics.jsonl"),
         wall_seconds=json.loads((cell_dir / CELL_RECORD).read_text()).get("wall_seconds"),
         start_model=_recorded_start(cell_dir),
+        trained_outcomes=trained_outcomes(cell_dir),
     )
 
 

@@ -131,18 +131,24 @@ def _target_section(rows: Mapping[str, Any], meta: Mapping[str, Any]) -> list[st
         f"Target: the generators' accuracy over every group they finished ({TARGET_METRIC}, mean of "
         f"the last {TARGET_WINDOW} rollout windows) reaches {t}, {_target_origin(meta)} plus "
         "--target-delta. Seconds count from the run's start (start-up included). Mean ± std over the "
-        "seeds that reached it.",
+        "seeds that reached it. A sample carries gradient only in a mixed group (some right, some "
+        "wrong): without dynamic sampling the learner also trains all-wrong and all-correct groups, at "
+        "zero advantage, so per sample *of a mixed group* trained is what each arm pays for its gradient.",
         "",
-        "| preset | samples generated per sample trained | steps to target | seconds to target | reached |",
-        "|---|---|---|---|---|",
+        "| preset | samples generated per sample trained | per sample of a mixed group trained "
+        "| trained groups at zero advantage (%) | steps to target | seconds to target | reached |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in names:
         r = rows[name]
         tt = r.get("to_target") or {}
         gpt = _spread_of(r.get("generated_per_trained"))
+        gpm = _spread_of(r.get("generated_per_mixed_trained"))
+        zero = _spread_of(r.get("trained_zero_advantage_share"))
         steps, secs = _spread_of(tt.get("steps")), _spread_of(tt.get("seconds"))
         lines.append(
-            f"| {name} | {_num(gpt) if gpt else '—'} | {_num(steps) if steps else '—'} "
+            f"| {name} | {_num(gpt) if gpt else '—'} | {_num(gpm) if gpm else '—'} | {_pct(zero)} "
+            f"| {_num(steps) if steps else '—'} "
             f"| {_num(secs) if secs else '—'} | {tt.get('reached', '—')} of {tt.get('runs', '—')} |"
         )
     return lines

@@ -145,7 +145,8 @@ def aggregate(
     """Per preset: spreads over seeds of the eval and run figures, Δ avg@k vs naive-grpo, vs the
     preset above it and vs the first preset (the baseline; all paired by seed), the paper's score, and the mean curves. With ``target``: the
     steps and seconds until TARGET_METRIC reaches it (``time_to_target``); with ``group_size``:
-    samples generated per sample trained (what dynamic sampling costs)."""
+    samples generated per sample trained and per sample of a mixed group trained (what dynamic
+    sampling costs, and what it costs per sample that carries gradient)."""
     by_preset = {p: [c for c in cells if c.preset == p] for p in presets}
     out: dict[str, dict[str, Any]] = {}
     for i, preset in enumerate(presets):
@@ -177,6 +178,21 @@ def aggregate(
                     if c.summary and c.summary.get("groups_trained")
                 ]
             )
+            # Only a mixed group's samples carry gradient (+-1 rewards): what one of those costs.
+            entry["generated_per_mixed_trained"] = spread(
+                [
+                    c.summary["samples_generated"] / (c.trained_outcomes["mixed"] * group_size)
+                    for c in ok
+                    if c.summary and c.trained_outcomes and c.trained_outcomes.get("mixed")
+                ]
+            )
+        entry["trained_zero_advantage_share"] = spread(
+            [
+                1 - c.trained_outcomes.get("mixed", 0) / sum(c.trained_outcomes.values())
+                for c in ok
+                if c.trained_outcomes and sum(c.trained_outcomes.values())
+            ]
+        )
         if target is not None:
             hits = [
                 time_to_target(
@@ -222,3 +238,5 @@ class CellResult:
     wall_seconds: float | None = None
     start_model: str | None = None
     """The model key (warm-up key/weights digest) the cell started from, as its record says."""
+    trained_outcomes: dict[str, int] | None = None
+    """Groups the learner trained by outcome (mixed, all_wrong, all_correct; `cells.trained_outcomes`)."""
