@@ -62,9 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("eval", "train"),
         default="eval",
         help="the target's starting level: eval, the warm model's eval avg@k (where eval and training "
-        f"prompts are alike); train, the training reward's own first {TARGET_WINDOW} steps, averaged over "
-        "the runs "
-        "(where they differ, e.g. held-out eval templates) (default: eval)",
+        f"prompts are alike); train, the training reward's mean over its first {TARGET_WINDOW} steps, "
+        "averaged over the runs (where they differ, e.g. held-out eval templates) (default: eval)",
     )
     parser.add_argument(
         "--report-only",

@@ -411,7 +411,7 @@ def test_samples_that_carry_gradient_are_counted_from_the_trained_groups_outcome
         json.dumps({"version": 1, "group_ids": ["a", "b"]})
         + "\n"
         + json.dumps({"version": 2, "group_ids": ["d", "e"]})
-        + "\n"
+        + '\n{"version": 3, "group_ids": ["c"'  # the torn tail of a killed learner
     )
     assert trained_outcomes(run) == {"mixed": 2, "all_wrong": 1, "unknown": 1}
 

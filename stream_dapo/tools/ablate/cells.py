@@ -311,9 +311,11 @@ def trained_outcomes(run_dir: Path) -> dict[str, int] | None:
                 outcome[row["group_id"]] = row["outcome"]
     counts: dict[str, int] = {}
     for line in trained.read_text().splitlines():
-        if not line.strip():
+        try:
+            groups = json.loads(line)["group_ids"]
+        except (ValueError, KeyError, TypeError):  # a blank line, or a torn tail of a killed learner
             continue
-        for group in json.loads(line)["group_ids"]:
+        for group in groups:
             kind = outcome.get(group, "unknown")
             counts[kind] = counts.get(kind, 0) + 1
     return counts
@@ -459,8 +461,6 @@ def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
         evaluate_subprocess(cfg, cell_dir / "config.toml", cell_dir / "final", "after", cell_dir)
     except RuntimeError as exc:
         return CellResult(preset, seed, "failed", error=str(exc))
-    if not plan.keep_checkpoints:
-        prune_checkpoints(cell_dir)
     wall = round(time.monotonic() - t0, 1)
     (cell_dir / CELL_RECORD).write_text(
         json.dumps(
@@ -474,6 +474,8 @@ def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
             indent=2,
         )
     )
+    if not plan.keep_checkpoints:  # after the record: a cell stopped in between still counts as done
+        prune_checkpoints(cell_dir)
     return load_cell(preset, seed, cell_dir, "done")
 
 
