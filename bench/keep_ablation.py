@@ -114,14 +114,10 @@ def keep(out: Path, dest: Path, do_rekey: bool = False) -> dict[str, object]:
     for run_dir, files in targets:
         if do_rekey and rekey(run_dir, key, files):
             rekeyed.append(run_dir.relative_to(out).as_posix())
-        for name in files:
+        for name in (*files, *(n for n in CELL_OPTIONAL if (run_dir / n).is_file())):
             target = dest / "cells" / run_dir.relative_to(out) / name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(run_dir / name, target)
-        for name in CELL_OPTIONAL:
-            if (run_dir / name).is_file():
-                (dest / "cells" / run_dir.relative_to(out) / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(run_dir / name, dest / "cells" / run_dir.relative_to(out) / name)
         for log in sorted((run_dir / "generators").glob("*.groups.jsonl")):
             target = dest / "cells" / run_dir.relative_to(out) / "generators" / log.name
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -188,7 +188,9 @@ def aggregate(
             )
         entry["trained_zero_advantage_share"] = spread(
             [
-                1 - c.trained_outcomes.get("mixed", 0) / sum(c.trained_outcomes.values())
+                # "unknown" (a group no generator log names) is not counted as zero advantage
+                (c.trained_outcomes.get("all_wrong", 0) + c.trained_outcomes.get("all_correct", 0))
+                / sum(c.trained_outcomes.values())
                 for c in ok
                 if c.trained_outcomes and sum(c.trained_outcomes.values())
             ]
