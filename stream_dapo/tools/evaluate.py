@@ -8,7 +8,10 @@
 - avg@k: mean correctness over all samples (the paper's avg@32 on AIME);
 - pass@k: fraction of prompts with at least one correct answer among k. When ``n > k`` samples are
   drawn per prompt, the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` is used (Chen et al. 2021);
-- truncation_rate: fraction of samples that hit ``max_tokens`` before EOS.
+- truncation_rate: fraction of samples that hit ``max_tokens`` before EOS;
+- response_len_quantiles: p50, p90, p99 and max of the response lengths in tokens (nearest rank):
+  where to put ``algo.max_response_len`` and its soft-punishment ramp so that a chosen share of a
+  policy's responses reach them.
 
 Defaults come from ``[eval]`` (the paper: k=32, temperature 1.0, top-p 0.7), which is independent of
 the training rollouts' ``[generator]`` sampling settings. Every request carries
@@ -30,7 +33,7 @@ if TYPE_CHECKING:
 
     from stream_dapo.verifier import VerifierPool
 
-__all__ = ["evaluate", "pass_at_k", "summarise"]
+__all__ = ["evaluate", "length_quantiles", "pass_at_k", "summarise"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -74,7 +77,7 @@ def evaluate(
 
     Returns:
         avg_at_k, pass_at_k, k, n, num_prompts, num_samples, mean_response_len, truncation_rate,
-        answered_rate (share of responses with an extractable answer), accuracy_when_answered, and
+        response_len_quantiles, answered_rate (share of responses with an extractable answer), accuracy_when_answered, and
         ``by_group`` per template when the prompts' rows name one (see `summarise`).
     """
     from vllm import SamplingParams, TokensPrompt
@@ -159,6 +162,7 @@ def summarise(
         "num_samples": len(correct),
         "mean_response_len": sum(lengths) / len(lengths),
         "truncation_rate": truncated / len(lengths),
+        "response_len_quantiles": length_quantiles(lengths),
     }
     if any(groups):
         if len(groups) != num_prompts:
@@ -179,6 +183,17 @@ def summarise(
             for name, idx in sorted(by.items())
         }
     return out
+
+
+def length_quantiles(lengths: Sequence[int]) -> dict[str, int]:
+    """p50, p90, p99 and max of ``lengths``, nearest rank: the smallest length with at least that
+    share of the lengths at or below it (always a length that occurred, never interpolated)."""
+    if not lengths:
+        raise ValueError("no response lengths to summarise")
+    ranked = sorted(lengths)
+    # rank ceil(pct * N / 100), counted in integers
+    pick = {f"p{pct}": ranked[max(-(-pct * len(ranked) // 100), 1) - 1] for pct in (50, 90, 99)}
+    return {**pick, "max": ranked[-1]}
 
 
 def _rates(per_prompt: Sequence[int], answered: Sequence[bool], n: int, k: int) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stream_dapo.tools.evaluate import summarise
+from stream_dapo.tools.evaluate import length_quantiles, summarise
 
 # 3 prompts x n=2 samples, prompt-major: prompt 0 right/wrong, prompt 1 wrong/wrong, prompt 2 right/right.
 CORRECT = [True, False, False, False, True, True]
@@ -46,3 +46,22 @@ def test_outcomes_not_a_multiple_of_n_or_wrong_group_count_are_refused():
         summarise(CORRECT, ANSWERED, LENGTHS, 0, k=1, n=4)
     with pytest.raises(ValueError, match="2 group names for 3 prompts"):
         summarise(CORRECT, ANSWERED, LENGTHS, 0, k=1, n=2, groups=["a", "b"])
+
+
+def test_length_quantiles_are_nearest_rank_by_hand():
+    # 6 lengths: p50 is the 3rd smallest (ceil(3.0)), p90 the 6th (ceil(5.4)), p99 the 6th.
+    assert summarise(CORRECT, ANSWERED, LENGTHS, 0, k=1, n=2)["response_len_quantiles"] == {
+        "p50": 30,
+        "p90": 60,
+        "p99": 60,
+        "max": 60,
+    }
+    # 100 lengths 1..100, shuffled: the p-th quantile is p itself (rank p of 100).
+    lengths = [(i * 37) % 100 + 1 for i in range(100)]
+    assert sorted(lengths) == list(range(1, 101))
+    assert length_quantiles(lengths) == {"p50": 50, "p90": 90, "p99": 99, "max": 100}
+    # 10 lengths: p90 is rank 9 (9 of 10 at or below it), not the max.
+    assert length_quantiles([5, 1, 4, 2, 3, 10, 9, 8, 7, 6])["p90"] == 9
+    assert length_quantiles([7]) == {"p50": 7, "p90": 7, "p99": 7, "max": 7}
+    with pytest.raises(ValueError, match="no response lengths"):
+        length_quantiles([])
