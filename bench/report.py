@@ -25,6 +25,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from stream_dapo.runtime.host import cpu_isa, cpu_model
+
 __all__ = [
     "fmt",
     "fmt_ratio",
@@ -179,39 +181,6 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], ali
 # --------------------------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
-"""The /proc/cpuinfo flags that decide the CPU kernels torch and vLLM pick: two machines sold under
-one model name ("AMD EPYC") ran the same recipe 2.5x apart (vLLM tokens/s) with and without AVX-512."""
-
-
-def _cpu_isa(cpuinfo: str | None = None) -> str:
-    """``family F model M: <the ISA_FLAGS present>`` from /proc/cpuinfo's first processor."""
-    try:
-        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
-    except OSError:
-        return "unknown"
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the first processor is enough
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    flags = set(fields.get("flags", "").split())
-    present = [f for f in ISA_FLAGS if f in flags]
-    head = f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
-    return f"{head}: {' '.join(present) if present else 'none of ' + ' '.join(ISA_FLAGS)}"
-
-
 def _memory_gib() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -251,8 +220,8 @@ def _git_commit() -> str | None:
 def machine_info() -> dict[str, Any]:
     """CPU model, cores, memory, OS, and the versions of the stack (no heavy imports)."""
     return {
-        "cpu_model": _cpu_model(),
-        "cpu_isa": _cpu_isa(),
+        "cpu_model": cpu_model(),
+        "cpu_isa": cpu_isa(),
         "cpu_count": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_gib": _memory_gib(),

@@ -65,16 +65,10 @@ def machine() -> dict[str, Any]:
     import torch
     import transformers
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from stream_dapo.runtime.host import cpu_model
+
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

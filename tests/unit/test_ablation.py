@@ -732,3 +732,32 @@ def test_the_report_names_the_builds_a_table_mixes() -> None:
     two = render_markdown({"meta": {**meta, "start_models": ["sft-k1/aaaa", "sft-k1/bbbb"]}, "presets": {}})
     assert "builds of the start model" not in one
     assert "started from 2 builds of the start model (sft-k1/aaaa, sft-k1/bbbb" in two
+
+
+def test_cells_record_their_machine_and_a_report_over_several_says_seconds_do_not_compare(
+    tmp_path: Path,
+) -> None:
+    from stream_dapo.runtime.host import describe_machine
+    from stream_dapo.tools.ablate.render import render_markdown
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    _finish_cell(old, "f1")  # a record from before machines were recorded
+    _finish_cell(new, "f2")
+    record = json.loads((new / "ablation_cell.json").read_text())
+    (new / "ablation_cell.json").write_text(json.dumps({**record, "machine": describe_machine(cores=2)}))
+    a = ablation.cells.load_cell("dapo-all", 0, old, "reused")
+    b = ablation.cells.load_cell("dapo-all", 1, new, "reused")
+    assert a.machine is None and b.machine == describe_machine(cores=2)
+    assert b.machine.endswith(", 2 usable cores")
+    plan = ablation.Plan([], [], ["dapo-all"], [0, 1], 3, tmp_path, target_delta=0.05)
+    before = {"avg_at_k": 0.2, "pass_at_k": 0.4, "k": 4, "truncation_rate": 0.0, "num_prompts": 8}
+    one = ablation.build_report(plan, before, [b])
+    assert one["meta"]["machines"] == [b.machine]
+    assert "wall-clock columns" not in render_markdown(to_json(one))
+    both = ablation.build_report(plan, before, [a, b])
+    assert both["meta"]["machines"] == sorted(["not recorded", b.machine])
+    md = render_markdown(to_json(both))
+    assert f"trained on 2 machines ({'; '.join(both['meta']['machines'])}): their wall-clock columns" in md
+    # a failed cell trained nothing to time: it names no machine
+    failed = CellResult("dapo-all", 2, "failed", error="exited 1")
+    assert ablation.build_report(plan, before, [b, failed])["meta"]["machines"] == [b.machine]

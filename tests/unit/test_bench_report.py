@@ -153,16 +153,3 @@ def test_parse_only_keeps_the_page_order_and_rejects_unknown_names() -> None:
     assert parse_only(None)[0] == "generation"
     with pytest.raises(SystemExit, match="unknown section"):
         parse_only("transport,nope")
-
-
-def test_the_machine_record_names_the_vector_isa_of_the_first_processor() -> None:
-    from bench.report import _cpu_isa
-
-    zen3 = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nflags\t\t: fpu sse4_2 avx avx2 fma\n\nprocessor\t: 1\nflags\t: avx512f\n"
-    zen4 = "cpu family\t: 25\nmodel\t\t: 17\nflags\t\t: avx2 avx512f avx512_vnni avx512_bf16 fma\n"
-    assert _cpu_isa(zen3) == "family 25 model 1: avx2"  # the second processor's flags are not read
-    assert _cpu_isa(zen4) == "family 25 model 17: avx2 avx512f avx512_bf16 avx512_vnni"
-    assert (
-        _cpu_isa("flags\t: sse2\n")
-        == "family ? model ?: none of avx2 avx512f avx512_bf16 avx512_vnni amx_bf16"
-    )

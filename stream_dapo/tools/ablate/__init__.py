@@ -32,7 +32,9 @@ evaluation and its final policy is evaluated after training (``OUT/PRESET/seed-N
 A cell whose record (``ablation_cell.json``, written last) matches the resolved config and the
 model is skipped, so an interrupted ablation continues where it stopped. ``--report-only`` trains
 and evaluates nothing: it writes the table and plots of the cells already done (a partial ladder
-stopped between sessions) and names the missing ones.
+stopped between sessions) and names the missing ones. Each record names the machine its cell trained
+on (`stream_dapo.runtime.host.describe_machine`); a report whose cells trained on several says that
+their seconds compare only within one machine.
 
 Outputs: ``OUT/ablation.md`` (the table, each step against the paper's, what a step costs in
 generated samples and how many steps and seconds the training reward takes to reach a target, and

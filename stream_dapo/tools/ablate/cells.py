@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from stream_dapo.config import Config, config_to_toml, load_config
 from stream_dapo.core.presets import PRESETS, preset_overrides
+from stream_dapo.runtime.host import describe_machine
 from stream_dapo.tools.ablate.render import render_markdown, to_json
 from stream_dapo.tools.ablate.settings import (
     _NEUTRAL_SETTINGS,
@@ -27,6 +28,7 @@ from stream_dapo.tools.ablate.settings import (
     _UNCOMPARED_SECTIONS,
     CELL_RECORD,
     CURVE_METRICS,
+    UNRECORDED_MACHINE,
     _toml_value,
 )
 from stream_dapo.tools.ablate.stats import CellResult, aggregate, training_start
@@ -323,6 +325,7 @@ def trained_outcomes(run_dir: Path) -> dict[str, int] | None:
 
 def load_cell(preset: str, seed: int, cell_dir: Path, status: str) -> CellResult:
     summary = json.loads((cell_dir / "summary.json").read_text())
+    record = json.loads((cell_dir / CELL_RECORD).read_text())
     return CellResult(
         preset=preset,
         seed=seed,
@@ -330,8 +333,9 @@ def load_cell(preset: str, seed: int, cell_dir: Path, status: str) -> CellResult
         eval_after=json.loads((cell_dir / "eval_after.json").read_text()),
         summary=summary,
         curves=read_curves(cell_dir / "learner" / "metrics.jsonl"),
-        wall_seconds=json.loads((cell_dir / CELL_RECORD).read_text()).get("wall_seconds"),
+        wall_seconds=record.get("wall_seconds"),
         start_model=_recorded_start(cell_dir),
+        machine=record.get("machine"),
         trained_outcomes=trained_outcomes(cell_dir),
     )
 
@@ -470,6 +474,7 @@ def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
                 "seed": seed,
                 "wall_seconds": wall,
                 "start_model": key,
+                "machine": describe_machine(),
             },
             indent=2,
         )
@@ -490,6 +495,9 @@ def build_report(plan: Plan, before: Mapping[str, Any], cells: Sequence[CellResu
         "target_delta": plan.target_delta,
         "target_from": plan.target_from,
         "start_models": sorted({c.start_model for c in cells if c.start_model}),
+        # Cells of one report can run sessions apart on other hosts; their seconds compare only
+        # within one machine (cells recorded before machines were recorded: "not recorded").
+        "machines": sorted({c.machine or UNRECORDED_MACHINE for c in cells if c.summary is not None}),
     }
     start = training_start(cells) if plan.target_from == "train" else before.get("avg_at_k")
     if plan.target_from == "train":

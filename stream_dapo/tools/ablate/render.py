@@ -224,6 +224,13 @@ def _notes(meta: Mapping[str, Any]) -> list[str]:
             "the same warm-up settings, weights that differ in rounding, as a warm-up repeated on another "
             "machine gives); resumed with --rebuilt-start. Each cell's build is in ablation.json."
         )
+    machines = meta.get("machines") or []
+    if len(machines) > 1:
+        notes.append(
+            f"- The cells trained on {len(machines)} machines ({'; '.join(machines)}): their wall-clock "
+            "columns (training seconds, seconds to target) compare only between cells of one machine; "
+            "steps, samples and eval figures do not depend on it. Each cell's machine is in ablation.json."
+        )
     if meta.get("plots_skipped"):
         notes.append(f"- Plots were not drawn: {meta['plots_skipped']}")
     drawn = {Path(p).stem for p in meta.get("plots") or ()}
