@@ -761,3 +761,11 @@ def test_cells_record_their_machine_and_a_report_over_several_says_seconds_do_no
     # a failed cell trained nothing to time: it names no machine
     failed = CellResult("dapo-all", 2, "failed", error="exited 1")
     assert ablation.build_report(plan, before, [b, failed])["meta"]["machines"] == [b.machine]
+
+
+def test_figures_from_a_thousand_up_are_whole_numbers_with_separators() -> None:
+    from stream_dapo.tools.ablate.render import _num
+
+    assert _num(Spread(1270.4, 310.2, 1050.0, 1490.0, 2)) == "1,270 ± 310"
+    assert _num(Spread(2326.2, None, 2326.2, 2326.2, 1)) == "2,326"
+    assert _num(Spread(22.5, 3.54, 20.0, 25.0, 2)) == "22.5 ± 3.5"  # below 1,000: three significant digits

@@ -192,7 +192,10 @@ def _curve_section(rows: Mapping[str, Any]) -> list[str]:
 
 
 def _num(s: Spread) -> str:
-    """Three significant digits, ± std when there is one."""
+    """Three significant digits, ± std when there is one; from 1,000 up, whole numbers with thousands
+    separators (seconds to target read 1,270 ± 310, not 1.27e+03 ± 3.1e+02)."""
+    if abs(s.mean) >= 1000:
+        return f"{s.mean:,.0f}" + (f" ± {s.std:,.0f}" if s.std is not None else "")
     text = f"{s.mean:.3g}"
     return text + (f" ± {s.std:.2g}" if s.std is not None else "")
 
