@@ -391,6 +391,17 @@ def test_aggregate_reports_cost_and_time_to_target() -> None:
     line = next(x for x in md.splitlines() if x.startswith("| dapo | 2.67"))
     assert line == "| dapo | 2.67 ± 1.2 | — | — | 20 ± 7.1 | 200 ± 71 | 2 of 3 |"  # no trained-group logs
     assert "reaches 60.0%" in md
+    # What the spread is made of: each seed's own steps and seconds (seed 2 never reached it).
+    assert row["per_seed"][1] == {
+        "avg_at_k": 0.5,
+        "pass_at_k": 0.8,
+        "samples_generated": 1600.0,
+        "train_seconds": 300.0,
+        "steps_to_target": 25,
+        "seconds_to_target": 250.0,
+    }
+    assert "| dapo | 0 | 50.0 | 80.0 | 1,600 | 15 | 150 | 300 |" in md.splitlines()
+    assert "| dapo | 2 | 50.0 | 80.0 | 1,600 | — | — | 300 |" in md.splitlines()
 
 
 def test_samples_that_carry_gradient_are_counted_from_the_trained_groups_outcomes(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ their seconds compare only within one machine.
 
 Outputs: ``OUT/ablation.md`` (the table, each step against the paper's, what a step costs in
 generated samples and how many steps and seconds the training reward takes to reach a target, and
-each curve's first and last quarter in numbers), ``OUT/ablation.json`` (every number) and
+each seed's own figures, each curve's first and last quarter in numbers), ``OUT/ablation.json`` (every number) and
 ``OUT/plots/*.png`` (one per CURVE_METRICS key per optimizer step, mean over seeds; needs the
 ``bench`` extra's matplotlib).
 

@@ -90,6 +90,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         )
     lines += _direction_section(rows, k) if table1 else []
     lines += _target_section(rows, meta)
+    lines += _per_seed_section(rows, k)
     lines += _curve_section(rows)
     lines += _notes(meta)
     return "\n".join(lines) + "\n"
@@ -188,6 +189,33 @@ def _curve_section(rows: Mapping[str, Any]) -> list[str]:
             first, last = _spread_of(w.get("first")), _spread_of(w.get("last"))
             cells.append("—" if first is None or last is None else f"{_num(first)} → {_num(last)}")
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _per_seed_section(rows: Mapping[str, Mapping[str, Any]], k: object) -> list[str]:
+    """One row per finished cell: what the spreads above are made of."""
+    if not any(row.get("per_seed") for row in rows.values()):
+        return []
+    lines = [
+        "",
+        "## Per seed",
+        "",
+        f"| preset | seed | avg@{k} (%) | pass@{k} (%) | samples generated | steps to target | "
+        "seconds to target | train seconds |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def fig(value: float | None, fmt: str) -> str:
+        return "—" if value is None else format(value, fmt)
+
+    for name, row in rows.items():
+        for seed, cell in (row.get("per_seed") or {}).items():
+            pct = {key: None if cell[key] is None else 100 * cell[key] for key in ("avg_at_k", "pass_at_k")}
+            lines.append(
+                f"| {name} | {seed} | {fig(pct['avg_at_k'], '.1f')} | {fig(pct['pass_at_k'], '.1f')} "
+                f"| {fig(cell['samples_generated'], ',.0f')} | {fig(cell['steps_to_target'], '.0f')} "
+                f"| {fig(cell['seconds_to_target'], ',.0f')} | {fig(cell['train_seconds'], ',.0f')} |"
+            )
     return lines
 
 

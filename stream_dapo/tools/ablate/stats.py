@@ -195,16 +195,30 @@ def aggregate(
                 if c.trained_outcomes and sum(c.trained_outcomes.values())
             ]
         )
+        hits = [
+            time_to_target(
+                c.curves.get(TARGET_METRIC, {}),
+                c.curves.get("wall_time", {}),
+                target,
+                _cell_figure(c, "run", "train_seconds"),
+            )
+            if target is not None
+            else None
+            for c in ok
+        ]
+        # Each seed's own figures: a spread over three seeds hides whether one arm wins on every seed.
+        entry["per_seed"] = {
+            c.seed: {
+                "avg_at_k": _cell_figure(c, "eval", "avg_at_k"),
+                "pass_at_k": _cell_figure(c, "eval", "pass_at_k"),
+                "samples_generated": _cell_figure(c, "run", "samples_generated"),
+                "train_seconds": _cell_figure(c, "run", "train_seconds"),
+                "steps_to_target": h["step"] if h else None,
+                "seconds_to_target": h["seconds"] if h else None,
+            }
+            for c, h in sorted(zip(ok, hits, strict=True), key=lambda pair: pair[0].seed)
+        }
         if target is not None:
-            hits = [
-                time_to_target(
-                    c.curves.get(TARGET_METRIC, {}),
-                    c.curves.get("wall_time", {}),
-                    target,
-                    _cell_figure(c, "run", "train_seconds"),
-                )
-                for c in ok
-            ]
             reached = [h for h in hits if h is not None]
             entry["to_target"] = {
                 "target": target,
