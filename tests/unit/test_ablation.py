@@ -774,6 +774,30 @@ def test_cells_record_their_machine_and_a_report_over_several_says_seconds_do_no
     assert ablation.build_report(plan, before, [b, failed])["meta"]["machines"] == [b.machine]
 
 
+def test_a_partial_report_names_the_planned_cells_not_done(tmp_path: Path) -> None:
+    from stream_dapo.tools.ablate.render import render_markdown
+
+    plan = ablation.Plan([], [], ["dapo-all", "no-clip-higher"], [0, 1], 3, tmp_path, target_delta=0.05)
+    before = {"avg_at_k": 0.2, "pass_at_k": 0.4, "k": 4, "truncation_rate": 0.0, "num_prompts": 8}
+
+    def done(preset: str, seed: int) -> CellResult:
+        return CellResult(preset, seed, "done", eval_after={**before, "avg_at_k": 0.3}, summary={})
+
+    failed = CellResult("no-clip-higher", 0, "failed", error="exited 1")
+    partial = ablation.build_report(plan, before, [done("dapo-all", 0), failed, done("dapo-all", 1)])
+    assert partial["meta"]["cells_planned"] == 4
+    assert partial["meta"]["cells_not_done"] == ["no-clip-higher seed 0", "no-clip-higher seed 1"]
+    md = render_markdown(to_json(partial)).splitlines()
+    assert (
+        "**Partial: 2 of 4 planned cells done**; not done yet: no-clip-higher seed 0, no-clip-higher seed 1."
+        in md
+    )
+    cells = [done(p, s) for s in (0, 1) for p in ("dapo-all", "no-clip-higher")]
+    whole = ablation.build_report(plan, before, cells)
+    assert whole["meta"]["cells_not_done"] == []
+    assert not any(line.startswith("**Partial") for line in render_markdown(to_json(whole)).splitlines())
+
+
 def test_figures_from_a_thousand_up_are_whole_numbers_with_separators() -> None:
     from stream_dapo.tools.ablate.render import _num
 

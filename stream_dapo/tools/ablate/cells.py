@@ -498,6 +498,14 @@ def build_report(plan: Plan, before: Mapping[str, Any], cells: Sequence[CellResu
         # Cells of one report can run sessions apart on other hosts; their seconds compare only
         # within one machine (cells recorded before machines were recorded: "not recorded").
         "machines": sorted({c.machine or UNRECORDED_MACHINE for c in cells if c.summary is not None}),
+        # A partial ablation (stopped between sessions) must not read as the whole one.
+        "cells_planned": len(plan.seeds) * len(plan.presets),
+        "cells_not_done": [
+            f"{preset} seed {seed}"
+            for seed in plan.seeds
+            for preset in plan.presets
+            if not any(c.preset == preset and c.seed == seed and c.eval_after for c in cells)
+        ],
     }
     start = training_start(cells) if plan.target_from == "train" else before.get("avg_at_k")
     if plan.target_from == "train":

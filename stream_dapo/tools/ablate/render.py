@@ -69,6 +69,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"Eval after training: avg@{k} and pass@{k} over {meta.get('eval_prompts', '?')} eval prompts; "
         "mean ± sample std over seeds (no ± with one seed)."
         + (" Paper: AIME 2024 avg@32, Qwen2.5-32B." if table1 else ""),
+        *_partial_line(meta),
         "",
         f"| preset | adds | avg@{k} (%) | pass@{k} (%) | Δ avg@{k} vs {base} (pts) | "
         f"paper AIME avg@32 | samples generated | eval truncation (%) | seeds |",
@@ -190,6 +191,16 @@ def _curve_section(rows: Mapping[str, Any]) -> list[str]:
             cells.append("—" if first is None or last is None else f"{_num(first)} → {_num(last)}")
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _partial_line(meta: Mapping[str, Any]) -> list[str]:
+    """Which planned cells the tables below do not hold yet (none: no line)."""
+    missing = meta.get("cells_not_done") or []
+    if not missing:
+        return []
+    planned = meta.get("cells_planned", "?")
+    done = planned - len(missing) if isinstance(planned, int) else "?"
+    return [f"**Partial: {done} of {planned} planned cells done**; not done yet: {', '.join(missing)}."]
 
 
 def _per_seed_section(rows: Mapping[str, Mapping[str, Any]], k: object) -> list[str]:
