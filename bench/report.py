@@ -17,7 +17,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from stream_dapo.runtime.host import cpu_isa, cpu_model
+from stream_dapo.runtime.host import code_version, cpu_isa, cpu_model
 
 __all__ = [
     "fmt",
@@ -200,23 +199,6 @@ def _version(*dists: str) -> str | None:
     return None
 
 
-def _git_commit() -> str | None:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{head}{' (with uncommitted changes)' if dirty else ''}" if head else None
-
-
 def machine_info() -> dict[str, Any]:
     """CPU model, cores, memory, OS, and the versions of the stack (no heavy imports)."""
     return {
@@ -233,6 +215,6 @@ def machine_info() -> dict[str, Any]:
         "transformers": _version("transformers"),
         "pyzmq": _version("pyzmq"),
         "numpy": _version("numpy"),
-        "git_commit": _git_commit(),
+        "git_commit": code_version(REPO),
         "executable": repo_relative(sys.executable),
     }

@@ -34,6 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 from bench.report import save_json  # noqa: E402
+from stream_dapo.runtime.host import code_version  # noqa: E402
 from stream_dapo.tools.memory_plan import GIB, ModelShape, Settings, estimate  # noqa: E402
 
 LAYERS = 1
@@ -161,18 +162,9 @@ def with_estimate(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO).stdout.strip()
-
-    return git("rev-parse", "--short", "HEAD") + (
-        "+dirty" if git("status", "--porcelain", "stream_dapo") else ""
-    )
-
-
 def run_point(point: dict[str, Any], threads: int, max_gib: float = MAX_ESTIMATE_GIB) -> dict[str, Any]:
     row = with_estimate(dict(point))
-    row["commit"] = _commit()
+    row["commit"] = code_version(REPO)
     if row["estimate_gib"] > max_gib:
         row["skipped"] = f"estimate {row['estimate_gib']:.1f} GiB > {max_gib:g} GiB (--max-gib)"
         print(f"  {_label(point)}: skipped, {row['skipped']}", flush=True)

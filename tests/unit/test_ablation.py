@@ -774,6 +774,31 @@ def test_cells_record_their_machine_and_a_report_over_several_says_seconds_do_no
     assert ablation.build_report(plan, before, [b, failed])["meta"]["machines"] == [b.machine]
 
 
+def test_cells_record_their_code_version_and_a_report_over_several_names_them(tmp_path: Path) -> None:
+    from stream_dapo.tools.ablate.render import render_markdown
+
+    cells = []
+    for seed, code in enumerate([None, "0d3d33f", "1a2b3c4 (with uncommitted changes)", "0d3d33f"]):
+        cell = tmp_path / f"seed-{seed}"
+        _finish_cell(cell, f"f{seed}")
+        record = json.loads((cell / "ablation_cell.json").read_text())
+        if code is not None:  # seed 0: a record from before code versions were recorded
+            (cell / "ablation_cell.json").write_text(json.dumps({**record, "code": code}))
+        cells.append(ablation.cells.load_cell("dapo-all", seed, cell, "reused"))
+    assert [c.code for c in cells] == [None, "0d3d33f", "1a2b3c4 (with uncommitted changes)", "0d3d33f"]
+    plan = ablation.Plan([], [], ["dapo-all"], [0, 1, 2, 3], 3, tmp_path, target_delta=0.05)
+    before = {"avg_at_k": 0.2, "pass_at_k": 0.4, "k": 4, "truncation_rate": 0.0, "num_prompts": 8}
+    same = ablation.build_report(plan, before, [cells[1], cells[3]])
+    assert same["meta"]["code_versions"] == ["0d3d33f"]
+    assert "versions of the code" not in render_markdown(to_json(same))
+    mixed = ablation.build_report(plan, before, cells)
+    assert mixed["meta"]["code_versions"] == ["0d3d33f", "1a2b3c4 (with uncommitted changes)", "not recorded"]
+    assert (
+        "- The cells ran 3 versions of the code (0d3d33f; 1a2b3c4 (with uncommitted changes); not recorded)"
+        in render_markdown(to_json(mixed))
+    )
+
+
 def test_a_partial_report_names_the_planned_cells_not_done(tmp_path: Path) -> None:
     from stream_dapo.tools.ablate.render import render_markdown
 

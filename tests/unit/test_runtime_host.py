@@ -1,8 +1,15 @@
-"""The machine record of a wall-clock figure, from /proc/cpuinfo text given by hand."""
+"""The machine record of a wall-clock figure, from /proc/cpuinfo text given by hand, and the code
+version a run records, from a git repository made here."""
 
 from __future__ import annotations
 
-from stream_dapo.runtime.host import cpu_isa, cpu_model, describe_machine
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stream_dapo import __version__
+from stream_dapo.runtime.host import code_version, cpu_isa, cpu_model, describe_machine
 
 ZEN3 = (
     "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
@@ -26,3 +33,32 @@ def test_one_line_tells_apart_two_machines_of_one_model_name() -> None:
     assert describe_machine(ZEN3, cores=2) == "AMD EPYC 7B13 (family 25 model 1: avx2), 2 usable cores"
     same_name = ZEN4.replace("9B14", "7B13")
     assert describe_machine(same_name, cores=2) != describe_machine(ZEN3, cores=2)
+
+
+def _git(repo: Path, *args: str) -> str:
+    ident = ["-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "commit.gpgsign=false"]
+    done = subprocess.run(["git", *ident, *args], cwd=repo, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+@pytest.mark.process
+def test_code_version_names_the_commit_and_says_when_tracked_files_differ(tmp_path: Path) -> None:
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    _git(tmp_path, "add", "a.py")
+    _git(tmp_path, "commit", "-q", "-m", "one")
+    head = _git(tmp_path, "rev-parse", "--short", "HEAD")
+    assert code_version(tmp_path) == head
+    (tmp_path / "notes.txt").write_text("untracked\n")  # untracked files are not the code
+    assert code_version(tmp_path) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert code_version(tmp_path) == f"{head} (with uncommitted changes)"
+
+
+@pytest.mark.process
+def test_code_version_outside_a_checkout_root_is_the_package_version(tmp_path: Path) -> None:
+    _git(tmp_path, "init", "-q")
+    inside = tmp_path / ".venv" / "lib"  # an installed package under some other repository
+    inside.mkdir(parents=True)
+    assert code_version(inside) == f"stream-dapo {__version__}"
+    assert code_version(tmp_path / "missing") == f"stream-dapo {__version__}"

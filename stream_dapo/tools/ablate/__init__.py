@@ -33,8 +33,10 @@ A cell whose record (``ablation_cell.json``, written last) matches the resolved 
 model is skipped, so an interrupted ablation continues where it stopped. ``--report-only`` trains
 and evaluates nothing: it writes the table and plots of the cells already done (a partial ladder
 stopped between sessions) and names the missing ones. Each record names the machine its cell trained
-on (`stream_dapo.runtime.host.describe_machine`); a report whose cells trained on several says that
-their seconds compare only within one machine.
+on (`stream_dapo.runtime.host.describe_machine`) and the code its run started with (`code_version`: the
+commit, read as the cell starts, since the ablate process itself keeps the code it imported); a report
+whose cells trained on several machines says that their seconds compare only within one, and one
+whose cells ran several versions of the code names them.
 
 Outputs: ``OUT/ablation.md`` (the table, each step against the paper's, what a step costs in
 generated samples and how many steps and seconds the training reward takes to reach a target, and

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from stream_dapo.config import Config, config_to_toml, load_config
 from stream_dapo.core.presets import PRESETS, preset_overrides
-from stream_dapo.runtime.host import describe_machine
+from stream_dapo.runtime.host import code_version, describe_machine
 from stream_dapo.tools.ablate.render import render_markdown, to_json
 from stream_dapo.tools.ablate.settings import (
     _NEUTRAL_SETTINGS,
@@ -28,7 +28,7 @@ from stream_dapo.tools.ablate.settings import (
     _UNCOMPARED_SECTIONS,
     CELL_RECORD,
     CURVE_METRICS,
-    UNRECORDED_MACHINE,
+    UNRECORDED,
     _toml_value,
 )
 from stream_dapo.tools.ablate.stats import CellResult, aggregate, training_start
@@ -336,6 +336,7 @@ def load_cell(preset: str, seed: int, cell_dir: Path, status: str) -> CellResult
         wall_seconds=record.get("wall_seconds"),
         start_model=_recorded_start(cell_dir),
         machine=record.get("machine"),
+        code=record.get("code"),
         trained_outcomes=trained_outcomes(cell_dir),
     )
 
@@ -430,6 +431,7 @@ def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
     if finished_cell(cell_dir, cfg, key, plan.rebuilt_start):
         return load_cell(preset, seed, cell_dir, "reused")
     t0 = time.monotonic()
+    code = code_version()  # what the child imports now (this process may have imported older code)
     argv = plan.child_argv("run", sets, "--quiet")
     log_path = plan.out / "logs" / f"{preset}_seed-{seed}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -475,6 +477,7 @@ def run_cell(plan: Plan, preset: str, seed: int) -> CellResult:
                 "wall_seconds": wall,
                 "start_model": key,
                 "machine": describe_machine(),
+                "code": code,
             },
             indent=2,
         )
@@ -495,9 +498,10 @@ def build_report(plan: Plan, before: Mapping[str, Any], cells: Sequence[CellResu
         "target_delta": plan.target_delta,
         "target_from": plan.target_from,
         "start_models": sorted({c.start_model for c in cells if c.start_model}),
-        # Cells of one report can run sessions apart on other hosts; their seconds compare only
-        # within one machine (cells recorded before machines were recorded: "not recorded").
-        "machines": sorted({c.machine or UNRECORDED_MACHINE for c in cells if c.summary is not None}),
+        # Cells of one report can run sessions apart on other hosts and commits; their seconds compare
+        # only within one machine (cells recorded before these were recorded: "not recorded").
+        "machines": sorted({c.machine or UNRECORDED for c in cells if c.summary is not None}),
+        "code_versions": sorted({c.code or UNRECORDED for c in cells if c.summary is not None}),
         # A partial ablation (stopped between sessions) must not read as the whole one.
         "cells_planned": len(plan.seeds) * len(plan.presets),
         "cells_not_done": [

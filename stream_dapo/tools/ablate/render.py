@@ -259,26 +259,52 @@ def _notes(meta: Mapping[str, Any]) -> list[str]:
         "- The paper's column is a 32B model on AIME; only the direction of each step is comparable, not "
         "the magnitude.",
     ]
-    builds = meta.get("start_models") or []
-    if len(builds) > 1:
-        notes.append(
-            f"- The cells started from {len(builds)} builds of the start model ({', '.join(builds)}: "
-            "the same warm-up settings, weights that differ in rounding, as a warm-up repeated on another "
-            "machine gives); resumed with --rebuilt-start. Each cell's build is in ablation.json."
-        )
-    machines = meta.get("machines") or []
-    if len(machines) > 1:
-        notes.append(
-            f"- The cells trained on {len(machines)} machines ({'; '.join(machines)}): their wall-clock "
-            "columns (training seconds, seconds to target) compare only between cells of one machine; "
-            "steps, samples and eval figures do not depend on it. Each cell's machine is in ablation.json."
-        )
+    notes += _mixed_provenance(meta)
     if meta.get("plots_skipped"):
         notes.append(f"- Plots were not drawn: {meta['plots_skipped']}")
     drawn = {Path(p).stem for p in meta.get("plots") or ()}
     if drawn:
         notes += ["", "## Plots", ""]
         notes += [f"- [{title}](plots/{m}.png)" for m, title in CURVE_METRICS.items() if m in drawn]
+    return notes
+
+
+_MIXED_PROVENANCE = (
+    (
+        "start_models",
+        ", ",
+        "- The cells started from {n} builds of the start model ({values}: the same warm-up settings, "
+        "weights that differ in rounding, as a warm-up repeated on another machine gives); resumed with "
+        "--rebuilt-start.",
+    ),
+    (
+        "machines",
+        "; ",
+        "- The cells trained on {n} machines ({values}): their wall-clock columns (training seconds, "
+        "seconds to target) compare only between cells of one machine; steps, samples and eval figures "
+        "do not depend on it.",
+    ),
+    (
+        "code_versions",
+        "; ",
+        "- The cells ran {n} versions of the code ({values}): a change between them to what a run "
+        "computes would read as a difference between cells (`git log` between the commits says what "
+        "changed).",
+    ),
+)
+"""meta key, separator, the note printed when a report's cells differ in it (cells resumed across
+sessions: another warm-up build, another machine, another commit)."""
+
+
+def _mixed_provenance(meta: Mapping[str, Any]) -> list[str]:
+    notes = []
+    for key, separator, sentence in _MIXED_PROVENANCE:
+        values = meta.get(key) or []
+        if len(values) > 1:
+            notes.append(
+                sentence.format(n=len(values), values=separator.join(values))
+                + " Each cell's is in ablation.json."
+            )
     return notes
 
 

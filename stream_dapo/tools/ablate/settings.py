@@ -33,8 +33,8 @@ TARGET_WINDOW = 10
 """Trailing points averaged before comparing with the target (one point per rollout window)."""
 
 CELL_RECORD = "ablation_cell.json"
-UNRECORDED_MACHINE = "not recorded"
-"""A cell record written before cells recorded their machine."""
+UNRECORDED = "not recorded"
+"""The machine or code version of a cell whose record was written before cells recorded it."""
 # What does not change what a cell computes: where it listens and logs, and where it writes.
 _UNCOMPARED_SECTIONS = ("transport", "metrics")
 _UNCOMPARED_KEYS = (

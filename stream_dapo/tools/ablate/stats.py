@@ -256,5 +256,7 @@ class CellResult:
     """The model key (warm-up key/weights digest) the cell started from, as its record says."""
     machine: str | None = None
     """Where the cell trained (`stream_dapo.runtime.host.describe_machine`), as its record says."""
+    code: str | None = None
+    """The code its run started with (`stream_dapo.runtime.host.code_version`), as its record says."""
     trained_outcomes: dict[str, int] | None = None
     """Groups the learner trained by outcome (mixed, all_wrong, all_correct; `cells.trained_outcomes`)."""
