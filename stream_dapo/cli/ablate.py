@@ -18,6 +18,7 @@ from stream_dapo.tools.ablate.cells import (
     done_cells,
     evaluate_before,
     freeze_base_config,
+    plan_cell_finished,
     planned_cells,
     run_cell,
     write_report,
@@ -84,6 +85,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "policy is evaluated: only final/ is read afterwards, and on a real model they are GBs per cell)",
     )
     parser.add_argument(
+        "--max-cells",
+        type=int,
+        default=None,
+        metavar="N",
+        help="train at most N cells in this call (finished ones are reused and do not count), then "
+        "write the report of the cells done so far and exit; the same command goes on from there "
+        "(for a long ablation run a few cells at a time)",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="run and write nothing: print every cell's `stream-dapo run` command and whether it is done",
@@ -101,6 +111,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
         )
     if args.seeds < 1:
         raise SystemExit("stream-dapo ablate: --seeds must be >= 1")
+    if getattr(args, "max_cells", None) is not None and args.max_cells < 1:
+        raise SystemExit(
+            "stream-dapo ablate: --max-cells must be >= 1 (--report-only writes the report without training)"
+        )
     files = list(args.config) or [str(DEFAULT_CONFIG)]
     base = load_config(files, args.overrides)
     budget = args.budget if args.budget is not None else base.learner.total_steps
@@ -151,10 +165,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         before = evaluate_before(plan)
         todo = [(p, s) for s in plan.seeds for p in plan.presets]  # seed-major: a partial run is a table
+        max_cells = getattr(args, "max_cells", None)
+        trained, not_started = 0, []
         for i, (preset, seed) in enumerate(todo, 1):
+            if max_cells is not None and trained >= max_cells and not plan_cell_finished(plan, preset, seed):
+                not_started.append(f"{preset} seed {seed}")
+                continue
             cells.append(run_cell(plan, preset, seed))
+            trained += cells[-1].status != "reused"
             print(_cell_line(i, len(todo), cells[-1], before), flush=True)
             write_report(plan.out, build_report(plan, before, cells))
+        if not_started:
+            print(
+                f"--max-cells {max_cells}: trained {trained} cell(s) in this call; not started: "
+                f"{', '.join(not_started)}. Run the same command again to go on from there.",
+                flush=True,
+            )
     report = build_report(plan, before, cells)
     plots, why_not = plot_curves(report["presets"], plan.out / "plots")
     if why_not:

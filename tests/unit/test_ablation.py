@@ -829,3 +829,52 @@ def test_figures_from_a_thousand_up_are_whole_numbers_with_separators() -> None:
     assert _num(Spread(1270.4, 310.2, 1050.0, 1490.0, 2)) == "1,270 ± 310"
     assert _num(Spread(2326.2, None, 2326.2, 2326.2, 1)) == "2,326"
     assert _num(Spread(22.5, 3.54, 20.0, 25.0, 2)) == "22.5 ± 3.5"  # below 1,000: three significant digits
+
+
+def test_max_cells_trains_that_many_reuses_finished_ones_and_names_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = argparse.Namespace(
+        config=[str(TINY)],
+        overrides=[],
+        presets="dapo",
+        seeds=4,
+        budget=3,
+        out=str(tmp_path / "out"),
+        target_delta=0.05,
+        report_only=False,
+        max_cells=1,
+    )
+    plan = ablate_cli.make_plan(args)
+    monkeypatch.setattr(ablation.cells, "model_key", lambda cfg: "m1")
+    before = {"avg_at_k": 0.2, "pass_at_k": 0.4, "k": 4, "truncation_rate": 0.0, "num_prompts": 8}
+    monkeypatch.setattr(ablate_cli, "evaluate_before", lambda plan: before)
+    trained: list[int] = []
+
+    def train(plan: ablation.Plan, preset: str, seed: int) -> CellResult:  # stands in for the child run
+        if ablation.cells.plan_cell_finished(plan, preset, seed):
+            return ablation.cells.load_cell(preset, seed, plan.cell_dir(preset, seed), "reused")
+        trained.append(seed)
+        cfg, _ = plan.cell_config(preset, seed)
+        _finish_cell(plan.cell_dir(preset, seed), config_fingerprint(cfg, "m1"))
+        return ablation.cells.load_cell(preset, seed, plan.cell_dir(preset, seed), "done")
+
+    monkeypatch.setattr(ablate_cli, "run_cell", train)
+    cfg, _ = plan.cell_config("dapo", 2)
+    _finish_cell(plan.cell_dir("dapo", 2), config_fingerprint(cfg, "m1"))  # finished in an earlier call
+
+    assert ablate_cli.run(args) == 0
+    assert trained == [0]  # one cell trained; seed 2, finished already, reused past the cap
+    report = json.loads((tmp_path / "out" / "ablation.json").read_text())
+    assert report["presets"]["dapo"]["seeds_done"] == [0, 2]
+    assert report["meta"]["cells_not_done"] == ["dapo seed 1", "dapo seed 3"]
+    assert "trained 1 cell(s) in this call; not started: dapo seed 1, dapo seed 3" in capsys.readouterr().out
+
+    assert ablate_cli.run(args) == 0  # the same command goes on
+    assert trained == [0, 1]
+    assert "not started: dapo seed 3." in capsys.readouterr().out
+    assert ablate_cli.run(argparse.Namespace(**{**vars(args), "max_cells": 5})) == 0
+    assert trained == [0, 1, 3]
+    assert "not started" not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--max-cells must be >= 1"):
+        ablate_cli.make_plan(argparse.Namespace(**{**vars(args), "max_cells": 0}))

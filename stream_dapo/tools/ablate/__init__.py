@@ -30,7 +30,8 @@ which every child reads: editing a recipe file while an ablation runs does not c
 The warm model is evaluated once (``OUT/eval-before``); each cell runs without the launcher's
 evaluation and its final policy is evaluated after training (``OUT/PRESET/seed-N/eval_after.json``).
 A cell whose record (``ablation_cell.json``, written last) matches the resolved config and the
-model is skipped, so an interrupted ablation continues where it stopped. ``--report-only`` trains
+model is skipped, so an interrupted ablation continues where it stopped; ``--max-cells N`` trains at
+most N cells in one call and leaves the rest to the same command run again. ``--report-only`` trains
 and evaluates nothing: it writes the table and plots of the cells already done (a partial ladder
 stopped between sessions) and names the missing ones. Each record names the machine its cell trained
 on (`stream_dapo.runtime.host.describe_machine`) and the code its run started with (`code_version`: the

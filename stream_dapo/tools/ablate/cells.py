@@ -200,6 +200,12 @@ WEIGHTS_DIGEST = "weights.sha256"
 *.safetensors files, concatenated in name order, which is what `model_key` hashes."""
 
 
+def plan_cell_finished(plan: Plan, preset: str, seed: int) -> bool:
+    """Whether the plan's (preset, seed) cell is finished in ``plan.out`` (`finished_cell`)."""
+    cfg, _ = plan.cell_config(preset, seed)
+    return finished_cell(plan.cell_dir(preset, seed), cfg, model_key(cfg), plan.rebuilt_start)
+
+
 def model_key(cfg: Config) -> str | None:
     """The starting model's identity: its build key and a digest of its weight files. The build key
     comes from the config alone, and the same config warmed up on another machine gave other weights
