@@ -275,21 +275,21 @@ _MIXED_PROVENANCE = (
         ", ",
         "- The cells started from {n} builds of the start model ({values}: the same warm-up settings, "
         "weights that differ in rounding, as a warm-up repeated on another machine gives); resumed with "
-        "--rebuilt-start.",
+        "--rebuilt-start. Each cell's build is in ablation.json.",
     ),
     (
         "machines",
         "; ",
         "- The cells trained on {n} machines ({values}): their wall-clock columns (training seconds, "
         "seconds to target) compare only between cells of one machine; steps, samples and eval figures "
-        "do not depend on it.",
+        "do not depend on it. Each cell's machine is in ablation.json.",
     ),
     (
         "code_versions",
         "; ",
         "- The cells ran {n} versions of the code ({values}): a change between them to what a run "
         "computes would read as a difference between cells (`git log` between the commits says what "
-        "changed).",
+        "changed). Each cell's version is in ablation.json.",
     ),
 )
 """meta key, separator, the note printed when a report's cells differ in it (cells resumed across
@@ -301,10 +301,7 @@ def _mixed_provenance(meta: Mapping[str, Any]) -> list[str]:
     for key, separator, sentence in _MIXED_PROVENANCE:
         values = meta.get(key) or []
         if len(values) > 1:
-            notes.append(
-                sentence.format(n=len(values), values=separator.join(values))
-                + " Each cell's is in ablation.json."
-            )
+            notes.append(sentence.format(n=len(values), values=separator.join(values)))
     return notes
 
 
