@@ -326,6 +326,21 @@ def test_curve_windows_average_each_seeds_first_and_last_quarter() -> None:
     assert curve_window_means({s: float(s) for s in range(1, 9)}) == {"first": 1.5, "last": 7.5}
     assert curve_window_means({3: 0.4}) == {"first": 0.4, "last": 0.4}  # one step is both quarters
     assert curve_window_means({}) is None
+    # A sparse curve (recorded on some steps only) is cut by the run's steps: 40 steps, quarters of 10.
+    assert curve_window_means({2: 0.14}, span=(1, 40)) == {"first": 0.14, "last": None}
+    assert curve_window_means({2: 0.2, 10: 0.4, 11: 9.0, 31: 0.6, 40: 0.8}, span=(1, 40)) == {
+        "first": pytest.approx(0.3),
+        "last": pytest.approx(0.7),
+    }
+    sparse = CellResult(
+        "dapo",
+        0,
+        "done",
+        eval_after={"avg_at_k": 0.3},
+        curves={"entropy": {s: 0.3 for s in range(1, 41)}, "clip_high_prob_mean": {2: 0.14}},
+    )
+    clip = aggregate([sparse], ["dapo"])["dapo"]["curve_windows"]["clip_high_prob_mean"]
+    assert clip["first"].mean == pytest.approx(0.14) and clip["last"] is None  # not "0.14 -> 0.14"
     rows = aggregate(CELLS, ["naive-grpo", "dapo"])
     # dapo's accuracy curves are {1: 0.35, 2: 0.45} and {1: 0.40, 2: 0.50}: quarter = 1 step each
     windows = rows["dapo"]["curve_windows"]["accuracy"]

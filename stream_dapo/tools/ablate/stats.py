@@ -24,7 +24,7 @@ class Spread:
     n: int
 
 
-def spread(values: Sequence[float]) -> Spread | None:
+def spread(values: Sequence[float | None]) -> Spread | None:
     vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not vals:
         return None
@@ -71,17 +71,38 @@ def mean_curve(per_seed: Sequence[Mapping[int, float]], window: int | None = Non
     return out
 
 
-def curve_window_means(curve: Mapping[int, float]) -> dict[str, float] | None:
+def curve_window_means(
+    curve: Mapping[int, float], span: tuple[int, int] | None = None
+) -> dict[str, float | None] | None:
     """Mean of one seed's curve over its first and its last quarter of recorded steps (at least one
-    step each): where a trend over training shows without reading a plot. None for an empty curve."""
+    step each): where a trend over training shows without reading a plot. None for an empty curve.
+
+    ``span`` (first, last optimizer step of the run): quarters of the run's steps instead, for a
+    SPARSE_CURVES metric that records only some steps; a quarter where it recorded nothing is None
+    (one point at step 2 of 40 is the first quarter's, not the last's too)."""
     steps = sorted(curve)
     if not steps:
         return None
-    n = max(1, len(steps) // 4)
+    if span is None:
+        n = max(1, len(steps) // 4)
+        return {
+            "first": statistics.fmean(curve[s] for s in steps[:n]),
+            "last": statistics.fmean(curve[s] for s in steps[-n:]),
+        }
+    lo, hi = span
+    n = max(1, (hi - lo + 1) // 4)
+    first = [curve[s] for s in steps if s < lo + n]
+    last = [curve[s] for s in steps if s > hi - n]
     return {
-        "first": statistics.fmean(curve[s] for s in steps[:n]),
-        "last": statistics.fmean(curve[s] for s in steps[-n:]),
+        "first": statistics.fmean(first) if first else None,
+        "last": statistics.fmean(last) if last else None,
     }
+
+
+def _steps_span(cell: CellResult) -> tuple[int, int] | None:
+    """The first and last optimizer step any of the cell's curves recorded."""
+    steps = [s for curve in cell.curves.values() for s in curve]
+    return (min(steps), max(steps)) if steps else None
 
 
 def time_to_target(
@@ -227,12 +248,16 @@ def aggregate(
                 "steps": spread([h["step"] for h in reached if h["step"] is not None]),
                 "seconds": spread([h["seconds"] for h in reached if h["seconds"] is not None]),
             }
-        entry["curve_windows"] = {
-            m: {
-                part: spread([w[part] for c in ok if (w := curve_window_means(c.curves.get(m, {})))])
-                for part in ("first", "last")
-            }
+        windows = {
+            m: [
+                curve_window_means(c.curves.get(m, {}), _steps_span(c) if m in SPARSE_CURVES else None)
+                for c in ok
+            ]
             for m in CURVE_METRICS
+        }
+        entry["curve_windows"] = {
+            m: {part: spread([w[part] for w in ws if w]) for part in ("first", "last")}
+            for m, ws in windows.items()
         }
         out[preset] = entry
     return out
