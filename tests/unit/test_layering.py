@@ -182,7 +182,7 @@ def test_only_cli_parses_arguments() -> None:
 def test_runtime_imports_no_service_tool_or_command() -> None:
     above = ("generator", "buffer", "learner", "tools", "cli", "model", "data", "verifier", "weights")
     wrong = {
-        name: sorted(d for d in GRAPH[name] if d.split(".")[1] in above)
+        name: sorted(d for d in GRAPH[name] if d.partition(".")[2].split(".")[0] in above)
         for name in MODULES
         if name.startswith("stream_dapo.runtime.")
     }
