@@ -342,12 +342,20 @@ def measure_transfer(quick: bool = False) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _bench_model(out: Path) -> Path:
-    """A random Qwen2 model of ~130 MB fp32 (tied embeddings), saved with the tiny tokenizer."""
+def _bench_model(out: Path, quick: bool = False) -> Path:
+    """A random Qwen2 model of ~130 MB fp32 (tied embeddings), saved with the tiny tokenizer; ~13 MB
+    at --quick sizes (the smoke test: every swap of the 130 MB model is seconds on 2 cores)."""
     from stream_dapo.model.tiny import TinyModelSpec, build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer()
-    spec = TinyModelSpec(hidden_size=1024, num_layers=8, num_heads=8, num_kv_heads=2, intermediate_size=2560)
+    if quick:
+        spec = TinyModelSpec(
+            hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=768
+        )
+    else:
+        spec = TinyModelSpec(
+            hidden_size=1024, num_layers=8, num_heads=8, num_kv_heads=2, intermediate_size=2560
+        )
     model = build_tiny_model(tokenizer, spec, 0)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -363,7 +371,7 @@ def measure_vllm(quick: bool = False) -> dict[str, Any]:
 
     repeats = 2 if quick else 4
     with tempfile.TemporaryDirectory(prefix="bench-weights-vllm-") as tmp:
-        model_dir = _bench_model(Path(tmp) / "model")
+        model_dir = _bench_model(Path(tmp) / "model", quick)
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         state = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
         model_file = Path(tmp) / "state.safetensors"
