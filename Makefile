@@ -37,7 +37,7 @@ test: install ops-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The fast tier: unit tests that start no process, vLLM or DeepSpeed engine (tests/unit/conftest.py
-# enforces it); about a minute on 2 cores. `make test` stays the whole suite, and CI runs that.
+# enforces it); under 2 minutes on 2 cores. `make test` stays the whole suite, and CI runs that.
 test-fast: install
 	$(BIN)/python -m pytest -q tests/unit -m 'not process' $(PYTEST_ARGS)
 
