@@ -608,8 +608,8 @@ EXTERNAL = (
     ),
     (
         "The paper's findings on the real model (SmolLM2-135M, warm word-problem recipe): dynamic sampling "
-        "over 3 seeds, Clip-Higher 1 seed, overlong filtering and soft punishment at a 48-token cap 1 seed "
-        "(dapo-all 2), in progress",
+        "over 3 seeds, Clip-Higher 1 seed, overlong filtering at a 48-token cap 2 seeds, soft punishment 1, "
+        "in progress",
         "ablation-smollm2-warm/findings.md",
         "stream-dapo ablate --config configs/smollm2-words-warm-cpu.toml --presets dapo-all,no-dynamic-sampling "
         "--seeds 3 --budget 40 --out runs/findings-warm, then python -m bench.keep_ablation runs/findings-warm "
