@@ -67,6 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "averaged over the runs (where they differ, e.g. held-out eval templates) (default: eval)",
     )
     parser.add_argument(
+        "--target-level",
+        type=float,
+        default=None,
+        metavar="L",
+        help="fix the steps/seconds-to-target target at this training-reward level (0 < L <= 1) instead "
+        "of a starting level + --target-delta: a start measured from the finished cells (--target-from "
+        "train) moves as cells are added, so an ablation run a few cells at a time fixes it (default: none)",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="train nothing: write the table and plots of the cells already done in --out",
@@ -115,6 +124,12 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise SystemExit(
             "stream-dapo ablate: --max-cells must be >= 1 (--report-only writes the report without training)"
         )
+    level = getattr(args, "target_level", None)
+    if level is not None and not 0.0 < level <= 1.0:
+        raise SystemExit(
+            f"stream-dapo ablate: --target-level {level} is not a training-reward level; give a fraction "
+            "in (0, 1], e.g. 0.284 for 28.4%"
+        )
     files = list(args.config) or [str(DEFAULT_CONFIG)]
     base = load_config(files, args.overrides)
     budget = args.budget if args.budget is not None else base.learner.total_steps
@@ -130,6 +145,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         out=Path(args.out),
         target_delta=args.target_delta,
         target_from=getattr(args, "target_from", "eval"),
+        target_level=level,
         group_size=base.algo.group_size,
         rebuilt_start=getattr(args, "rebuilt_start", False),
         keep_checkpoints=getattr(args, "keep_checkpoints", False),

@@ -503,7 +503,39 @@ def test_target_from_train_starts_at_the_training_rewards_first_window(tmp_path:
     assert tt["target"] == pytest.approx(0.30) and tt["steps"].mean == 12
     md = render_markdown(to_json(report))
     assert "reaches 30.0%, the training reward's own starting level (25.0%)" in md
-    assert "reaches 15.0%, the warm model's eval avg@k" in render_markdown(to_json(by_eval))
+    assert "reaches 15.0%, the warm model's eval avg@k plus --target-delta" in render_markdown(
+        to_json(by_eval)
+    )
+    # A fixed level: a cell added with another start (here 0.40) moves start + delta, not the target
+    plan.target_level = 0.30
+    more = [*cells, cell("no-clip-higher", 1, 0.40)]
+    assert ablation.training_start(more) == pytest.approx(0.30)
+    fixed = ablation.build_report(plan, before, more)
+    assert fixed["meta"]["target_level"] == 0.30 and fixed["meta"]["target_start"] == pytest.approx(0.30)
+    tt = fixed["presets"]["dapo-all"]["to_target"]
+    assert tt["target"] == pytest.approx(0.30) and tt["steps"].mean == 12  # as before the cell came
+    assert (
+        "reaches 30.0%, a level fixed by --target-level; the training reward's own starting level over "
+        "the finished runs is 30.0%" in render_markdown(to_json(fixed))
+    )
+
+
+@pytest.mark.parametrize("level", [0.0, -0.1, 1.5, 28.4])
+def test_target_level_outside_zero_one_names_the_fix(tmp_path: Path, level: float) -> None:
+    args = argparse.Namespace(
+        config=[str(TINY)],
+        overrides=[],
+        presets="dapo",
+        seeds=1,
+        budget=3,
+        out=str(tmp_path),
+        target_delta=0.05,
+        target_level=level,
+    )
+    with pytest.raises(SystemExit, match=r"--target-level .* give a fraction in \(0, 1\], e.g. 0.284"):
+        ablate_cli.make_plan(args)
+    plan = ablate_cli.make_plan(argparse.Namespace(**{**vars(args), "target_level": 0.284}))
+    assert plan.target_level == 0.284
 
 
 def test_direction_reports_opposite_steps_and_noise() -> None:

@@ -155,6 +155,10 @@ class Plan:
     """The target's starting level: "eval", the warm model's eval avg@k (right where the eval and the
     training prompts are alike); "train", the training reward's own first window over the cells
     (`training_start`; right where they differ, e.g. held-out eval templates)."""
+    target_level: float | None = None
+    """A fixed target level (ablate --target-level): replaces start + target_delta, so the target of an
+    ablation run a few cells at a time does not move as cells are added (a start measured from the
+    finished cells does)."""
     rebuilt_start: bool = False
     """Reuse cells (and the before-training eval) that started from another build of the same start
     model (see finished_cell); the report lists the builds."""
@@ -520,13 +524,18 @@ def build_report(plan: Plan, before: Mapping[str, Any], cells: Sequence[CellResu
     start = training_start(cells) if plan.target_from == "train" else before.get("avg_at_k")
     if plan.target_from == "train":
         meta["target_start"] = start
+    if plan.target_level is not None:
+        meta["target_level"] = plan.target_level
+        target: float | None = plan.target_level
+    else:
+        target = start + plan.target_delta if start is not None else None
     return {
         "meta": meta,
         "eval_before": dict(before),
         "presets": aggregate(
             cells,
             plan.presets,
-            target=start + plan.target_delta if start is not None else None,
+            target=target,
             group_size=plan.group_size,
         ),
         "cells": [asdict(c) for c in cells],

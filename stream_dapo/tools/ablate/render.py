@@ -131,8 +131,8 @@ def _target_section(rows: Mapping[str, Any], meta: Mapping[str, Any]) -> list[st
         "## What a step costs, and how fast the training reward gets there",
         "",
         f"Target: the generators' accuracy over every group they finished ({TARGET_METRIC}, mean of "
-        f"the last {TARGET_WINDOW} rollout windows) reaches {t}, {_target_origin(meta)} plus "
-        "--target-delta. Seconds count from the run's start (start-up included). Mean ± std over the "
+        f"the last {TARGET_WINDOW} rollout windows) reaches {t}, {_target_origin(meta)}. Seconds "
+        "count from the run's start (start-up included). Mean ± std over the "
         "seeds that reached it. A sample carries gradient only in a mixed group (some right, some "
         "wrong): without dynamic sampling the learner also trains all-wrong and all-correct groups, at "
         "zero advantage, so per sample *of a mixed group* trained is what each arm pays for its gradient.",
@@ -157,15 +157,23 @@ def _target_section(rows: Mapping[str, Any], meta: Mapping[str, Any]) -> list[st
 
 
 def _target_origin(meta: Mapping[str, Any]) -> str:
-    """What the target of `_target_section` is measured from (ablate --target-from)."""
+    """What the target of `_target_section` is measured from (ablate --target-from, --target-level)."""
+    if meta.get("target_level") is not None:
+        start = meta.get("target_start")
+        level = (
+            f"; the training reward's own starting level over the finished runs is {100 * start:.1f}%"
+            if start is not None
+            else ""
+        )
+        return f"a level fixed by --target-level{level}"
     if meta.get("target_from") == "train":
         start = meta.get("target_start")
         level = f" ({100 * start:.1f}%)" if start is not None else ""
         return (
             f"the training reward's own starting level{level}: the mean over the finished runs of its "
-            f"first {TARGET_WINDOW} recorded steps (--target-from train)"
+            f"first {TARGET_WINDOW} recorded steps (--target-from train), plus --target-delta"
         )
-    return "the warm model's eval avg@k"
+    return "the warm model's eval avg@k plus --target-delta"
 
 
 def _curve_section(rows: Mapping[str, Any]) -> list[str]:
