@@ -486,10 +486,12 @@ def _real_model_versions() -> list[tuple[int, bytes]]:
     return images
 
 
-def _record_tiny_run(steps: int) -> list[tuple[int, bytes]]:
-    """Run the tiny recipe for ``steps`` optimizer steps and take every version its learner publishes."""
+def _record_tiny_run(steps: int, small: bool = False) -> list[tuple[int, bytes]]:
+    """Run the tiny recipe for ``steps`` optimizer steps and take every version its learner publishes;
+    ``small``: at the tests' pipeline sizes (4 prompts x 4 samples per rollout, not 16 x 8: the same
+    model and optimizer, a quarter of the generation per version)."""
     from stream_dapo.runtime.ports import read_bound_ports
-    from stream_dapo.testing.services import port_overrides
+    from stream_dapo.testing.services import port_overrides, tiny_overrides
     from stream_dapo.weights.zmq_chunks import connect_weight_server, fetch_weights_stream
 
     images: dict[int, bytes] = {}
@@ -541,8 +543,10 @@ def _record_tiny_run(steps: int) -> list[tuple[int, bytes]]:
             "--set",
             f"learner.total_steps={steps}",
         ]
-        for item in port_overrides():
-            argv += ["--set", item]
+        sizes = tiny_overrides(Path("unused"), out) if small else port_overrides()
+        for item in sizes:
+            if not item.startswith(("model.path=", "run.out_dir=")):  # the recipe's model; out is set
+                argv += ["--set", item]
         try:
             subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL, env=dict(os.environ))
         finally:
@@ -559,7 +563,7 @@ def measure_changed_bytes(quick: bool = False) -> dict[str, Any]:
     real = [] if quick else _real_model_versions()
     if len(real) >= 2:
         result["smollm2_135m_gsm"] = {"versions": [v for v, _ in real], **_changes(real)}
-    tiny = _record_tiny_run(4 if quick else 12)
+    tiny = _record_tiny_run(4 if quick else 12, small=quick)
     consecutive = [(a, b) for (a, _), (b, _) in zip(tiny, tiny[1:], strict=False) if b == a + 1]
     result["tiny_cpu"] = {
         "versions": [v for v, _ in tiny],

@@ -1,7 +1,7 @@
 """End to end: `stream-dapo run` with real vLLM, ZeroMQ and DeepSpeed on a tiny model.
 
 One short async run (the session's `async_run`, tests/integration/conftest.py, which the tracking tests
-read too) and one short sync run, on the session's warm model. Each asserts what the design promises: the version advances, generators receive several weight versions, every learner
+read too) and one sync run stopped by SIGTERM, on the session's warm model. Each asserts what the design promises: the version advances, generators receive several weight versions, every learner
 parameter changed, losses are finite, no trained token exceeds the staleness bound, no group is
 trained twice, and no process outlives the run.
 """
@@ -20,7 +20,8 @@ import pytest
 
 from stream_dapo.config import load_config
 from stream_dapo.testing.services import tiny_overrides
-from tests.integration.pipeline_runs import ASYNC_STEPS, alive, run_pipeline
+from stream_dapo.tools.launch import DEFAULT_CONFIG
+from tests.integration.pipeline_runs import ASYNC_STEPS, alive
 from tests.integration.prometheus_live import query
 
 pytestmark = pytest.mark.timeout(900)
@@ -88,19 +89,6 @@ def assert_services_reported_the_ports_they_bound(summary: dict, cfg) -> None:  
     assert set(ports["generator-0"]) == {"metrics.generator_port"}
     every = [port for reported in ports.values() for port in reported.values()]
     assert all(every) and len(set(every)) == len(every), ports
-
-
-def test_sync_run_is_on_policy_at_rollout_start(tmp_path: Path, warm_model: Path) -> None:
-    steps = 4
-    rc, summary, seen, out = run_pipeline(tmp_path, warm_model, "sync", steps)
-    assert rc == 0
-    cfg = load_config([out / "config.toml"], environ={})
-    assert summary["final_version"] == steps
-    # Lock-step: a rollout batch is generated with the weights the learner had when it asked, so the
-    # worst staleness is the S - 1 steps within one batch.
-    assert summary["max_staleness_trained"] <= cfg.admission.steps_per_rollout - 1
-    assert summary["groups_trained_twice"] == 0
-    assert alive(seen) == []
 
 
 # What DESIGN.md's metrics section requires, as the series each job must have sent Prometheus.
@@ -174,24 +162,31 @@ def test_prometheus_scraped_every_required_metric_from_its_job(async_run) -> Non
     assert float(bound["value"][1]) == 4.0, "the recording rule reads algo.max_staleness from the buffer"
 
 
-def test_sigterm_to_run_stops_every_service_in_drain_order_and_writes_the_summary(
+def test_sync_run_is_on_policy_and_sigterm_stops_every_service_in_drain_order(
     tmp_path: Path, warm_model: Path
 ) -> None:
-    """Regression: SIGTERM killed the launcher alone and left the services (and vLLM) running, holding
-    the ports, so `--resume` failed with "port in use"; no summary was written."""
+    """A sync run, stopped by SIGTERM once the learner is into its second rollout batch: every batch
+    was generated on the weights the learner had when it asked, and the stop drains every service.
+
+    Regression (SIGTERM): it killed the launcher alone and left the services (and vLLM) running,
+    holding the ports, so `--resume` failed with "port in use"; no summary was written. One run
+    checks both (the lock-step bound and the drain), each of which needs a whole pipeline start."""
     import signal
 
     out = tmp_path / "run"
     overrides = tiny_overrides(warm_model, out) + ["learner.total_steps=10000"]
-    argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--no-eval", "--quiet"]
+    argv = [sys.executable, "-m", "stream_dapo.cli", "run", "--no-eval", "--quiet", "--mode", "sync"]
     for item in overrides:
         argv += ["--set", item]
+    cfg = load_config([DEFAULT_CONFIG], overrides, environ={})
+    into_second_batch = cfg.admission.steps_per_rollout + 1
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     parent = psutil.Process(proc.pid)
     seen: set[int] = set()
     metrics = out / "learner" / "metrics.jsonl"
     try:
-        while not (metrics.exists() and metrics.read_text().strip()):  # the learner took a step
+        # the learner took a step of its second rollout batch
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= into_second_batch):
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             seen.update(p.pid for p in parent.children(recursive=True))
             time.sleep(0.5)
@@ -204,7 +199,10 @@ def test_sigterm_to_run_stops_every_service_in_drain_order_and_writes_the_summar
     assert proc.returncode == 0, output[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_by"] == "SIGTERM"
-    assert 1 <= summary["learner_steps"] < 10000 and summary["groups_trained_twice"] == 0
+    assert into_second_batch <= summary["learner_steps"] < 10000 and summary["groups_trained_twice"] == 0
+    # Lock-step: a rollout batch is generated with the weights the learner had when it asked, so the
+    # worst staleness is the S - 1 steps within one batch.
+    assert summary["max_staleness_trained"] <= cfg.admission.steps_per_rollout - 1
     # Every service wrote its final figures: the summary does not read a stale scrape of the buffer.
     assert summary["groups_accepted"] >= summary["groups_trained"]
     assert {p.stem for p in (out / "final-metrics").glob("*.json")} >= {"buffer", "learner", "generator-0"}
