@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -704,8 +705,34 @@ def exit_hint(returncode: int | None) -> str:
     return ""
 
 
+def wait_for_an_exit(popens: Sequence[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    """Return as soon as one of `popens` exits (or has exited and is not reaped yet), or after
+    timeout_s: each one's pidfd turns readable when it exits. Where pidfds are missing (not Linux,
+    or a kernel before 5.3), a plain sleep."""
+    fds: list[int] = []
+    try:
+        for popen in popens:
+            if popen.poll() is not None:
+                return
+            fds.append(os.pidfd_open(popen.pid))
+    except (AttributeError, OSError):  # no os.pidfd_open, or the kernel refuses it
+        for fd in fds:
+            os.close(fd)
+        time.sleep(timeout_s)
+        return
+    try:
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        poller.poll(timeout_s * 1000)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def supervise(sup: Supervisor, view: LiveView, cfg: Config, period_s: float = 5.0) -> None:
-    """Wait for the learner to finish; fail loudly if any other service dies first."""
+    """Wait for the learner to finish; fail loudly if any other service dies first. An exit is
+    seen when it happens (`wait_for_an_exit`); the live view is updated every period_s."""
     learner = next(c for c in sup.children if c.name == "learner")
     while True:
         view.endpoints = Endpoints.from_ports(cfg, reported_ports(cfg, sup))
@@ -717,7 +744,7 @@ def supervise(sup: Supervisor, view: LiveView, cfg: Config, period_s: float = 5.
                 f"{child.name} exited with code {child.popen.returncode}{exit_hint(child.popen.returncode)}; "
                 f"last lines of {child.log_path}:\n" + tail(child.log_path)
             )
-        time.sleep(period_s)
+        wait_for_an_exit([c.popen for c in sup.children], period_s)
 
 
 def service_stops(stops: Mapping[str, StopOutcome], run_dir: Path) -> dict[str, dict[str, Any]]:

@@ -181,3 +181,81 @@ def test_the_summary_names_each_service_killed_or_failed_at_stop_and_its_missing
     assert "generator-0 wrote no final metrics (it was killed)" in said
     assert "learner wrote no final metrics (it exited with code 3)" in said
     assert "buffer wrote no final metrics" not in said
+
+
+class _View:
+    """The live view's two members `supervise` uses; counts its updates, and on the first one lets
+    the service `release` exit (so the exit comes after supervise's first look, whatever the speed)."""
+
+    def __init__(self, release: Path | None = None) -> None:
+        self.endpoints: Any = None
+        self.updates = 0
+        self.release = release
+
+    def update(self) -> dict[str, Any]:
+        self.updates += 1
+        if self.release is not None:
+            self.release.touch()
+        return {}
+
+
+# A stand-in service that exits with the code in argv[1] once the file argv[2] appears.
+EXIT_WHEN = r"""
+import os, sys, time
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _supervised(tmp_path: Path, names_codes: dict[str, int]) -> tuple[Supervisor, Any]:
+    cfg = load_config(overrides=[f'run.out_dir="{tmp_path}"'], environ={})
+    sup = Supervisor(tmp_path)
+    for name, code in names_codes.items():
+        argv = [sys.executable, "-c", EXIT_WHEN, str(code), str(tmp_path / f"go-{name}")]
+        sup.start(name, argv, env={"PATH": ""})
+    return sup, cfg
+
+
+@pytest.mark.timeout(120)
+def test_supervise_returns_when_the_learner_exits_not_at_the_next_period(tmp_path: Path) -> None:
+    """Regression: supervise slept its whole period (5 s) between looks, so every run ended up to a
+    period after its learner. With an hour's period it must still return on the learner's exit (a
+    sleep would hit this test's timeout)."""
+    sup, cfg = _supervised(tmp_path, {"buffer": 0, "learner": 0})
+    view = _View(release=tmp_path / "go-learner")
+    try:
+        launch.supervise(sup, view, cfg, period_s=3600)  # type: ignore[arg-type]
+        assert sup.children[1].popen.returncode == 0 and sup.children[0].popen.poll() is None
+        assert view.updates == 2  # one look before the exit, one after: no period went by
+    finally:
+        (tmp_path / "go-buffer").touch()
+        sup.stop_all(30)
+
+
+@pytest.mark.timeout(120)
+def test_supervise_fails_naming_a_service_that_died_first(tmp_path: Path) -> None:
+    sup, cfg = _supervised(tmp_path, {"buffer": 3, "learner": 0})
+    (tmp_path / "go-buffer").touch()
+    try:
+        with pytest.raises(launch.ServiceFailed, match=r"^buffer exited with code 3; last lines of"):
+            launch.supervise(sup, _View(), cfg, period_s=3600)  # type: ignore[arg-type]
+        assert sup.children[1].popen.poll() is None  # the learner is still at work
+    finally:
+        (tmp_path / "go-learner").touch()
+        sup.stop_all(30)
+
+
+def test_wait_for_an_exit_without_pidfds_sleeps_the_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.delattr(launch.os, "pidfd_open", raising=False)
+    monkeypatch.setattr(launch.time, "sleep", slept.append)
+
+    class Running:
+        pid = 1
+
+        def poll(self) -> None:
+            return None
+
+    launch.wait_for_an_exit([Running()], 2.5)  # type: ignore[list-item]
+    assert slept == [2.5]
