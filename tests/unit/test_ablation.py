@@ -7,6 +7,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,19 +105,24 @@ def test_the_before_eval_is_keyed_on_what_it_depends_on_only() -> None:
     assert fp(model="m2") != base
 
 
+def plan_args(out: Path, **changes: Any) -> argparse.Namespace:
+    """`stream-dapo ablate`'s arguments: one dapo cell of 3 steps on the tiny recipe, plus `changes`."""
+    values: dict[str, Any] = {
+        "config": [str(TINY)],
+        "overrides": [],
+        "presets": "dapo",
+        "seeds": 1,
+        "budget": 3,
+        "out": str(out),
+        "target_delta": 0.05,
+    }
+    return argparse.Namespace(**{**values, **changes})
+
+
 def test_children_read_a_snapshot_of_the_resolved_base_config(tmp_path: Path) -> None:
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(TINY.read_text())
-    args = argparse.Namespace(
-        config=[str(recipe)],
-        overrides=["learner.lr=3e-4"],
-        presets="dapo",
-        seeds=1,
-        budget=3,
-        out=str(tmp_path),
-        target_delta=0.05,
-    )
-    plan = ablate_cli.make_plan(args)
+    plan = ablate_cli.make_plan(plan_args(tmp_path, config=[str(recipe)], overrides=["learner.lr=3e-4"]))
     before, _ = plan.cell_config("dapo", 0)
     ablation.freeze_base_config(plan)
     assert plan.run_files == [str(tmp_path / "base-config.toml")]
@@ -168,16 +174,7 @@ def test_the_model_key_names_the_build_and_its_weights(tmp_path: Path) -> None:
 def test_a_finished_cell_is_reused_without_running_anything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    args = argparse.Namespace(
-        config=[str(TINY)],
-        overrides=[],
-        presets="dapo",
-        seeds=1,
-        budget=3,
-        out=str(tmp_path),
-        target_delta=0.05,
-    )
-    plan = ablate_cli.make_plan(args)
+    plan = ablate_cli.make_plan(plan_args(tmp_path))
     monkeypatch.setattr(ablation.cells, "model_key", lambda cfg: "m1")
     cfg, _ = plan.cell_config("dapo", 0)
     _finish_cell(plan.cell_dir("dapo", 0), config_fingerprint(cfg, "m1"))
@@ -192,15 +189,7 @@ def test_a_finished_cell_is_reused_without_running_anything(
 
 
 def test_plan_orders_presets_as_the_table_and_rejects_unknown_ones(tmp_path: Path) -> None:
-    args = argparse.Namespace(
-        config=[str(TINY)],
-        overrides=[],
-        presets="dapo,naive-grpo",
-        seeds=2,
-        budget=None,
-        out=str(tmp_path),
-        target_delta=0.05,
-    )
+    args = plan_args(tmp_path, presets="dapo,naive-grpo", seeds=2, budget=None)
     plan = ablate_cli.make_plan(args)
     assert plan.presets == ["naive-grpo", "dapo"] and plan.seeds == [0, 1]
     assert plan.budget == load_config([TINY], environ={}).learner.total_steps
@@ -522,16 +511,7 @@ def test_target_from_train_starts_at_the_training_rewards_first_window(tmp_path:
 
 @pytest.mark.parametrize("level", [0.0, -0.1, 1.5, 28.4])
 def test_target_level_outside_zero_one_names_the_fix(tmp_path: Path, level: float) -> None:
-    args = argparse.Namespace(
-        config=[str(TINY)],
-        overrides=[],
-        presets="dapo",
-        seeds=1,
-        budget=3,
-        out=str(tmp_path),
-        target_delta=0.05,
-        target_level=level,
-    )
+    args = plan_args(tmp_path, target_level=level)
     with pytest.raises(SystemExit, match=r"--target-level .* give a fraction in \(0, 1\], e.g. 0.284"):
         ablate_cli.make_plan(args)
     plan = ablate_cli.make_plan(argparse.Namespace(**{**vars(args), "target_level": 0.284}))
