@@ -491,7 +491,7 @@ def _record_tiny_run(steps: int, small: bool = False) -> list[tuple[int, bytes]]
     ``small``: at the tests' pipeline sizes (4 prompts x 4 samples per rollout, not 16 x 8: the same
     model and optimizer, a quarter of the generation per version)."""
     from stream_dapo.runtime.ports import read_bound_ports
-    from stream_dapo.testing.services import port_overrides, tiny_overrides
+    from stream_dapo.testing.services import TINY_SIZES, port_overrides
     from stream_dapo.weights.zmq_chunks import connect_weight_server, fetch_weights_stream
 
     images: dict[int, bytes] = {}
@@ -543,10 +543,8 @@ def _record_tiny_run(steps: int, small: bool = False) -> list[tuple[int, bytes]]
             "--set",
             f"learner.total_steps={steps}",
         ]
-        sizes = tiny_overrides(Path("unused"), out) if small else port_overrides()
-        for item in sizes:
-            if not item.startswith(("model.path=", "run.out_dir=")):  # the recipe's model; out is set
-                argv += ["--set", item]
+        for item in [*(TINY_SIZES if small else []), *port_overrides()]:
+            argv += ["--set", item]
         try:
             subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL, env=dict(os.environ))
         finally:

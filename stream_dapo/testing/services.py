@@ -85,22 +85,23 @@ def wait_ports(out: Path, service: str, proc: Any, timeout_s: float = 300.0) -> 
     return wait_bound_ports(out, service, proc.poll, pid=proc.pid, timeout_s=timeout_s)
 
 
+TINY_SIZES = [
+    "algo.group_size=4",
+    "algo.max_response_len=64",
+    "algo.overlong_cache_len=16",
+    "algo.max_staleness=4",
+    "learner.rollout_batch_prompts=4",
+    "learner.mini_batch_samples=8",
+    "learner.checkpoint_every=2",
+    "generator.max_groups_in_flight=8",
+    "generator.kv_cache_gib=0.25",
+]
+"""The test pipeline's sizes: G=4, 4 prompts per rollout, 2 optimizer steps each."""
+
+
 def tiny_overrides(model: Path, out: Path) -> list[str]:
-    """A pipeline small enough for a test: G=4, 4 prompts per rollout, 2 optimizer steps each."""
-    return [
-        f"model.path={model}",
-        f'run.out_dir="{out}"',
-        "algo.group_size=4",
-        "algo.max_response_len=64",
-        "algo.overlong_cache_len=16",
-        "algo.max_staleness=4",
-        "learner.rollout_batch_prompts=4",
-        "learner.mini_batch_samples=8",
-        "learner.checkpoint_every=2",
-        "generator.max_groups_in_flight=8",
-        "generator.kv_cache_gib=0.25",
-        *port_overrides(),
-    ]
+    """A pipeline small enough for a test (TINY_SIZES) on `model`, writing to `out`, every port 0."""
+    return [f"model.path={model}", f'run.out_dir="{out}"', *TINY_SIZES, *port_overrides()]
 
 
 def admission_policy(**overrides: Any):  # -> stream_dapo.buffer.replay.AdmissionPolicy
