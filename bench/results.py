@@ -608,8 +608,7 @@ EXTERNAL = (
     ),
     (
         "The paper's findings on the real model (SmolLM2-135M, warm word-problem recipe): dynamic sampling "
-        "over 3 seeds, Clip-Higher 2 seeds, overlong filtering and soft punishment at a 48-token cap 3 seeds, "
-        "in progress",
+        "over 3 seeds, Clip-Higher 3 seeds, overlong filtering and soft punishment at a 48-token cap 3 seeds",
         "ablation-smollm2-warm/findings.md",
         "stream-dapo ablate --config configs/smollm2-words-warm-cpu.toml --presets dapo-all,no-dynamic-sampling "
         "--seeds 3 --budget 40 --out runs/findings-warm, then python -m bench.keep_ablation runs/findings-warm "
