@@ -662,6 +662,13 @@ EXTERNAL = (
         "--order trl,stream-dapo --work runs/peer-trl-smollm2/seed-0 --out docs/results/peer_trl_smollm2_seed0.json",
     ),
     (
+        "TRL peer comparison on the real model (SmolLM2-135M, word problems), seed 1",
+        "peer_trl_smollm2_seed1.json",
+        "flock /tmp/stream-dapo-cpu.lock python -m bench.studies.peer_trl --config configs/smollm2-words-wide-cpu.toml "
+        "--set learner.share_prompt=true --steps 400 --budget-s 3600 --eval-every 10 --grad-accum 4 --seed 1 "
+        "--order trl,stream-dapo --work runs/peer-trl-smollm2/seed-1 --out docs/results/peer_trl_smollm2_seed1.json",
+    ),
+    (
         "Weight deltas on or off in a real run on one machine (SmolLM2-135M fp32, loopback)",
         "weight_delta_run.json",
         "flock /tmp/stream-dapo-cpu.lock python -m bench.studies.weight_delta_run --set learner.share_prompt=true "
