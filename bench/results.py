@@ -442,6 +442,7 @@ def render_weight_sync(d: dict[str, Any]) -> str:
     for key, label in (
         ("smollm2_135m_gsm", "SmolLM2-135M, GSM-Symbolic run"),
         ("tiny_cpu", "tiny recipe run"),
+        ("synthetic", "synthetic state (--quick)"),
     ):
         if key not in changed:
             continue

@@ -26,7 +26,8 @@ Three parts, each under the project's CPU lock when run from bench/results.py:
   and cast to bf16, and the bytes a delta transfer actually sent (real `WeightServer` +
   `fetch_weights_stream` with the previous version as base): the SmolLM2-135M GSM-Symbolic run's
   versions 5, 6 and 7 (if runs/real-model is present), and a `stream-dapo run` of the tiny recipe
-  recorded live by a receiver that polls the learner's weight server.
+  recorded live by a receiver that polls the learner's weight server. At --quick sizes (the smoke
+  test), three versions of the transfer part's synthetic state instead: the same code path, no run.
 
 Not shown: more than one receiver (the learner's egress grows with N generators without fan-out:
 bench/perf/weight_fanout.py measures it with and without relays), a real network (loopback has no bandwidth limit; deltas pay more on
@@ -486,12 +487,10 @@ def _real_model_versions() -> list[tuple[int, bytes]]:
     return images
 
 
-def _record_tiny_run(steps: int, small: bool = False) -> list[tuple[int, bytes]]:
-    """Run the tiny recipe for ``steps`` optimizer steps and take every version its learner publishes;
-    ``small``: at the tests' pipeline sizes (4 prompts x 4 samples per rollout, not 16 x 8: the same
-    model and optimizer, a quarter of the generation per version)."""
+def _record_tiny_run(steps: int) -> list[tuple[int, bytes]]:
+    """Run the tiny recipe for ``steps`` optimizer steps and take every version its learner publishes."""
     from stream_dapo.runtime.ports import read_bound_ports
-    from stream_dapo.testing.services import TINY_SIZES, port_overrides
+    from stream_dapo.testing.services import port_overrides
     from stream_dapo.weights.zmq_chunks import connect_weight_server, fetch_weights_stream
 
     images: dict[int, bytes] = {}
@@ -543,7 +542,7 @@ def _record_tiny_run(steps: int, small: bool = False) -> list[tuple[int, bytes]]
             "--set",
             f"learner.total_steps={steps}",
         ]
-        for item in [*(TINY_SIZES if small else []), *port_overrides()]:
+        for item in port_overrides():
             argv += ["--set", item]
         try:
             subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL, env=dict(os.environ))
@@ -555,13 +554,23 @@ def _record_tiny_run(steps: int, small: bool = False) -> list[tuple[int, bytes]]
 
 
 def measure_changed_bytes(quick: bool = False) -> dict[str, Any]:
+    from stream_dapo.weights import serialize_weights
+
     result: dict[str, Any] = {}
     # The real model's published versions, when a real-model run left them here: 538 MB each, read
     # whole (about 8 GB resident for one run's cache), so not in the quick (smoke-test) pass.
     real = [] if quick else _real_model_versions()
     if len(real) >= 2:
         result["smollm2_135m_gsm"] = {"versions": [v for v, _ in real], **_changes(real)}
-    tiny = _record_tiny_run(4 if quick else 12, small=quick)
+    if quick:
+        # The smoke-test pass: the transfer's synthetic state, three versions, through the same
+        # server, receiver and byte counts; a recorded run of the tiny recipe (a whole pipeline's
+        # start-up, most of this section's minute) is the full pass's.
+        base = synthetic_base(8)
+        versions = [(v, serialize_weights(version_of(base, v), v).data) for v in range(3)]
+        result["synthetic"] = {"versions": [v for v, _ in versions], **_changes(versions)}
+        return result
+    tiny = _record_tiny_run(12)
     consecutive = [(a, b) for (a, _), (b, _) in zip(tiny, tiny[1:], strict=False) if b == a + 1]
     result["tiny_cpu"] = {
         "versions": [v for v, _ in tiny],
