@@ -69,13 +69,19 @@ class WeightsPayload:
 
 
 def serialize_weights(state_dict: Mapping[str, Tensor], version: int) -> WeightsPayload:
-    """Safetensors bytes of ``state_dict`` (tensors moved to CPU, made contiguous) + sha256."""
+    """Safetensors bytes of ``state_dict`` (tensors moved to CPU, made contiguous) + sha256.
+
+    The bytes are a function of the state alone: the same state gives the same bytes and checksum
+    whatever its version (which travels beside them, in ``WeightsPayload`` and every manifest). The
+    header's metadata is one key, the ``format`` transformers checks: safetensors writes metadata
+    keys in hash-map order, so a second key (the version, until it moved out) let the same state's
+    header come out in either order."""
     from safetensors.torch import save
 
     if version < 0:
         raise ValueError(f"version must be >= 0, got {version}")
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
-    data = save(tensors, metadata={"format": "pt", "stream_dapo_version": str(version)})
+    data = save(tensors, metadata={"format": "pt"})
     return WeightsPayload(version, data, hashlib.sha256(data).hexdigest(), len(tensors))
 
 

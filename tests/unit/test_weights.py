@@ -409,3 +409,20 @@ def test_delta_auto_is_off_towards_a_learner_on_this_machine_and_on_towards_anot
             assert isinstance(publisher, WeightServer) and publisher.delta is served
         finally:
             publisher.close()
+
+
+def test_an_image_is_a_function_of_the_state_alone() -> None:
+    # The version travels beside the bytes, never in them: the same state published as two versions
+    # is the same image and checksum (a version that changed nothing costs a delta receiver nothing),
+    # and the header's metadata is the one key transformers checks.
+    sd = gather_full_state_dict(tiny_model(0))
+    assert sd is not None
+    first, again = serialize_weights(sd, 1), serialize_weights(sd, 2)
+    assert (first.version, again.version) == (1, 2)
+    assert first.data == again.data and first.checksum == again.checksum
+    header_len = int.from_bytes(first.data[:8], "little")
+    assert json.loads(first.data[8 : 8 + header_len])["__metadata__"] == {"format": "pt"}
+    changed = dict(sd)
+    name = next(iter(changed))
+    changed[name] = changed[name] + 1.0
+    assert serialize_weights(changed, 1).checksum != first.checksum
