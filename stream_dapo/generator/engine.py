@@ -371,6 +371,7 @@ class RolloutEngine:
         from stream_dapo.generator.vllm_utils import (
             apply_cpu_env,
             apply_engine_process_env,
+            engine_tempdir,
             is_cpu_platform,
             private_ipc_dir,
             vllm_engine_kwargs,
@@ -400,7 +401,8 @@ class RolloutEngine:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         t0 = time.perf_counter()
-        engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        with engine_tempdir():
+            engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
         seconds = time.perf_counter() - t0
         logger.info("vLLM engine for %s started in %.1f s", path, seconds)
         return cls(

