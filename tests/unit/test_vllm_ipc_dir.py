@@ -88,9 +88,8 @@ def test_vllm_binds_its_sockets_there_and_nothing_is_left_after_exit(short_tmp: 
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert Path(seen["dir"]).parent == short_tmp
     assert seen["path"].startswith(f"ipc://{seen['dir']}/")
-    assert sorted(seen["files"]) == sorted(
-        [OWNER_FILE, seen["path"].rsplit("/", 1)[1]]
-    )  # the socket was there
+    socket = seen["path"].rsplit("/", 1)[1]
+    assert sorted(seen["files"]) == sorted([OWNER_FILE, socket])  # the socket was there
     assert not Path(seen["dir"]).exists()  # and went with the process
     assert [p for p in short_tmp.iterdir() if p.is_socket()] == []  # none in the temp directory
 
