@@ -206,7 +206,69 @@ class WordProblemsConfig(_CachedDataSection):
         return Path(self.dir) / f"word-problems-{self.cache_key()}"
 
 
+_SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class SourceConfig(_Section):
+    """One data source of a run (`[[data.sources]]`): its rows, its reward and its share of the prompts."""
+
+    name: str
+    """The source's name: the `source` label of its metrics, its key in the run report and in the
+    prompt position files. Letters, digits, `_`, `.` and `-`."""
+    train_path: str
+    """Training rows in verl's (DAPO-Math-17k's) schema, .parquet or .jsonl."""
+    eval_path: str | None = None
+    """Held-out rows of this source for `stream-dapo eval` and the run's before/after eval."""
+    data_source: list[str] | None = None
+    """Keep only the rows of train_path (and eval_path) whose `data_source` is one of these (two
+    sources may share one file, split by the field). None: every row of the file."""
+    reward: str = "math"
+    """math (the built-in verifier, +1 / -1), math-verify, code (the program in the response run
+    against the row's tests in the sandbox, see [verifier.code]), or a user's function
+    `python:path/to/file.py:name`, `path/to/file.py:name` or `package.module:name` with verl's
+    signature compute_score(data_source, solution_str, ground_truth, extra_info) -> float or dict
+    with "score"."""
+    weight: float = Field(1.0, gt=0.0)
+    """This source's share of the prompts started: weight / (sum of all weights), exactly over every
+    window (a deterministic interleaving, see stream_dapo/data/mixing.py)."""
+    max_response_len: int | None = Field(None, ge=1)
+    """This source's response token budget (and its soft overlong punishment's L_max); None:
+    algo.max_response_len, which must be at least as large."""
+    failure_score: float = -1.0
+    """The reward of a sample whose reward could not be computed (timeout, crash, exception, NaN,
+    non-number) and of a failed program under `code`. The default is the minimum of DAPO's +1 / -1;
+    set it to your reward's minimum."""
+    correct_threshold: float | None = None
+    """A score at or above this counts as correct (accuracy, the run report). None: the built-ins'
+    own verdict (math: the answer matches; code: every test passed); a user's function: score > 0."""
+    timeout_s: float | None = Field(None, gt=0.0)
+    """Wall-clock limit of one reward call; None: verifier.timeout_s (code: verifier.code.wall_s
+    times the row's test count bound, see [verifier.code])."""
+    partial_credit: bool = False
+    """code only: the fraction of the row's tests that passed instead of 1 / failure_score."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SourceConfig:
+        from stream_dapo.rewards.spec import parse_reward
+
+        if not _SOURCE_NAME_RE.match(self.name):
+            raise ValueError(
+                f"data.sources name {self.name!r}: use 1-63 letters, digits, '_', '.' or '-' (it labels metrics)"
+            )
+        parse_reward(self.reward, setting=f"data.sources[{self.name}].reward")
+        if self.partial_credit and self.reward != "code":
+            raise ValueError(
+                f"data.sources[{self.name}].partial_credit is for reward = 'code'; a user's function "
+                "returns its own partial scores"
+            )
+        return self
+
+
 class DataConfig(_Section):
+    sources: list[SourceConfig] = []
+    """Several data sources in one run, each with its rows, reward, weight and budget; see
+    docs/your-task.md. Empty: one source named "default" from train_path / eval_path (or the
+    synthetic task) with the math verifier (verifier.backend)."""
     train_path: str | None = None
     """Training prompts in the DAPO-Math-17k schema (.parquet or .jsonl). None: the synthetic task,
     written to `run.out_dir/data/` on first use."""
@@ -227,10 +289,25 @@ class DataConfig(_Section):
     (before data.gsm_symbolic's, which then serves [sft] with sft.data = "gsm_symbolic" and the
     transfer evals)."""
 
+    @model_validator(mode="after")
+    def _one_way_to_name_data(self) -> DataConfig:
+        if not self.sources:
+            return self
+        given = [key for key in ("train_path", "eval_path", "gsm_symbolic", "word_problems") if getattr(self, key)]
+        if given:
+            raise ValueError(
+                f"data.sources is set, and so is data.{given[0]}: with sources, each one names its own "
+                "train_path and eval_path; move the file into a [[data.sources]] entry or drop data.sources"
+            )
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"data.sources names must be unique, got {names}")
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _source_paths(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
+        if not isinstance(data, dict) or data.get("sources"):
             return data
         for key, section in (("word_problems", WordProblemsConfig), ("gsm_symbolic", GsmSymbolicConfig)):
             source = data.get(key)
@@ -334,6 +411,29 @@ class AlgoConfig(_Section):
         return from_section(RewardShaping, self)
 
 
+class CodeSandboxConfig(_Section):
+    isolation: Literal["namespaces", "rlimits"] = "namespaces"
+    """namespaces: every program in bubblewrap's Linux namespaces (no network, a read-only view of
+    only the interpreter, a private /tmp, its own pid namespace) plus the limits below; a run refuses
+    to start where they are unavailable. rlimits: a plain subprocess with the limits only (it can
+    read the host's files and open sockets): an explicit opt-in, warned about at every start."""
+    extract: Literal["last_block", "whole"] = "last_block"
+    """Which program is run: the response's last fenced ```python block, or the whole response."""
+    cpu_s: float = Field(5.0, gt=0.0)
+    """CPU seconds of one program run (one test case for stdin/stdout tests)."""
+    wall_s: float = Field(10.0, gt=0.0)
+    """Wall seconds of one program run."""
+    memory_mb: int = Field(512, ge=16)
+    """Address-space limit of one program run, in MiB."""
+    max_processes: int = Field(16, ge=1)
+    """Processes one program run may have at once (a fork bomb stops there)."""
+    output_bytes: int = Field(1_000_000, ge=1024)
+    """Bytes of stdout + stderr kept from one run; more kills the run."""
+    max_cases: int = Field(16, ge=1, le=1000)
+    """stdin/stdout test cases run per row (the first ones); the reward call's timeout is
+    wall_s * max_cases + 5 s unless the source sets timeout_s."""
+
+
 class VerifierConfig(_Section):
     workers: int = Field(1, ge=1, le=256)
     """Verifier worker processes per generator."""
@@ -343,6 +443,8 @@ class VerifierConfig(_Section):
     """Responses longer than this are scored -1 without parsing."""
     pattern: str | None = None
     """Optional regex with one capture group that extracts the answer (instead of `Answer:`/boxed)."""
+    code: CodeSandboxConfig = CodeSandboxConfig()
+    """The sandbox of the `code` reward (data.sources' reward = "code")."""
     backend: Literal["builtin", "math-verify"] = "builtin"
     """Equivalence checker after extraction. builtin: the safe parser (nothing in model text is
     executed). math-verify: Hugging Face's Math-Verify (`pip install -e '.[math-verify]'`), in the same
@@ -833,6 +935,19 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _cross_section(self) -> Config:
+        for source in self.data.sources:
+            budget = source.max_response_len
+            if budget is not None and budget > self.algo.max_response_len:
+                raise ValueError(
+                    f"data.sources[{source.name}].max_response_len ({budget}) is above "
+                    f"algo.max_response_len ({self.algo.max_response_len}), the engine's and the learner's "
+                    "budget; raise algo.max_response_len to the largest source's budget"
+                )
+            if budget is not None and self.algo.soft_overlong and self.algo.overlong_cache_len >= budget:
+                raise ValueError(
+                    f"data.sources[{source.name}].max_response_len ({budget}) must be above "
+                    f"algo.overlong_cache_len ({self.algo.overlong_cache_len}), the soft punishment's window"
+                )
         g = self.algo.group_size
         mb = self.learner.mini_batch_samples
         rollout = self.learner.rollout_batch_prompts * g

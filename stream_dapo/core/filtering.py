@@ -4,6 +4,9 @@ With group-relative advantages, a group whose samples are all correct or all wro
 everywhere and so contributes nothing but noise to the batch size. The decision uses the verifier's
 accuracy, never the shaped reward: overlong shaping can make an all-correct group's rewards differ,
 which would let a useless group through.
+
+For any real-valued reward the same holds of its scores (before shaping): ``score_filter`` keeps a
+group iff its scores are not all equal. For DAPO's +1 / -1 that is exactly 0 < #correct < G.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from enum import StrEnum
 
 import numpy as np
 
-__all__ = ["FilterDecision", "FilterReason", "dynamic_sampling_filter"]
+__all__ = ["FilterDecision", "FilterReason", "dynamic_sampling_filter", "score_filter"]
 
 
 class FilterReason(StrEnum):
@@ -68,5 +71,42 @@ def dynamic_sampling_filter(correct: np.ndarray, enabled: bool = True) -> Filter
         reason = FilterReason.ALL_CORRECT
     else:
         reason = FilterReason.MIXED
+    keep = reason is FilterReason.MIXED or not enabled
+    return FilterDecision(keep=keep, reason=reason, num_correct=num_correct, group_size=group_size)
+
+
+def score_filter(scores: np.ndarray, correct: np.ndarray, enabled: bool = True) -> FilterDecision:
+    """Keep a group iff its ``scores`` are not all equal (when ``enabled``); else keep it and report.
+
+    Args:
+        scores: [G] finite floats, the reward's score per sample, before any shaping.
+        correct: [G] bool, whether each score counts as correct (accuracy and the group's class).
+        enabled: dynamic sampling on.
+
+    The class: "mixed" when the scores differ; for equal scores "all_correct" when every one counts
+    as correct, else "all_wrong" (equal scores below the bar, or a reward whose verdict is not a
+    function of its score). For +1 / -1 scores this is ``dynamic_sampling_filter(correct)``.
+    """
+    values = np.asarray(scores, dtype=np.float64)
+    verdict = np.asarray(correct)
+    if values.ndim != 1 or verdict.shape != values.shape:
+        raise ValueError(
+            f"scores and correct must be 1-D of the same length (one prompt's group), got shapes "
+            f"{values.shape} and {verdict.shape}"
+        )
+    if values.size == 0:
+        raise ValueError("empty group: dynamic sampling needs at least one sample per prompt")
+    if not np.isfinite(values).all():
+        raise ValueError("scores contain NaN or inf; the verifier pool maps those to the failure score")
+    if verdict.dtype != np.bool_:
+        raise TypeError(f"correct must be bool, got dtype {verdict.dtype}")
+    group_size = int(values.size)
+    num_correct = int(verdict.sum())
+    if not (values == values[0]).all():
+        reason = FilterReason.MIXED
+    elif num_correct == group_size:
+        reason = FilterReason.ALL_CORRECT
+    else:
+        reason = FilterReason.ALL_WRONG
     keep = reason is FilterReason.MIXED or not enabled
     return FilterDecision(keep=keep, reason=reason, num_correct=num_correct, group_size=group_size)

@@ -28,6 +28,7 @@ __all__ = [
     "outcome_rewards",
     "overlong_filter_mask",
     "shape_rewards",
+    "shape_scores",
     "soft_overlong_penalty",
 ]
 
@@ -188,15 +189,38 @@ def shape_rewards(
             "correct, lengths and truncated must be 1-D arrays of the same length (one entry per "
             f"sample); got shapes {ok.shape}, {lens.shape}, {cut.shape}"
         )
-    outcome = outcome_rewards(ok)
+    return shape_scores(outcome_rewards(ok), lens, cut, shaping)
+
+
+def shape_scores(
+    scores: np.ndarray, lengths: np.ndarray, truncated: np.ndarray, shaping: RewardShaping
+) -> ShapedRewards:
+    """Any real-valued reward plus the enabled overlong shaping (``shape_rewards`` for +1 / -1).
+
+    Args:
+        scores: [S] finite floats, the source's reward per sample (a user's function, a code reward).
+        lengths: [S] response lengths in tokens.
+        truncated: [S] bool, True where generation stopped at the length limit.
+        shaping: the switches and parameters.
+    """
+    outcome = np.asarray(scores, dtype=np.float32)
+    cut = _as_bool_array(truncated, "truncated")
+    lens = np.asarray(lengths)
+    if outcome.ndim != 1 or lens.shape != outcome.shape or cut.shape != outcome.shape:
+        raise ValueError(
+            "scores, lengths and truncated must be 1-D arrays of the same length (one entry per "
+            f"sample); got shapes {outcome.shape}, {lens.shape}, {cut.shape}"
+        )
+    if not np.isfinite(outcome).all():
+        raise ValueError("scores contain NaN or inf; the verifier pool maps those to the failure score")
     if shaping.soft_overlong:
         penalty = soft_overlong_penalty(
             lens, shaping.max_response_len, shaping.overlong_cache_len, shaping.overlong_factor
         )
     else:
-        penalty = np.zeros(ok.shape, dtype=np.float32)
+        penalty = np.zeros(outcome.shape, dtype=np.float32)
     if shaping.overlong_filter:
         loss_mask = overlong_filter_mask(cut)
     else:
-        loss_mask = np.ones(ok.shape, dtype=np.float32)
+        loss_mask = np.ones(outcome.shape, dtype=np.float32)
     return ShapedRewards(rewards=(outcome + penalty).astype(np.float32), loss_mask=loss_mask, penalty=penalty)

@@ -82,6 +82,10 @@ class PromptItem:
     data_source: str
     extra_info: dict[str, Any] = field(default_factory=dict)
     """The row's ``extra_info`` (the synthetic task keeps its worked solution here)."""
+    source: str = "default"
+    """The run's data source this prompt belongs to (``[[data.sources]]`` name): it picks the reward."""
+    max_response_len: int | None = None
+    """The source's response budget; None: the run's ``algo.max_response_len``."""
 
 
 @dataclass
@@ -313,10 +317,13 @@ class LazyPrompts(Sequence[PromptItem | None]):
         max_prompt_len: int,
         *,
         progress: Callable[[int, float], None] | None = None,
+        data_sources: Iterable[str] | None = None,
     ) -> None:
         if max_prompt_len < 1:
             raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
         self.path = Path(path)
+        self.data_sources = None if data_sources is None else frozenset(data_sources)
+        """Keep only rows whose ``data_source`` is one of these (None: every row)."""
         self._tokenizer = tokenizer
         self.max_prompt_len = max_prompt_len
         self.stats = LoadStats()
@@ -332,13 +339,18 @@ class LazyPrompts(Sequence[PromptItem | None]):
         self.stats.rows = len(pids)
         self.stats.duplicates = len(pids) - len(first)
         if self._parquet:
-            locators = self._keep_rows(first)
+            locators = self._keep_rows(locators[first])
         else:
             locators = locators[first]
         self._locators: np.ndarray = locators
         self._too_long = np.zeros(len(first), dtype=bool)
         self._file: Any = None
         if self.stats.rows == 0:
+            if self.data_sources is not None:
+                raise SchemaError(
+                    f"{self.path}: no row has data_source in {sorted(self.data_sources)}; fix the "
+                    "source's data_source list (or the file)"
+                )
             raise SchemaError(f"{self.path}: no rows; {SCHEMA_HELP}")
         log.info(
             "%s: %d rows indexed in %.1f s, %d duplicates, %d distinct prompts (tokenized as they are "
@@ -390,6 +402,8 @@ class LazyPrompts(Sequence[PromptItem | None]):
         reported = time.monotonic()
         for n, (locator, row, fraction) in enumerate(self._rows(), 1):
             messages, gold = _parse_row(row, f"{self.path}: row {n}")
+            if self.data_sources is not None and _data_source_of(row, self.path) not in self.data_sources:
+                continue
             pids.append(int(prompt_id_of(messages), 16))
             golds.append(int(hashlib.sha256(gold.encode()).hexdigest()[:16], 16))
             locators.append(locator)
@@ -402,13 +416,14 @@ class LazyPrompts(Sequence[PromptItem | None]):
             np.frombuffer(locators, dtype=np.int64),
         )
 
-    def _keep_rows(self, first: np.ndarray) -> np.ndarray:
-        """Parquet: a second pass keeping the first row of each distinct prompt as compact JSON."""
-        keep = np.zeros(self.stats.rows, dtype=bool)
-        keep[first] = True
+    def _keep_rows(self, first_rows: np.ndarray) -> np.ndarray:
+        """Parquet: a second pass keeping the first row of each distinct prompt as compact JSON
+        (``first_rows``: their row numbers in the file)."""
+        keep = np.zeros(int(first_rows.max(initial=-1)) + 1, dtype=bool)
+        keep[first_rows] = True
         offsets: list[int] = []
         for index, row, _ in self._rows():
-            if keep[index]:
+            if index < len(keep) and keep[index]:
                 offsets.append(len(self._store))
                 self._store += _compact_row(row)
         offsets.append(len(self._store))
@@ -444,7 +459,7 @@ class LazyPrompts(Sequence[PromptItem | None]):
             messages=messages,
             prompt_token_ids=ids,
             gold=gold,
-            data_source=str(row.get("data_source") or self.path.stem),
+            data_source=_data_source_of(row, self.path),
             extra_info=dict(extra) if isinstance(extra, dict) else {},
         )
 
@@ -462,6 +477,11 @@ class LazyPrompts(Sequence[PromptItem | None]):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _data_source_of(row: dict[str, Any], path: Path) -> str:
+    """A row's ``data_source``, or the file's name without its suffix when the row has none."""
+    return str(row.get("data_source") or path.stem)
 
 
 def _compact_row(row: dict[str, Any]) -> bytes:

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
+from stream_dapo.data.sources import DEFAULT_SOURCE
 from stream_dapo.generator.rollout import FinishedGroup, FinishedSample
 from stream_dapo.generator.worker_ext import WORKER_EXTENSION
 
@@ -269,6 +270,9 @@ class GroupAssembler:
             created_at=state.created_at,
             samples=[s.finished for s in state.samples if s.finished is not None],
             start_version=state.start_version,
+            source=getattr(prompt, "source", DEFAULT_SOURCE),
+            data_source=getattr(prompt, "data_source", ""),
+            extra_info=getattr(prompt, "extra_info", None) or {},
         )
 
 
@@ -445,9 +449,10 @@ class RolloutEngine:
         gid = group_id or uuid.uuid4().hex
         if not prompt.prompt_token_ids:
             raise ValueError(f"prompt {prompt.prompt_id} has no tokens")
+        budget = getattr(prompt, "max_response_len", None) or self.max_response_len
         params = SamplingParams(
             n=1,
-            max_tokens=self.max_response_len,
+            max_tokens=min(budget, self.max_response_len),
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,

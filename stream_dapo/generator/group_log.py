@@ -44,6 +44,10 @@ class GroupRecord:
     truncated: int
     outcome: str
     kept: bool
+    source: str = "default"
+    """The run's data source of the prompt."""
+    mean_score: float | None = None
+    """The mean of the group's scores before shaping (its reward's own scale)."""
 
     def line(self, t: float) -> str:
         return json.dumps({"t": round(t, 3), **asdict(self)}, separators=(",", ":")) + "\n"

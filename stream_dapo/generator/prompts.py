@@ -86,8 +86,11 @@ class PromptCursor:
 
     def stream(self, prompts: Any) -> PromptStream:
         """The shard's stream, resumed from the saved position when it fits this layout."""
+        return self.stream_at(prompts, self.load())
+
+    def stream_at(self, prompts: Any, state: StreamState | None) -> PromptStream:
+        """The shard's stream from ``state`` (None: epoch 0); a state beyond the shard is ignored."""
         lay = self.layout
-        state = self.load()
         try:
             return PromptStream(
                 prompts, seed=lay.seed, num_shards=lay.num_shards, shard_index=lay.shard_index, state=state
@@ -113,3 +116,76 @@ class PromptCursor:
             self._saved = state
         except OSError as exc:
             log.warning("cannot save the prompt position to %s: %s", self.path, exc)
+
+
+class MixCursor:
+    """Loads and saves one generator's position in a mix of several sources (``MixedStream``).
+
+    The file holds each source's layout and ``StreamState`` and the mix's counts per source. A
+    source whose layout changed (other data, seed or shard count) starts its shard at epoch 0, with a
+    log line, and the others continue; the counts are kept only when the sources are the same ones,
+    else the mix starts over (its proportions hold from there).
+    """
+
+    def __init__(self, path: Path, layouts: dict[str, ShardLayout]) -> None:
+        self.path = path
+        self.layouts = layouts
+        self._saved_at = float("-inf")
+        self._saved: Any = None
+
+    def load(self) -> Any:
+        """The saved ``MixState`` fitted to these layouts, or None."""
+        from stream_dapo.data.mixing import MixState
+
+        try:
+            doc = json.loads(self.path.read_text())
+            saved = doc["sources"]
+            counts = {name: int(n) for name, n in doc["counts"].items()}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("ignoring the prompt positions in %s (%s): starting every source at epoch 0", self.path, exc)
+            return None
+        streams: dict[str, StreamState] = {}
+        for name, layout in self.layouts.items():
+            entry = saved.get(name) if isinstance(saved, dict) else None
+            if not isinstance(entry, dict) or entry.get("layout") != asdict(layout):
+                log.info("source %s: no saved position for this data, seed and shard count: epoch 0", name)
+                continue
+            streams[name] = StreamState(int(entry["epoch"]), int(entry["position"]))
+            log.info("source %s: continuing at epoch %d, position %d", name, *asdict(streams[name]).values())
+        if set(counts) != set(self.layouts):
+            counts = {}
+        return MixState(counts=counts, streams=streams)
+
+    def stream(self, prompts: dict[str, Any], weights: dict[str, float], budgets: dict[str, int | None]) -> Any:
+        """The ``MixedStream`` over every source's shard, resumed where it fits."""
+        from stream_dapo.data.mixing import MixedStream
+
+        state = self.load()
+        streams = {}
+        for name, layout in self.layouts.items():
+            one = PromptCursor(self.path, layout)
+            resumed = None if state is None else state.streams.get(name)
+            streams[name] = one.stream_at(prompts[name], resumed)
+        return MixedStream(streams, weights, budgets=budgets, state=state)
+
+    def save(self, state: Any, *, force: bool = False) -> None:
+        """Write the positions (at most every SAVE_EVERY_S unless `force`); a failure is logged."""
+        now = time.monotonic()
+        if state == self._saved or (not force and now - self._saved_at < SAVE_EVERY_S):
+            return
+        self._saved_at = now
+        doc = {
+            "counts": state.counts,
+            "sources": {
+                name: {"layout": asdict(self.layouts[name]), **asdict(stream)}
+                for name, stream in state.streams.items()
+            },
+        }
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.path, json.dumps(doc))
+            self._saved = state
+        except OSError as exc:
+            log.warning("cannot save the prompt positions to %s: %s", self.path, exc)

@@ -2,10 +2,12 @@
 
 The order follows DESIGN.md and the paper:
 
-1. verify every response against the gold answer (the ``VerifierPool``: timeouts score -1);
-2. dynamic sampling decides on *accuracy*, before any shaping: keep iff 0 < #correct < G;
-3. only for a kept group: outcome reward plus soft overlong punishment, the overlong-filter mask,
-   and group-relative advantages over the shaped rewards;
+1. score every response with its source's reward (the ``VerifierPool``: DAPO's +1 / -1 for math, a
+   user's real-valued score, a code reward; a timeout or failure scores the reward's failure_score);
+2. dynamic sampling decides on the scores, before any shaping: keep iff they are not all equal
+   (for +1 / -1 that is 0 < #correct < G; any group of equal scores carries no gradient);
+3. only for a kept group: the score plus the source's soft overlong punishment, the overlong-filter
+   mask, and group-relative advantages over the shaped rewards;
 4. pack arrays with the wire dtypes (int32 tokens and versions, float32 log-probs).
 
 Everything here is plain data in, plain data out (the verifier is passed in), so it is unit-tested with
@@ -14,19 +16,22 @@ hand-made groups and no vLLM.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from stream_dapo.config import AlgoConfig, from_section
 from stream_dapo.core.advantages import compute_group_advantages
-from stream_dapo.core.filtering import FilterDecision, dynamic_sampling_filter
-from stream_dapo.core.rewards import RewardShaping, shape_rewards
+from stream_dapo.core.filtering import FilterDecision, score_filter
+from stream_dapo.core.rewards import RewardShaping, shape_scores
+from stream_dapo.data.sources import DEFAULT_SOURCE
 from stream_dapo.transport.messages import Group, Sample
 from stream_dapo.verifier.core import VerifyResult
+from stream_dapo.verifier.pool import ScoreItem
 
 __all__ = [
     "ADVANTAGE_EPS",
@@ -84,6 +89,12 @@ class FinishedGroup:
     samples: list[FinishedSample]
     start_version: int = 0
     """Policy version when the group was started (its first tokens' version)."""
+    source: str = DEFAULT_SOURCE
+    """The run's data source of the prompt: it names the reward and labels the figures."""
+    data_source: str = ""
+    """The row's ``data_source`` (verl's first reward argument)."""
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    """The row's ``extra_info`` (verl's fourth reward argument)."""
 
     @property
     def longest(self) -> int:
@@ -106,21 +117,35 @@ class FinishedGroup:
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    """The recipe switches post-processing needs (a view of ``AlgoConfig``)."""
+    """The recipe switches post-processing needs (a view of ``AlgoConfig``).
+
+    ``shaping`` is the run's overlong shaping; ``source_shaping`` the same with another L_max for
+    each source that sets its own ``max_response_len``.
+    """
 
     shaping: RewardShaping
     dynamic_sampling: bool = True
     adv_scale_by_std: bool = True
+    source_shaping: dict[str, RewardShaping] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, algo: AlgoConfig) -> RolloutSettings:
-        return from_section(cls, algo, shaping=algo.shaping)
+    def from_config(cls, algo: AlgoConfig, budgets: dict[str, int | None] | None = None) -> RolloutSettings:
+        """From ``[algo]``; ``budgets``: each source's max_response_len (None: the run's)."""
+        per_source = {
+            name: dataclasses.replace(algo.shaping, max_response_len=budget)
+            for name, budget in (budgets or {}).items()
+            if budget is not None and budget != algo.max_response_len
+        }
+        return from_section(cls, algo, shaping=algo.shaping, source_shaping=per_source)
+
+    def shaping_of(self, source: str) -> RewardShaping:
+        return self.source_shaping.get(source, self.shaping)
 
 
 class Verifier(Protocol):
     """What ``process_group`` needs of ``stream_dapo.verifier.VerifierPool``."""
 
-    def verify_batch(self, items: Sequence[tuple[str, str]]) -> list[VerifyResult]: ...
+    def score_batch(self, items: Sequence[ScoreItem]) -> list[VerifyResult]: ...
 
 
 @dataclass
@@ -142,6 +167,11 @@ class GroupOutcome:
     start_version: int = 0
     truncated: int = 0
     """Samples cut at max_response_len."""
+    source: str = DEFAULT_SOURCE
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    """The reward's score of every sample, before shaping (also for a dropped group)."""
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Response tokens of every sample."""
 
     @property
     def accepted(self) -> bool:
@@ -171,8 +201,10 @@ def build_group(
                 f"({len(s)}, {s.logprobs.shape[0]}, {s.versions.shape[0]})"
             )
     correct = np.array([r.correct for r in results], dtype=bool)
+    scores = np.array([r.reward for r in results], dtype=np.float64)
     truncated = np.array([s.truncated for s in samples], dtype=bool)
-    decision = dynamic_sampling_filter(correct, enabled=settings.dynamic_sampling)
+    lengths = np.array([len(s) for s in samples], dtype=np.int64)
+    decision = score_filter(scores, correct, enabled=settings.dynamic_sampling)
     outcome = GroupOutcome(
         decision=decision,
         results=list(results),
@@ -181,12 +213,14 @@ def build_group(
         prompt_id=finished.prompt_id,
         start_version=finished.start_version,
         truncated=int(truncated.sum()),
+        source=finished.source,
+        scores=scores.astype(np.float32),
+        lengths=lengths,
     )
     if not decision.keep:
         return outcome
 
-    lengths = np.array([len(s) for s in samples], dtype=np.int64)
-    shaped = shape_rewards(correct, lengths, truncated, settings.shaping)
+    shaped = shape_scores(scores, lengths, truncated, settings.shaping_of(finished.source))
     advantages = compute_group_advantages(
         shaped.rewards, scale_by_std=settings.adv_scale_by_std, eps=ADVANTAGE_EPS
     )
@@ -219,9 +253,15 @@ def build_group(
 def process_group(
     finished: FinishedGroup, verifier: Verifier, settings: RolloutSettings, generator_id: str
 ) -> GroupOutcome:
-    """Verify a finished group's responses, then ``build_group``. Safe to run on a worker thread."""
+    """Score a finished group's responses with its source's reward, then ``build_group``. Safe to
+    run on a worker thread."""
     start = time.perf_counter()
-    results = verifier.verify_batch([(s.text, finished.gold) for s in finished.samples])
+    results = verifier.score_batch(
+        [
+            ScoreItem(finished.source, s.text, finished.gold, finished.data_source, finished.extra_info)
+            for s in finished.samples
+        ]
+    )
     seconds = time.perf_counter() - start
     outcome = build_group(finished, results, settings, generator_id)
     outcome.verify_seconds = seconds

@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stream_dapo.config import Config
-from stream_dapo.generator.prompts import PromptCursor, ShardLayout
+from stream_dapo.config.sources import data_sources
+from stream_dapo.generator.prompts import MixCursor, PromptCursor, ShardLayout
 from stream_dapo.generator.rollout import RolloutSettings
 from stream_dapo.generator.service import GeneratorService, GeneratorSettings, StartupError
+from stream_dapo.rewards.probe import warn_weak_sandbox
 from stream_dapo.weights.factory import make_source, shared_dir_path
 
 if TYPE_CHECKING:
     from stream_dapo.data.dataset import PromptItem, PromptStream
+    from stream_dapo.data.mixing import MixedStream
     from stream_dapo.generator.engine import RolloutEngine
     from stream_dapo.verifier import VerifierPool
     from stream_dapo.weights.base import RelayMetrics, WeightSource
@@ -44,7 +47,9 @@ def generator_settings(cfg: Config, index: int = 0) -> GeneratorSettings:
         generator_lease_s=cfg.buffer.generator_lease_s,
         weights_method=cfg.weights.method,
         shared_dir=shared_dir_path(cfg),
-        rollout=RolloutSettings.from_config(cfg.algo),
+        rollout=RolloutSettings.from_config(
+            cfg.algo, budgets={source.name: source.max_response_len for source in data_sources(cfg)}
+        ),
         admission=cfg.admission,
     )
 
@@ -82,7 +87,10 @@ class ConfiguredCollaborators:
     def load_prompts(self, alive: Callable[[], None]) -> tuple[PromptStream, PromptCursor]:
         """data.train_path (or the synthetic task), indexed in one pass and tokenized as served, so
         that this generator tokenizes only its shard's prompts; the position is kept in
-        run.out_dir/generators/<generator id>.prompts.json."""
+        run.out_dir/generators/<generator id>.prompts.json. With [[data.sources]]: every source's
+        file the same way, mixed by weight, the positions in <generator id>.sources.json."""
+        if self.cfg.data.sources:
+            return self._load_sources(alive)  # type: ignore[return-value]
         from transformers import AutoTokenizer
 
         from stream_dapo.data.dataset import LazyPrompts
@@ -109,10 +117,52 @@ class ConfiguredCollaborators:
         )
         return cursor.stream(items), cursor
 
+    def _load_sources(self, alive: Callable[[], None]) -> tuple[MixedStream, MixCursor]:
+        from transformers import AutoTokenizer
+
+        from stream_dapo.data.dataset import LazyPrompts
+
+        cfg = self.cfg
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        prompts, layouts, weights, budgets = {}, {}, {}, {}
+        for source in data_sources(cfg):
+            path = str(source.train_path)
+            if not Path(path).is_file():
+                raise StartupError(
+                    f"data.sources[{source.name}].train_path = {path} does not exist; point it at a "
+                    ".parquet or .jsonl file"
+                )
+
+            def progress(rows: int, fraction: float, path: str = path) -> None:
+                alive()
+                log.info("indexing the prompts of %s: %d rows, %.0f%% of the file", path, rows, 100 * fraction)
+
+            items = LazyPrompts(
+                path, tokenizer, cfg.model.max_prompt_len, progress=progress, data_sources=source.data_source
+            )
+            prompts[source.name] = items
+            key = path if source.data_source is None else f"{path}?data_source={','.join(source.data_source)}"
+            layouts[source.name] = ShardLayout.of(
+                key, len(items), cfg.data.seed, cfg.generator.num_generators, self.index
+            )
+            weights[source.name] = source.weight
+            budgets[source.name] = source.max_response_len
+        cursor = MixCursor(Path(cfg.run.out_dir) / "generators" / f"{self.generator_id}.sources.json", layouts)
+        return cursor.stream(prompts, weights, budgets), cursor
+
     def start_verifier(self) -> VerifierPool:
+        from stream_dapo.rewards.probe import probe_rewards
         from stream_dapo.verifier import VerifierPool
 
-        return VerifierPool.from_config(self.cfg.verifier)
+        sources = data_sources(self.cfg)
+        warn_weak_sandbox(sources)
+        pool = VerifierPool.from_config(self.cfg.verifier, rewards={s.name: s.reward for s in sources})
+        try:
+            probe_rewards(pool, sources)
+        except BaseException:
+            pool.close()
+            raise
+        return pool
 
     def start_engine(self) -> RolloutEngine:
         from stream_dapo.generator.engine import RolloutEngine

@@ -59,6 +59,7 @@ from stream_dapo.generator.credits import CreditLedger, Heartbeat, UnackedGroups
 from stream_dapo.generator.group_log import GroupLog, GroupRecord
 from stream_dapo.generator.prompts import PromptCursor
 from stream_dapo.generator.rollout import FinishedGroup, GroupOutcome, RolloutSettings, process_group
+from stream_dapo.generator.source_tally import SourceTally
 from stream_dapo.generator.weight_watcher import WeightWatcher
 from stream_dapo.runtime.metrics import (
     GeneratorMetrics,
@@ -274,6 +275,7 @@ class GeneratorService:
         """The prompts `start()` loaded (their position is what `_cursor` saves); None when injected."""
         self.registry = CollectorRegistry()
         self.metrics = GeneratorMetrics(self.registry)
+        self.sources = SourceTally(self.metrics)
         self.health = Health()
         self.metrics_server: MetricsServer | None = None
         self._cores: CoreClaims | None = None
@@ -802,6 +804,7 @@ class GeneratorService:
         mx.verifier_latency.observe(outcome.verify_seconds)
         for r in outcome.results:
             mx.verifier_results.labels(reason=r.reason).inc()
+        self.sources.count(outcome)
         for reward in outcome.rewards:
             mx.reward.observe(float(reward))
         self._accuracy.append(outcome.decision.num_correct / outcome.decision.group_size)
@@ -818,6 +821,8 @@ class GeneratorService:
                     truncated=outcome.truncated,
                     outcome=d.reason.value,
                     kept=outcome.accepted,
+                    source=outcome.source,
+                    mean_score=round(float(outcome.scores.mean()), 6) if len(outcome.scores) else None,
                 )
             )
 

@@ -83,6 +83,54 @@ class GeneratorMetrics:
         self.verifier_results = Counter(
             p + "verifier_results", "Verifier outcomes by reason.", ["reason"], registry=registry
         )
+        self.source_samples = Counter(
+            p + "source_samples",
+            "Responses scored, by data source (data.sources; 'default' without it).",
+            ["source"],
+            registry=registry,
+        )
+        self.source_correct = Counter(
+            p + "source_correct",
+            "Responses whose score counts as correct (the source's correct_threshold), by data source: "
+            "accuracy = rate(source_correct) / rate(source_samples).",
+            ["source"],
+            registry=registry,
+        )
+        self.source_score = Histogram(
+            p + "source_score",
+            "The reward's score per response before overlong shaping, by data source (mean = _sum / _count).",
+            ["source"],
+            buckets=(-1, -0.5, 0, 0.25, 0.5, 0.75, 1),
+            registry=registry,
+        )
+        self.source_groups = Counter(
+            p + "source_groups",
+            "Groups finished, by data source and outcome of the dynamic-sampling filter (filtered share = "
+            "the all_correct and all_wrong outcomes over all; for real-valued scores, groups of equal scores).",
+            ["source", "outcome"],
+            registry=registry,
+        )
+        self.source_response_length = Histogram(
+            p + "source_response_length_tokens",
+            "Response length by data source.",
+            ["source"],
+            buckets=LENGTH_BUCKETS,
+            registry=registry,
+        )
+        self.source_truncated = Counter(
+            p + "source_truncated_samples",
+            "Responses stopped at their source's max tokens, by data source.",
+            ["source"],
+            registry=registry,
+        )
+        self.reward_failures = Counter(
+            p + "reward_failures",
+            "Responses whose reward could not be computed and scored the source's failure_score, by data "
+            "source and reason: timeout, worker_crashed, reward_error (the function raised), reward_nan, "
+            "reward_not_number, and the code sandbox's code_sandbox_error.",
+            ["source", "reason"],
+            registry=registry,
+        )
         self.credits_available = Gauge(
             p + "credits_available", "Credits held and not yet used.", registry=registry
         )

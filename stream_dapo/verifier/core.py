@@ -10,7 +10,7 @@ the pool's timeout bounds that.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stream_dapo.verifier.backends import comparator
 from stream_dapo.verifier.extract import compile_answer_pattern, extract_answer
@@ -44,13 +44,17 @@ class VerifyResult:
         reward: DAPO's rule-based outcome reward, +1.0 when correct, -1.0 otherwise.
         extracted: the answer text found in the response (before normalisation), None if none was.
         reason: one of ``REASONS``; "exact", "numeric", "symbolic" (the built-in checker) and
-            "math_verify" (the Math-Verify backend) are the correct ones.
+            "math_verify" (the Math-Verify backend) are the correct ones. Other rewards
+            (``stream_dapo.rewards``) add their own reasons.
+        extras: other numeric figures a reward returned beside its score (a user function's dict
+            keys, a code reward's tests passed), reported per source.
     """
 
     correct: bool
     reward: float
     extracted: str | None
     reason: str
+    extras: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def scored(cls, reason: str, extracted: str | None) -> VerifyResult:

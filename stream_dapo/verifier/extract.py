@@ -1,12 +1,15 @@
 """Find the final answer in a model response.
 
-Three formats, tried in this order (the first one that finds something wins):
+Four formats, tried in this order (the first one that finds something wins):
 
 1. an operator-supplied regex with exactly one capture group (``pattern``), searched in the tail;
 2. DAPO's format: the last ``Answer: ...`` line (case-insensitive), searched only in the last
    ``tail_chars`` characters of the response, like the DAPO reference scorer, so that an "Answer:"
    quoted early in a long chain of thought is not mistaken for the final one;
-3. the last ``\\boxed{...}`` (or ``\\fbox{...}``) anywhere in the response, with nested braces.
+3. the last ``\\boxed{...}`` (or ``\\fbox{...}``) anywhere in the response, with nested braces;
+4. GSM8K's own answer line, the last ``#### ...`` in the tail (the format of GSM8K's reference
+   solutions, which verl's and TRL's GSM8K examples grade). Tried last, so it changes nothing for a
+   response that has one of the other three.
 
 Brace matching is a single left-to-right pass over the brace characters with an explicit stack, so
 its cost is linear in the input and it cannot hit Python's recursion limit, whatever the nesting.
@@ -24,6 +27,8 @@ __all__ = ["compile_answer_pattern", "extract_answer", "last_boxed_content", "ma
 _ANSWER_LINE_RE = re.compile(r"answer\s*:\s*([^\n]+)", re.IGNORECASE)
 # The opening brace of a boxed answer; `\s*` allows "\boxed {42}".
 _BOXED_OPEN_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# GSM8K's final line: "#### 42" (the answer runs to the end of the line).
+_GSM8K_LINE_RE = re.compile(r"####[ \t]*([^\n]+)")
 # Structural braces, and escaped ones (`\{`, `\}`) plus `\\` so that an escaped brace never counts.
 _BRACE_TOKEN_RE = re.compile(r"\\[{}\\]|[{}]")
 
@@ -121,4 +126,7 @@ def extract_answer(
     boxed = last_boxed_content(response)
     if boxed is not None and boxed.strip():
         return boxed.strip()
+    found = _last_group(_GSM8K_LINE_RE, tail)
+    if found is not None:
+        return _clean(found)
     return None

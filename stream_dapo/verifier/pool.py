@@ -1,4 +1,12 @@
-"""A process pool that runs ``verify`` with a wall-clock timeout per check.
+"""A process pool that runs rewards (``verify`` and every other ``stream_dapo.rewards`` scorer) with
+a wall-clock timeout per check.
+
+What it runs: each pool holds named rewards (``RewardSpec``s; one per data source in a run) and
+every item names its reward: ``score_batch([ScoreItem("words", response, gold, data_source,
+extra_info), ...])``. ``verify_batch([(response, gold), ...])`` is the one-reward shorthand. Each
+worker builds every scorer when it starts (a user's module is imported there, never in the parent):
+one that cannot be built stops the pool's start with the scorer's ``ConfigError``, which names the
+setting and the fix. A timeout or a crash scores the item's reward's ``failure_score``.
 
 Why processes: a pathological answer can keep sympy busy for minutes, and Python cannot interrupt a
 thread stuck in C code; a process can be killed. Why "spawn": the generator process holds torch and
@@ -40,15 +48,29 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
+from stream_dapo.errors import ConfigError
+from stream_dapo.rewards.spec import RewardSpec
 from stream_dapo.verifier.backends import check_backend
-from stream_dapo.verifier.core import REASONS, VerifyResult, check_limits, verify
+from stream_dapo.verifier.core import REASONS, VerifyResult, check_limits
 from stream_dapo.verifier.equivalence import on_first_sympy_import
 from stream_dapo.verifier.extract import compile_answer_pattern
 
 if TYPE_CHECKING:
     from stream_dapo.config import VerifierConfig
+    from stream_dapo.rewards.scorers import Scorer
 
-__all__ = ["TEST_CRASH_GOLD", "TEST_HANG_GOLD", "TEST_HOOKS_ENV", "TEST_IMPORT_DELAY_S", "VerifierPool"]
+__all__ = [
+    "DEFAULT_REWARD",
+    "TEST_CRASH_GOLD",
+    "TEST_HANG_GOLD",
+    "TEST_HOOKS_ENV",
+    "TEST_IMPORT_DELAY_S",
+    "ScoreItem",
+    "VerifierPool",
+]
+
+DEFAULT_REWARD = "default"
+"""The name of the reward ``verify_batch`` uses: the one built from the constructor's math arguments."""
 
 TEST_HOOKS_ENV = "STREAM_DAPO_VERIFIER_TEST_HOOKS"
 TEST_HANG_GOLD = "__stream_dapo_test_hang__"
@@ -63,8 +85,19 @@ _MAX_FAILED_STARTS = 3
 # Layout of each worker's shared progress array.
 _CHUNK_ID, _POSITION, _STARTED_AT = 0, 1, 2
 
-# What goes over the pipe for one item's result: (correct, reward, extracted, reason).
-_ResultTuple = tuple[bool, float, "str | None", str]
+# What goes over the pipe for one item's result: (correct, reward, extracted, reason, extras).
+_ResultTuple = tuple[bool, float, "str | None", str, dict[str, float]]
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    """One response to score with the pool's reward named ``reward`` (verl's four arguments)."""
+
+    reward: str
+    response: str
+    gold: str
+    data_source: str = ""
+    extra_info: dict[str, Any] | None = None
 
 
 def _run_test_hook(gold: str) -> None:
@@ -74,32 +107,25 @@ def _run_test_hook(gold: str) -> None:
         os._exit(17)
 
 
-def _check_one(
-    response: str, gold: str, pattern: str | None, tail_chars: int, max_input_chars: int, backend: str
-) -> _ResultTuple:
+def _check_one(scorer: Scorer, spec: RewardSpec, item: tuple[Any, ...]) -> _ResultTuple:
+    _, response, gold, data_source, extra_info = item
     try:
-        r = verify(
-            response,
-            gold,
-            pattern=pattern,
-            tail_chars=tail_chars,
-            max_input_chars=max_input_chars,
-            backend=backend,
-        )
-    except Exception:  # a verifier bug on one item must not take the worker down
-        r = VerifyResult.scored("parse_error", None)
-    return (r.correct, r.reward, r.extracted, r.reason)
+        r = scorer(data_source, response, gold, extra_info or {})
+    except Exception:  # a scorer bug on one item must not take the worker down
+        reason = "parse_error" if spec.kind in ("math", "math-verify") else "reward_error"
+        r = VerifyResult(correct=False, reward=spec.failure_score, extracted=None, reason=reason)
+    return (r.correct, r.reward, r.extracted, r.reason, r.extras)
 
 
-def _worker_main(
-    conn: Connection,
-    progress: Any,
-    pattern: str | None,
-    tail_chars: int,
-    max_input_chars: int,
-    backend: str,
-) -> None:
-    """Worker loop: receive ``(chunk_id, items)``, verify each item, send ``("done", chunk_id, results)``."""
+def _load_scorers(rewards: dict[str, RewardSpec]) -> dict[str, Scorer]:
+    from stream_dapo.rewards.scorers import load_scorer
+
+    return {name: load_scorer(spec) for name, spec in rewards.items()}
+
+
+def _worker_main(conn: Connection, progress: Any, rewards: dict[str, RewardSpec]) -> None:
+    """Worker loop: build the scorers, then receive ``(chunk_id, items)``, score each item, send
+    ``("done", chunk_id, results)``."""
     # Ctrl-C and `kill -TERM -<pgid>` go to the whole process group; the parent decides when
     # workers stop (it drains first, and a parent that dies closes the pipe: EOF ends the loop).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -116,6 +142,11 @@ def _worker_main(
     on_first_sympy_import(pause_clock, restart_clock)
     if hooks:
         on_first_sympy_import(lambda: time.sleep(TEST_IMPORT_DELAY_S), lambda: None)
+    try:
+        scorers = _load_scorers(rewards)
+    except ConfigError as exc:
+        conn.send(("load_error", os.getpid(), str(exc)))
+        return
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -126,15 +157,15 @@ def _worker_main(
             return
         chunk_id, items = message
         results: list[_ResultTuple] = []
-        for position, (response, gold) in enumerate(items):
+        for position, item in enumerate(items):
             # Written in this order (time, position, chunk) and read in the reverse order by the
             # parent, so a position it reads is never paired with an older start time.
             progress[_STARTED_AT] = time.monotonic()
             progress[_POSITION] = position
             progress[_CHUNK_ID] = chunk_id
             if hooks:
-                _run_test_hook(gold)
-            results.append(_check_one(response, gold, pattern, tail_chars, max_input_chars, backend))
+                _run_test_hook(item[2])
+            results.append(_check_one(scorers[item[0]], rewards[item[0]], item))
         conn.send(("done", chunk_id, results))
 
 
@@ -142,7 +173,8 @@ def _worker_main(
 class _Chunk:
     chunk_id: int
     indices: list[int]
-    items: list[tuple[str, str]]
+    items: list[tuple[Any, ...]]
+    """(reward name, response, gold, data_source, extra_info) per item: what crosses the pipe."""
 
 
 class _Worker:
@@ -179,18 +211,24 @@ class _Worker:
             return 0, self.sent_at
         return position, started_at
 
-    def deadline(self, timeout_s: float) -> float:
+    def deadline(self, timeout_of: dict[str, float]) -> float:
         if not self.ready:
             return self.started_at + _STARTUP_TIMEOUT_S
         if self.chunk is None:
             return math.inf
-        return self.current_position()[1] + timeout_s
+        position, started_at = self.current_position()
+        return started_at + timeout_of[self.chunk.items[position][0]]
 
     def kill(self) -> None:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=5.0)
         self.conn.close()
+
+
+def _scored(spec: RewardSpec, reason: str) -> VerifyResult:
+    """The pool's own verdicts ("too_long", "timeout", "worker_crashed"): the reward's failure score."""
+    return VerifyResult(correct=False, reward=spec.failure_score, extracted=None, reason=reason)
 
 
 def _shutdown(workers: list[_Worker]) -> None:
@@ -208,7 +246,7 @@ def _shutdown(workers: list[_Worker]) -> None:
 
 
 class VerifierPool:
-    """Verify (response, gold) pairs in worker processes, each check bounded by ``timeout_s``.
+    """Score responses in worker processes, each check bounded by its reward's ``timeout_s``.
 
     Example::
 
@@ -216,9 +254,13 @@ class VerifierPool:
             results = pool.verify_batch([("...\\nAnswer: 42", "42"), ("\\boxed{7}", "8")])
             pool.counters  # {"exact": 1, "mismatch": 1, "timeout": 0, ...}
 
-    A timed-out or crashed check scores -1 with reason "timeout"/"worker_crashed"; the worker is
-    replaced and the rest of the batch is still verified. ``verify_batch`` may be called from several
-    threads; calls run one at a time.
+        rewards = {"words": parse_reward("math"), "mine": parse_reward("my_reward.py:compute_score")}
+        with VerifierPool(num_workers=2, rewards=rewards) as pool:
+            pool.score_batch([ScoreItem("mine", text, gold, "my_source", {"index": 3})])
+
+    A timed-out or crashed check scores its reward's ``failure_score`` (-1 by default) with reason
+    "timeout"/"worker_crashed"; the worker is replaced and the rest of the batch is still scored.
+    ``verify_batch`` and ``score_batch`` may be called from several threads; calls run one at a time.
     """
 
     def __init__(
@@ -231,20 +273,24 @@ class VerifierPool:
         tail_chars: int = 300,
         chunk_size: int | None = None,
         backend: str = "builtin",
+        rewards: dict[str, RewardSpec] | None = None,
     ) -> None:
         """Start ``num_workers`` workers and wait until each is ready.
 
         Args:
             num_workers: worker processes (one per core you can spare for verification).
-            timeout_s: wall-clock limit for one check.
-            pattern, max_input_chars, tail_chars: passed to ``verify`` for every item.
+            timeout_s: wall-clock limit for one check of the default reward.
+            pattern, max_input_chars, tail_chars: passed to ``verify`` for every item of the default
+                reward (``verify_batch``).
             chunk_size: items per message to a worker; None picks one from the batch size.
-            backend: the equivalence checker, "builtin" or "math-verify" (see ``backends``); the
-                timeout, counters and worker replacement are the same for both.
+            backend: the default reward's equivalence checker, "builtin" or "math-verify" (see
+                ``backends``); the timeout, counters and worker replacement are the same for both.
+            rewards: more rewards by name, for ``score_batch`` (each with its own timeout).
 
         Raises:
             ValueError: for out-of-range parameters or an invalid pattern; ``ConfigError`` (a
-                ValueError) for an unknown backend, or "math-verify" when it is not installed.
+                ValueError) for an unknown backend, "math-verify" when it is not installed, or a
+                reward whose scorer cannot be built (a user's file that does not import).
             RuntimeError: when workers cannot start.
         """
         if not isinstance(num_workers, int) or num_workers < 1:
@@ -258,11 +304,20 @@ class VerifierPool:
         check_limits(tail_chars, max_input_chars)
         compile_answer_pattern(pattern)  # fail here, in the caller, not in every worker
         check_backend(backend)
+        default = RewardSpec(
+            kind="math" if backend == "builtin" else "math-verify",
+            timeout_s=float(timeout_s),
+            math={"pattern": pattern, "tail_chars": tail_chars, "max_input_chars": max_input_chars},
+        )
+        self._rewards: dict[str, RewardSpec] = {DEFAULT_REWARD: default, **(rewards or {})}
+        for spec in self._rewards.values():
+            if spec.kind == "math-verify":
+                check_backend("math-verify")
+        self._timeout_of = {name: spec.timeout_s for name, spec in self._rewards.items()}
         self._num_workers = num_workers
-        self._timeout_s = float(timeout_s)
         self._max_input_chars = max_input_chars
         self._chunk_size = chunk_size
-        self._worker_args = (pattern, tail_chars, max_input_chars, backend)
+        self._worker_args = (self._rewards,)
         self._ctx = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()  # one batch at a time
         self._counters_lock = threading.Lock()  # so a metrics thread can read counters mid-batch
@@ -282,55 +337,73 @@ class VerifierPool:
             raise
 
     @classmethod
-    def from_config(cls, config: VerifierConfig) -> VerifierPool:
-        """The pool a ``[verifier]`` config section describes (workers, timeout, pattern, limits, backend)."""
+    def from_config(cls, config: VerifierConfig, rewards: dict[str, RewardSpec] | None = None) -> VerifierPool:
+        """The pool a ``[verifier]`` config section describes (workers, timeout, pattern, limits,
+        backend), with ``rewards`` beside its default one."""
         return cls(
             num_workers=config.workers,
             timeout_s=config.timeout_s,
             pattern=config.pattern,
             max_input_chars=config.max_input_chars,
             backend=config.backend,
+            rewards=rewards,
         )
 
     # -- public API ----------------------------------------------------------------------------------
     @property
     def counters(self) -> dict[str, int]:
-        """Results so far by reason (every reason is present, zero included)."""
+        """Results so far by reason (every math reason is present, zero included)."""
         with self._counters_lock:
             return dict(self._counters)
 
+    @property
+    def rewards(self) -> dict[str, RewardSpec]:
+        """The rewards this pool scores with, by name (``DEFAULT_REWARD`` included)."""
+        return dict(self._rewards)
+
     def verify_batch(self, items: Sequence[tuple[str, str]]) -> list[VerifyResult]:
-        """Verify ``(response, gold)`` pairs; results come back in the same order."""
+        """Verify ``(response, gold)`` pairs with the default reward; results in the same order."""
+        checked: list[ScoreItem] = []
+        for index, item in enumerate(items):
+            if not (
+                isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(x, str) for x in item)
+            ):
+                raise TypeError(f"item {index} must be a (response, gold) pair of two str, got {item!r:.80}")
+            checked.append(ScoreItem(DEFAULT_REWARD, item[0], item[1]))
+        return self.score_batch(checked)
+
+    def score_batch(self, items: Sequence[ScoreItem]) -> list[VerifyResult]:
+        """Score each item with the reward it names; results come back in the same order."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("this VerifierPool is closed; create a new one")
             results: list[VerifyResult | None] = [None] * len(items)
             todo: list[int] = []
-            pairs: list[tuple[str, str]] = []
+            wire: list[tuple[Any, ...]] = []
             for index, item in enumerate(items):
-                if not (
-                    isinstance(item, (tuple, list))
-                    and len(item) == 2
-                    and all(isinstance(x, str) for x in item)
-                ):
-                    raise TypeError(
-                        f"item {index} must be a (response, gold) pair of two str, got {item!r:.80}"
+                spec = self._rewards.get(item.reward)
+                if spec is None:
+                    raise KeyError(
+                        f"item {index} names reward {item.reward!r}, which this pool does not have "
+                        f"(it has {', '.join(sorted(self._rewards))})"
                     )
-                response, gold = item
-                pairs.append((response, gold))
-                # Refuse over-long inputs here: shipping a megabyte to a worker only to refuse it is waste.
-                if len(response) > self._max_input_chars or len(gold) > self._max_input_chars:
-                    results[index] = VerifyResult.scored("too_long", None)
+                if not isinstance(item.response, str) or not isinstance(item.gold, str):
+                    raise TypeError(f"item {index}: response and gold must be str; decode token ids to text first")
+                wire.append((item.reward, item.response, item.gold, item.data_source, item.extra_info))
+                # Refuse over-long math inputs here: shipping a megabyte to a worker only to refuse it is waste.
+                limit = spec.math.get("max_input_chars", self._max_input_chars)
+                if spec.kind in ("math", "math-verify") and max(len(item.response), len(item.gold)) > limit:
+                    results[index] = _scored(spec, "too_long")
                 else:
                     todo.append(index)
-            pending = self._make_chunks(todo, pairs)
+            pending = self._make_chunks(todo, wire)
             while any(r is None for r in results):
                 self._dispatch(pending)
                 self._service(results, pending)
             done = [r for r in results if r is not None]
             with self._counters_lock:
                 for r in done:
-                    self._counters[r.reason] += 1
+                    self._counters[r.reason] = self._counters.get(r.reason, 0) + 1
             return done
 
     def close(self) -> None:
@@ -346,7 +419,7 @@ class VerifierPool:
         self.close()
 
     # -- scheduling ----------------------------------------------------------------------------------
-    def _make_chunks(self, todo: list[int], items: Sequence[tuple[str, str]]) -> deque[_Chunk]:
+    def _make_chunks(self, todo: list[int], items: Sequence[tuple[Any, ...]]) -> deque[_Chunk]:
         size = self._chunk_size or max(
             1, min(_MAX_CHUNK, math.ceil(len(todo) / (self._num_workers * _CHUNKS_PER_WORKER)))
         )
@@ -356,7 +429,7 @@ class VerifierPool:
             chunks.append(self._new_chunk(indices, [items[i] for i in indices]))
         return chunks
 
-    def _new_chunk(self, indices: list[int], items: list[tuple[str, str]]) -> _Chunk:
+    def _new_chunk(self, indices: list[int], items: list[tuple[Any, ...]]) -> _Chunk:
         self._next_chunk_id += 1
         return _Chunk(self._next_chunk_id, indices, items)
 
@@ -379,18 +452,19 @@ class VerifierPool:
     def _service(self, results: list[VerifyResult | None], pending: deque[_Chunk]) -> None:
         """Wait for the next event (a message, a death, a deadline) and handle everything ready."""
         now = time.monotonic()
-        earliest = min((w.deadline(self._timeout_s) for w in self._workers), default=math.inf)
-        # At most one timeout between looks at the clocks: a worker's sympy import moves its clock's
-        # start into the future and back without waking us, and a deadline read during the import
-        # would otherwise let its first check run _IMPORT_GRACE_S past the timeout.
-        wait_s = None if earliest == math.inf else min(self._timeout_s, max(0.0, earliest - now))
+        earliest = min((w.deadline(self._timeout_of) for w in self._workers), default=math.inf)
+        # At most one (shortest) timeout between looks at the clocks: a worker's sympy import moves
+        # its clock's start into the future and back without waking us, and a deadline read during
+        # the import would otherwise let its first check run _IMPORT_GRACE_S past the timeout.
+        shortest = min(self._timeout_of.values())
+        wait_s = None if earliest == math.inf else min(shortest, max(0.0, earliest - now))
         ready = set(wait([w.conn for w in self._workers], timeout=wait_s))
         for worker in list(self._workers):
             if worker in self._workers and worker.conn in ready:
                 self._receive(worker, results, pending)
         now = time.monotonic()
         for worker in list(self._workers):
-            if worker in self._workers and worker.deadline(self._timeout_s) <= now:
+            if worker in self._workers and worker.deadline(self._timeout_of) <= now:
                 if not worker.ready:
                     self._replace(worker, failed_start=True)
                 else:
@@ -410,12 +484,14 @@ class VerifierPool:
         if message[0] == "ready":
             worker.ready = True
             self._failed_starts = 0
+        elif message[0] == "load_error":
+            raise ConfigError(message[2])
         elif message[0] == "done" and worker.chunk is not None and message[1] == worker.chunk.chunk_id:
-            for index, (correct, reward, extracted, reason) in zip(
+            for index, (correct, reward, extracted, reason, extras) in zip(
                 worker.chunk.indices, message[2], strict=True
             ):
                 results[index] = VerifyResult(
-                    correct=correct, reward=reward, extracted=extracted, reason=reason
+                    correct=correct, reward=reward, extracted=extracted, reason=reason, extras=extras
                 )
             worker.chunk = None
 
@@ -426,7 +502,7 @@ class VerifierPool:
         chunk = worker.chunk
         assert chunk is not None
         position, _ = worker.current_position()
-        results[chunk.indices[position]] = VerifyResult.scored(reason, None)
+        results[chunk.indices[position]] = _scored(self._rewards[chunk.items[position][0]], reason)
         rest = [i for i in range(len(chunk.indices)) if i != position]
         if rest:
             pending.appendleft(

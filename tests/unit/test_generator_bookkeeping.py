@@ -257,7 +257,7 @@ def test_the_in_flight_report_lists_each_unsent_group_by_its_start_version() -> 
     from stream_dapo.verifier.core import VerifyResult
 
     class Wrong:
-        def verify_batch(self, items: list[tuple[str, str]]) -> list[VerifyResult]:
+        def score_batch(self, items: list[object]) -> list[VerifyResult]:
             return [VerifyResult(False, -1.0, None, "no_answer") for _ in items]
 
         def close(self) -> None:

@@ -23,6 +23,7 @@ from stream_dapo.transport import codec
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.messages import Group
 from stream_dapo.verifier.core import VerifyResult
+from stream_dapo.verifier.pool import ScoreItem
 
 L_MAX, L_CACHE = 20, 5
 
@@ -177,9 +178,9 @@ def test_dynamic_sampling_off_keeps_a_uniform_group_and_reports_its_class() -> N
 class RecordingVerifier:
     def __init__(self, verdicts: Sequence[bool]) -> None:
         self.verdicts = verdicts
-        self.calls: list[list[tuple[str, str]]] = []
+        self.calls: list[list[ScoreItem]] = []
 
-    def verify_batch(self, items: Sequence[tuple[str, str]]) -> list[VerifyResult]:
+    def score_batch(self, items: Sequence[ScoreItem]) -> list[VerifyResult]:
         self.calls.append(list(items))
         return results(*self.verdicts)
 
@@ -187,7 +188,7 @@ class RecordingVerifier:
 def test_process_group_verifies_each_response_against_the_gold_answer() -> None:
     verifier = RecordingVerifier(MIXED_CORRECT)
     out = process_group(group(MIXED), verifier, settings(), "generator-0")
-    assert verifier.calls == [[(s.text, "42") for s in MIXED]]
+    assert verifier.calls == [[ScoreItem("default", s.text, "42", "", {}) for s in MIXED]]
     assert [r.correct for r in out.results] == list(MIXED_CORRECT)
     assert out.accepted and out.verify_seconds >= 0.0
 

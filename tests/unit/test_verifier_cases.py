@@ -440,26 +440,46 @@ def _cli_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _verdict(out: str) -> dict[str, object]:
+    verdict = json.loads(out)
+    assert verdict.pop("seconds") >= 0.0
+    return verdict  # type: ignore[no-any-return]
+
+
+@pytest.mark.process  # the response is scored in a verifier worker, with the reward's timeout
 def test_cli_text_argument(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_cli_args(["--gold", "42", "--text", "so\nAnswer: 42"])) == 0
-    assert json.loads(capsys.readouterr().out) == {
-        "correct": True,
-        "reward": 1.0,
-        "extracted": "42",
+    assert _verdict(capsys.readouterr().out) == {
+        "score": 1.0,
         "reason": "exact",
+        "correct": True,
+        "extracted": "42",
+        "extras": {},
+        "reward": 1.0,
     }
 
 
+@pytest.mark.process
+def test_cli_reads_gsm8k_answer_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    """GSM8K's own `#### 42` line, which verl's and TRL's GSM8K examples grade, is an answer."""
+    assert run(_cli_args(["--gold", "42", "--text", "The answer is #### 42"])) == 0
+    verdict = _verdict(capsys.readouterr().out)
+    assert (verdict["score"], verdict["reason"], verdict["extracted"]) == (1.0, "exact", "42")
+
+
+@pytest.mark.process
 def test_cli_reads_stdin_and_uses_pattern(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("#### 9\nAnswer: 8\n"))
     assert run(_cli_args(["--gold", "9", "--pattern", r"####\s*(\d+)"])) == 0
-    assert json.loads(capsys.readouterr().out) == {
-        "correct": True,
-        "reward": 1.0,
-        "extracted": "9",
+    assert _verdict(capsys.readouterr().out) == {
+        "score": 1.0,
         "reason": "exact",
+        "correct": True,
+        "extracted": "9",
+        "extras": {},
+        "reward": 1.0,
     }
 
 

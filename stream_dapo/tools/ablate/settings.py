@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from stream_dapo.config import SftConfig
+from stream_dapo.config.schema import CodeSandboxConfig
 from stream_dapo.core.presets import PRESET_FAMILIES, preset_family, preset_overrides
 
 CURVE_METRICS: dict[str, str] = {
@@ -70,6 +71,9 @@ _NEUTRAL_SETTINGS: dict[tuple[str, str], Any] = {
     ("metrics", "final_scrape_wait_s"): 0.0,
     ("run", "learner_stop_timeout_s"): 900.0,
     **{("sft", key): value for key, value in SftConfig().model_dump(mode="json").items()},
+    # Issue 61's sources and code sandbox: one source and no code reward are the run as it was.
+    ("data", "sources"): [],
+    ("verifier", "code"): CodeSandboxConfig().model_dump(mode="json"),
 }
 """Settings added after cells were first fingerprinted, with the value that behaves as the code did
 before they existed. At that value a setting is left out of the fingerprint, so cells recorded
