@@ -10,7 +10,8 @@ Every scorer has one signature, verl's ``compute_score`` plus the verdict::
 - "code": ``verifier.code.score_code`` on the last fenced Python block (see that module), in the
   sandbox: 1 when every test ran and passed, else ``failure_score`` (or the fraction passed with
   ``partial_credit``).
-- "python": the user's function. A float, int or bool is the score; a dict must hold a numeric
+- "python": the user's function, called by keyword as verl calls it (so its parameters must have
+  verl's names, or it takes ``**kwargs``). A float, int or bool is the score; a dict must hold a numeric
   ``"score"``, and its other numeric keys are returned as ``extras`` (per-source metrics). NaN or
   infinity ("reward_nan"), anything else ("reward_not_number") and an exception ("reward_error")
   give ``failure_score``; the pool adds "timeout" and "worker_crashed" with the same score.
@@ -117,11 +118,11 @@ def load_user_function(spec: RewardSpec) -> Callable[..., Any]:
             "a timeout already, so write it as a plain `def`"
         )
     try:
-        inspect.signature(fn).bind("source", "text", "gold", {})
+        inspect.signature(fn).bind(data_source="", solution_str="", ground_truth="", extra_info={})
     except TypeError as exc:
         raise ConfigError(
             f"{setting}: {target}:{spec.function} cannot be called as {_SIGNATURE} ({exc}); give it "
-            "those four parameters (verl's signature), or **kwargs for the ones it does not use"
+            "those four parameters by name (verl calls it with keywords), or **kwargs for the ones it does not use"
         ) from None
     except ValueError:  # a builtin without a signature: the first call will tell
         pass
@@ -205,7 +206,9 @@ def _python_scorer(spec: RewardSpec) -> Scorer:
 
     def score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> VerifyResult:
         try:
-            value = fn(data_source, solution_str, ground_truth, extra_info)
+            value = fn(
+                data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info
+            )
         except Exception as exc:  # the user's bug on one sample: a defined reward, counted
             log.debug("reward %s raised %s: %s", spec.label, type(exc).__name__, exc)
             return VerifyResult(

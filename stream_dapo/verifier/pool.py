@@ -310,9 +310,12 @@ class VerifierPool:
             math={"pattern": pattern, "tail_chars": tail_chars, "max_input_chars": max_input_chars},
         )
         self._rewards: dict[str, RewardSpec] = {DEFAULT_REWARD: default, **(rewards or {})}
-        for spec in self._rewards.values():
+        for spec in self._rewards.values():  # fail here, in the caller, not in every worker
             if spec.kind == "math-verify":
                 check_backend("math-verify")
+            if spec.kind in ("math", "math-verify"):
+                compile_answer_pattern(spec.math.get("pattern"))
+                check_limits(spec.math.get("tail_chars", 300), spec.math.get("max_input_chars", 10_000))
         self._timeout_of = {name: spec.timeout_s for name, spec in self._rewards.items()}
         self._num_workers = num_workers
         self._max_input_chars = max_input_chars

@@ -60,3 +60,26 @@ def test_filter_keeps_exactly_the_mixed_groups(groups: list[list[bool]]) -> None
         d = dynamic_sampling_filter(np.array(g))
         assert d.num_correct == sum(g) and d.group_size == len(g)
         assert dynamic_sampling_filter(np.array(g), enabled=False).keep is True
+
+
+def test_the_score_filter_is_dynamic_sampling_for_plus_minus_one_rewards() -> None:
+    import itertools
+
+    from stream_dapo.core.filtering import score_filter
+
+    for verdicts in itertools.product((False, True), repeat=4):
+        correct = np.array(verdicts)
+        scores = np.where(correct, 1.0, -1.0)
+        for enabled in (True, False):
+            assert score_filter(scores, correct, enabled) == dynamic_sampling_filter(correct, enabled)
+
+
+def test_the_score_filter_refuses_what_it_cannot_judge() -> None:
+    from stream_dapo.core.filtering import score_filter
+
+    with pytest.raises(ValueError, match="NaN"):
+        score_filter(np.array([0.5, np.nan]), np.array([True, False]))
+    with pytest.raises(ValueError, match="same length"):
+        score_filter(np.array([0.5, 0.1]), np.array([True]))
+    with pytest.raises(ValueError, match="empty group"):
+        score_filter(np.array([]), np.array([], dtype=bool))

@@ -253,3 +253,66 @@ def test_an_outcome_names_its_group_prompt_version_and_truncations_kept_or_not(
     assert out.accepted is (correct == MIXED_CORRECT)
     assert (out.group_id, out.prompt_id, out.start_version) == ("g-1", "p-7", 5)
     assert out.truncated == 1  # MIXED's third sample ended at the length cap
+
+
+def scored(*scores: float, threshold: float = 0.5) -> list[VerifyResult]:
+    return [VerifyResult(correct=s >= threshold, reward=s, extracted=None, reason="scored") for s in scores]
+
+
+def no_shaping(*, dynamic_sampling: bool = True) -> RolloutSettings:
+    return RolloutSettings(
+        shaping=RewardShaping(
+            soft_overlong=False, max_response_len=L_MAX, overlong_cache_len=0, overlong_factor=1.0, overlong_filter=False
+        ),
+        dynamic_sampling=dynamic_sampling,
+    )
+
+
+def test_real_valued_scores_give_hand_computed_advantages() -> None:
+    """Scores 0.2, 0.4, 0.6, 1.0: mean 0.55, population std sqrt(0.0875) = 0.295804; advantages
+    (s - 0.55) / (0.295804 + 1e-6) = -1.18322, -0.50709, 0.16903, 1.52128."""
+    out = build_group(group(MIXED), scored(0.2, 0.4, 0.6, 1.0), no_shaping(), "generator-0")
+    assert out.accepted and out.decision.reason is FilterReason.MIXED and out.decision.num_correct == 2
+    np.testing.assert_allclose(out.rewards, [0.2, 0.4, 0.6, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(out.advantages, [-1.18322, -0.50709, 0.16903, 1.52128], atol=2e-5)
+    assert out.group is not None
+    assert [s.correct for s in out.group.samples] == [False, False, True, True]
+
+
+def test_scores_that_all_clear_the_bar_but_differ_are_still_trained_on() -> None:
+    """0.8 and 0.9 both count as correct, yet they differ: the group carries a gradient."""
+    out = build_group(group(MIXED), scored(0.8, 0.9, 0.8, 0.9), no_shaping(), "generator-0")
+    assert out.accepted and out.decision.reason is FilterReason.MIXED and out.decision.num_correct == 4
+    np.testing.assert_allclose(out.advantages, [-1, 1, -1, 1], atol=1e-4)  # +-0.05 / (0.05 + 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("scores", "reason"), [((0.7,) * 4, FilterReason.ALL_CORRECT), ((0.25,) * 4, FilterReason.ALL_WRONG)]
+)
+def test_equal_real_scores_are_filtered_whatever_their_value(scores: tuple[float, ...], reason: FilterReason) -> None:
+    out = build_group(group(MIXED), scored(*scores), no_shaping(), "generator-0")
+    assert not out.accepted and out.decision.reason is reason
+    np.testing.assert_allclose(out.scores, scores)  # the scores are kept for the figures
+    kept = build_group(group(MIXED), scored(*scores), no_shaping(dynamic_sampling=False), "generator-0")
+    assert kept.accepted
+    np.testing.assert_allclose(kept.advantages, 0.0)
+
+
+def test_the_soft_overlong_penalty_is_added_to_a_users_score() -> None:
+    """MIXED's lengths 10, 16, 20, 20 with L_max 20 and L_cache 5: penalties 0, -0.2, -1, -1 on top of
+    the scores 0.5, 0.5, 0.5, 0.9."""
+    out = build_group(group(MIXED), scored(0.5, 0.5, 0.5, 0.9), settings(), "generator-0")
+    np.testing.assert_allclose(out.rewards, [0.5, 0.3, -0.5, -0.1], atol=1e-6)
+
+
+def test_a_source_with_its_own_budget_is_shaped_with_it() -> None:
+    algo = AlgoConfig(max_response_len=20, overlong_cache_len=5, soft_overlong=True)
+    per_source = RolloutSettings.from_config(algo, budgets={"short": 16, "default": None})
+    assert per_source.shaping_of("default").max_response_len == 20
+    assert per_source.shaping_of("short").max_response_len == 16
+    finished = group(MIXED)
+    finished.source = "short"
+    out = build_group(finished, scored(0.0, 1.0, 0.0, 1.0), per_source, "generator-0")
+    # L_max 16, L_cache 5: lengths 10, 16, 20, 20 get 0, -1, -1, -1 (the ramp starts at 11).
+    np.testing.assert_allclose(out.rewards, [0.0, 0.0, -1.0, 0.0], atol=1e-6)
+    assert out.source == "short"
