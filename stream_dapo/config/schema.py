@@ -216,7 +216,9 @@ class SourceConfig(_Section):
     """The source's name: the `source` label of its metrics, its key in the run report and in the
     prompt position files. Letters, digits, `_`, `.` and `-`."""
     train_path: str
-    """Training rows in verl's (DAPO-Math-17k's) schema, .parquet or .jsonl."""
+    """Training rows in verl's (DAPO-Math-17k's) schema, .parquet or .jsonl; or "word_problems" /
+    "gsm_symbolic": the train file of that [data.*] section (written on first use), whose eval file
+    is then the default eval_path."""
     eval_path: str | None = None
     """Held-out rows of this source for `stream-dapo eval` and the run's before/after eval."""
     data_source: list[str] | None = None
@@ -293,12 +295,25 @@ class DataConfig(_Section):
     def _one_way_to_name_data(self) -> DataConfig:
         if not self.sources:
             return self
-        given = [key for key in ("train_path", "eval_path", "gsm_symbolic", "word_problems") if getattr(self, key)]
+        given = [key for key in ("train_path", "eval_path") if getattr(self, key)]
         if given:
             raise ValueError(
                 f"data.sources is set, and so is data.{given[0]}: with sources, each one names its own "
                 "train_path and eval_path; move the file into a [[data.sources]] entry or drop data.sources"
             )
+        for source in self.sources:
+            generated = {"word_problems": self.word_problems, "gsm_symbolic": self.gsm_symbolic}
+            if source.train_path in generated:
+                section = generated[source.train_path]
+                if section is None:
+                    raise ValueError(
+                        f"data.sources[{source.name}].train_path = {source.train_path!r} names the "
+                        f"[data.{source.train_path}] section, which is not set; add it or give a file"
+                    )
+                folder = section.folder()
+                source.train_path = str(folder / "train.jsonl")
+                if source.eval_path is None:
+                    source.eval_path = str(folder / "eval.jsonl")
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ValueError(f"data.sources names must be unique, got {names}")

@@ -10,6 +10,7 @@ own settings or collaborators, or pass ready collaborators here.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -142,9 +143,9 @@ class ConfiguredCollaborators:
             )
             prompts[source.name] = items
             key = path if source.data_source is None else f"{path}?data_source={','.join(source.data_source)}"
-            layouts[source.name] = ShardLayout.of(
-                key, len(items), cfg.data.seed, cfg.generator.num_generators, self.index
-            )
+            # A seed of its own per source: two sources over one file do not serve it in one order.
+            seed = cfg.data.seed + int(hashlib.sha256(source.name.encode()).hexdigest()[:8], 16)
+            layouts[source.name] = ShardLayout.of(key, len(items), seed, cfg.generator.num_generators, self.index)
             weights[source.name] = source.weight
             budgets[source.name] = source.max_response_len
         cursor = MixCursor(Path(cfg.run.out_dir) / "generators" / f"{self.generator_id}.sources.json", layouts)

@@ -27,6 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from stream_dapo.config import Config
 from stream_dapo.data.dataset import PromptItem
+from stream_dapo.rewards.spec import FAILURE_REASONS
+from stream_dapo.verifier.core import REASONS as MATH_REASONS
+from stream_dapo.verifier.core import VerifyResult
+from stream_dapo.verifier.pool import DEFAULT_REWARD, ScoreItem
 
 if TYPE_CHECKING:
     import vllm
@@ -67,13 +71,16 @@ def evaluate(
     min_p: float = 0.0,
     n: int | None = None,
     verifier: VerifierPool | None = None,
+    reward: str = DEFAULT_REWARD,
 ) -> dict[str, Any]:
-    """Sample ``n`` (default ``k``) responses per prompt, verify them, and summarise.
+    """Sample ``n`` (default ``k``) responses per prompt, score them, and summarise.
 
     Args:
         llm: a started engine (``stream_dapo.generator.vllm_utils.make_llm``).
         prompts: items from ``load_prompts`` (their token ids are sent as they are).
         verifier: a running pool to score with; None starts a one-worker pool for this call.
+        reward: the pool's reward to score with (a data source's name); correct is its verdict
+            (``correct_threshold``), and ``mean_score`` the mean of its scores.
 
     Returns:
         avg_at_k, pass_at_k, k, n, num_prompts, num_samples, mean_response_len, truncation_rate,
@@ -107,31 +114,41 @@ def evaluate(
     ]
     outputs = llm.generate(requests, params, use_tqdm=False)
 
-    pairs: list[tuple[str, str]] = []
+    items: list[ScoreItem] = []
     lengths: list[int] = []
     truncated = 0
     for idx, out in enumerate(outputs):
         item = prompts[idx // n]
         for completion in out.outputs:
-            pairs.append((completion.text, item.gold))
+            items.append(ScoreItem(reward, completion.text, item.gold, item.data_source, item.extra_info))
             lengths.append(len(completion.token_ids))
             truncated += completion.finish_reason == "length"
 
     if verifier is not None:
-        results = verifier.verify_batch(pairs)
+        results = verifier.score_batch(items)
     else:
         with VerifierPool(num_workers=1) as pool:
-            results = pool.verify_batch(pairs)
+            results = pool.score_batch(items)
 
-    return summarise(
+    summary = summarise(
         [bool(r.correct) for r in results],
-        [r.extracted is not None for r in results],
+        [_answered(r) for r in results],
         lengths,
         truncated,
         k=k,
         n=n,
         groups=[str(p.extra_info.get("template", "")) for p in prompts],
     )
+    summary["mean_score"] = sum(r.reward for r in results) / len(results)
+    summary["reward_failures"] = sum(r.reason in FAILURE_REASONS for r in results)
+    return summary
+
+
+def _answered(result: VerifyResult) -> bool:
+    """An answer the reward could judge: the math verifier found one; any other reward ran."""
+    if result.reason in MATH_REASONS:
+        return result.extracted is not None
+    return result.reason not in FAILURE_REASONS
 
 
 def summarise(

@@ -492,10 +492,31 @@ def check_data(cfg: Config) -> None:
     files = {"data.train_path": cfg.data.train_path}
     if cfg.run.eval_before_after:
         files["data.eval_path"] = cfg.data.eval_path
+    for source in cfg.data.sources:
+        files[f"data.sources[{source.name}].train_path"] = source.train_path
+        if cfg.run.eval_before_after:
+            files[f"data.sources[{source.name}].eval_path"] = source.eval_path
     for setting, path in files.items():
         if path is not None:
             rows = check_data_file(path, setting)
             log.info("%s: %d rows in the DAPO schema", path, rows)
+    check_rewards(cfg)
+
+
+def check_rewards(cfg: Config) -> None:
+    """Build every source's reward in a one-worker verifier pool and call each user function once on
+    its first row (``rewards.probe``), before any service starts: a reward file that is missing, does
+    not import, has the wrong signature or raises stops the run here with the setting and the fix."""
+    if not cfg.data.sources:
+        return  # the built-in verifier alone: nothing a user wrote
+    from stream_dapo.config.sources import data_sources
+    from stream_dapo.rewards.probe import probe_rewards, warn_weak_sandbox
+    from stream_dapo.verifier import VerifierPool
+
+    sources = data_sources(cfg)
+    warn_weak_sandbox(sources)
+    with VerifierPool(num_workers=1, rewards={s.name: s.reward for s in sources}) as pool:
+        probe_rewards(pool, sources)
 
 
 class PortInUse(RuntimeError):
