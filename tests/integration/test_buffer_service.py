@@ -425,7 +425,7 @@ def start_buffer(args: list[str], log_path: Path, held: HeldPorts | None = None)
 
 
 def wait_ready(
-    proc: subprocess.Popen[bytes], out: Path, log_path: Path, timeout_s: float = 30.0
+    proc: subprocess.Popen[bytes], out: Path, log_path: Path, timeout_s: float = 120.0
 ) -> dict[str, int]:
     """Until the buffer has reported its ports (every socket bound) and answers /healthz; returns
     the ports, by setting."""

@@ -3,6 +3,11 @@
 The refusals are observed on the server's socket monitor (handshake failure events), never by
 waiting a fixed time: every wait below ends as soon as its event arrives and its timeout is only
 reached when something is broken.
+
+A refused client connects once (`one_shot`: ZMQ_RECONNECT_IVL -1). Whether libzmq reconnects after
+a failed handshake depends on which the client sees first, the server's error or its closed
+connection (a race), and every reconnection is refused and counted again; with one connection
+each, every refusal count below is exact.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from stream_dapo.transport.curve import (
     load_server_keys,
     start_authenticator,
 )
-from stream_dapo.transport.sockets import make_socket
+from stream_dapo.transport.sockets import CurveKeys, make_socket
 
 WAIT_MS = 10_000
 HANDSHAKE_EVENTS = (
@@ -90,6 +95,20 @@ def _client(ctx: zmq.Context[Any], address: str, **curve: Any) -> zmq.Socket[Any
     return sock
 
 
+def one_shot(ctx: zmq.Context[Any], keys: CurveKeys | None = None) -> zmq.Socket[Any]:
+    """A DEALER, not yet connected, that never reconnects (libzmq reads the option at connect), with
+    Curve client keys or none (the NULL mechanism). Connect it after attaching any monitor."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.reconnect_ivl = -1
+    if keys is not None:
+        assert keys.server_public is not None
+        sock.curve_serverkey = keys.server_public
+        sock.curve_publickey = keys.public
+        sock.curve_secretkey = keys.secret
+    return sock
+
+
 def test_known_client_talks_and_strangers_are_refused_without_delivering_anything(
     ctx: zmq.Context[Any], keys: Path, tmp_path: Path
 ) -> None:
@@ -103,19 +122,15 @@ def test_known_client_talks_and_strangers_are_refused_without_delivering_anythin
 
         # A plain (NULL mechanism) client and a Curve client whose key is not in the allow-list,
         # though it knows the server's public key. Both send at once: the messages wait in their
-        # queues and must never reach the server.
-        plain = _client(ctx, address)
+        # queues and must never reach the server. One connection each: one refusal each.
+        plain = one_shot(ctx)
+        plain.connect(address)
         generate_keys(tmp_path / "stranger")
         stranger_keys = dataclasses.replace(
             load_client_keys(tmp_path / "stranger"), server_public=load_server_keys(keys).public
         )
-        # Built by hand so its monitor is attached before it connects and no event is missed.
-        stranger = ctx.socket(zmq.DEALER)
-        stranger.linger = 0
-        stranger.curve_serverkey = stranger_keys.server_public
-        stranger.curve_publickey = stranger_keys.public
-        stranger.curve_secretkey = stranger_keys.secret
-        stranger_monitor = Monitor(stranger)
+        stranger = one_shot(ctx, stranger_keys)
+        stranger_monitor = Monitor(stranger)  # attached before it connects: no event is missed
         stranger.connect(address)
         for sock, payload in ((plain, b"from the plain client"), (stranger, b"from the stranger")):
             try:
@@ -144,6 +159,10 @@ def test_known_client_talks_and_strangers_are_refused_without_delivering_anythin
         assert not server.poll(0), "the server received something from a refused client"
         monitor.drain()
         assert monitor.seen.count(zmq.EVENT_HANDSHAKE_SUCCEEDED) == 1  # only the friend ever got in
+        # Two connections refused, once each: the stranger by the authenticator, the plain client
+        # by its mechanism (not by the authenticator, which it never reached).
+        assert monitor.failures() == 2, [zmq.Event(e).name for e in monitor.seen]
+        assert monitor.seen.count(zmq.EVENT_HANDSHAKE_FAILED_AUTH) == 1
     finally:
         auth.stop()
 
@@ -219,18 +238,27 @@ def test_the_weight_server_counts_and_logs_refused_connections(
     )
     with caplog.at_level("WARNING"), server.start():
         # Both stay open (the fixture's context closes them): a socket dropped here would be closed
-        # by the garbage collector, perhaps before its handshake was refused and counted.
-        rogues = [make_socket(ctx, zmq.DEALER, connect=server.address, curve=c) for c in (None, stranger)]
+        # by the garbage collector, perhaps before its handshake was refused and counted. Each
+        # connects once, so each is refused (and counted) exactly once.
+        rogues = [one_shot(ctx, c) for c in (None, stranger)]
         for sock in rogues:
-            sock.send(b"x")
-        deadline = time.monotonic() + 30  # only reached when a refusal is never counted
+            sock.connect(server.address)
+            try:
+                sock.send(b"x", zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # refused already, leaving no pipe to queue on
+        deadline = time.monotonic() + 60  # only reached when a refusal is never counted
         counts: dict[str, float] = {}
-        while not (counts.get("not_allowed") == 1 and sum(counts.values()) == 2):
+        while sum(counts.values()) < 2:
             assert time.monotonic() < deadline, counts
+            time.sleep(0.05)
             counts = {
                 s.labels["reason"]: s.value
                 for s in next(iter(registry.collect())).samples
                 if s.name == "refused_total" and s.labels["socket"] == "weights"
             }
-            time.sleep(0.05)
+    # The stranger's key is not allowed; the plain client failed its handshake (libzmq says
+    # protocol or handshake). One refusal each, each counted once.
+    assert counts.pop("not_allowed") == 1, counts
+    assert list(counts.values()) == [1] and set(counts) <= {"protocol", "handshake"}, counts
     assert "refused a connection to the weights socket: Curve handshake failed" in caplog.text

@@ -278,7 +278,7 @@ def test_restart_after_kill_loses_nothing_acknowledged(tmp_path: Path) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
-    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr
     restored, journal = open_buffer(path)
     acked = [f"g{i}" for i in range(30)]

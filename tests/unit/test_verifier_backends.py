@@ -102,7 +102,7 @@ def test_math_verify_backend_keeps_the_extraction_and_size_contract() -> None:
 
 @pytest.mark.process
 @needs_math_verify
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_math_verify_backend_through_the_pool_times_out_and_counts(tmp_path: Path) -> None:
     """A power tower Math-Verify evaluates in C (its own signal timeout cannot stop it) is bounded by
     the pool's timeout and counted as one, like the built-in checker's slow checks."""

@@ -1,6 +1,7 @@
 """Hostile answers: nothing is executed, nothing blows up, every one scores -1 in bounded time.
 
-Bounded time is enforced with pytest-timeout markers, not by timing assertions.
+Bounded time is enforced with pytest-timeout markers, not by timing assertions: each bound is far
+above a run on a busy machine (seconds) and a hang (these inputs, unguarded, run for hours) trips it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def in_tmp_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("response", HOSTILE_RESPONSES, ids=lambda r: repr(r[:40]))
 def test_hostile_response_in_process(response: str, in_tmp_cwd: Path) -> None:
     result = verify(response, "1")
@@ -38,7 +39,7 @@ def test_hostile_response_in_process(response: str, in_tmp_cwd: Path) -> None:
     assert not (in_tmp_cwd / "PWNED").exists()
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("response", HOSTILE_RESPONSES[:10], ids=lambda r: repr(r[:40]))
 def test_hostile_text_as_gold_does_not_crash(response: str, in_tmp_cwd: Path) -> None:
     result = verify("Answer: 1", response[-5_000:])
@@ -46,7 +47,7 @@ def test_hostile_text_as_gold_does_not_crash(response: str, in_tmp_cwd: Path) ->
     assert not (in_tmp_cwd / "PWNED").exists()
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_hostile_responses_with_raised_input_limit(in_tmp_cwd: Path) -> None:
     """With the input limit raised past the hostile sizes, extraction (linear) still copes and the
     answer cap refuses the over-long answers."""
@@ -60,7 +61,7 @@ def test_hostile_responses_with_raised_input_limit(in_tmp_cwd: Path) -> None:
 
 
 @pytest.mark.process
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_hostile_responses_through_the_pool(in_tmp_cwd: Path) -> None:
     items = [(response, "1") for response in HOSTILE_RESPONSES] + [("Answer: 1", "1")]
     with VerifierPool(num_workers=1, timeout_s=5.0) as pool:
@@ -72,7 +73,7 @@ def test_hostile_responses_through_the_pool(in_tmp_cwd: Path) -> None:
     assert not (in_tmp_cwd / "PWNED").exists()
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(120)
 def test_model_text_never_reaches_eval_exec_or_parse_expr(monkeypatch: pytest.MonkeyPatch) -> None:
     import sympy.parsing.sympy_parser as sympy_parser
     import sympy.physics.units  # noqa: F401 - simplify() imports it lazily; its own constants use sympify
@@ -123,7 +124,7 @@ def test_model_text_never_reaches_eval_exec_or_parse_expr(monkeypatch: pytest.Mo
 # ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("text", "message"),
     [

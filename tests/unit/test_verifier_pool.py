@@ -26,7 +26,7 @@ def hooks_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.mark.process
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_results_match_in_process_verify_and_keep_order() -> None:
     items = [(f"step {i}\nAnswer: {i % 7}", str(i % 5)) for i in range(200)]
     items += [("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\sqrt{3}/2"), ("no answer here", "1"), ("x" * 20_000, "1")]
@@ -40,7 +40,7 @@ def test_results_match_in_process_verify_and_keep_order() -> None:
 
 
 @pytest.mark.process
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_hanging_check_times_out_and_the_rest_of_the_chunk_is_verified(hooks_on: None) -> None:
     items = [
         ("Answer: 1", "1"),
@@ -62,7 +62,7 @@ def test_hanging_check_times_out_and_the_rest_of_the_chunk_is_verified(hooks_on:
 
 
 @pytest.mark.process
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_slow_simplify_on_valid_algebra_times_out() -> None:
     """No hook: this pair passes every parser guard and the numeric pre-check, then sympy's simplify
     expands for minutes; the pool's timeout is what bounds it. The symbolic check runs before it, in
@@ -77,7 +77,7 @@ def test_slow_simplify_on_valid_algebra_times_out() -> None:
 
 
 @pytest.mark.process
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_sympy_import_does_not_count_against_the_first_symbolic_check(hooks_on: None) -> None:
     """The worker stops the clock during its one-time sympy import. The hook makes that import take
     TEST_IMPORT_DELAY_S (5 s) more than its ~0.5 s, well past this pool's 2 s timeout, while the
@@ -89,7 +89,7 @@ def test_sympy_import_does_not_count_against_the_first_symbolic_check(hooks_on: 
 
 
 @pytest.mark.process
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_crashing_check_is_counted_and_the_batch_carries_on(hooks_on: None) -> None:
     items = [
         ("Answer: 1", TEST_CRASH_GOLD),
@@ -111,7 +111,7 @@ def test_crashing_check_is_counted_and_the_batch_carries_on(hooks_on: None) -> N
 
 
 @pytest.mark.process
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_hang_and_crash_with_several_workers(hooks_on: None) -> None:
     items = [(f"Answer: {i}", str(i)) for i in range(40)]
     items[5] = ("Answer: 5", TEST_HANG_GOLD)
@@ -126,7 +126,7 @@ def test_hang_and_crash_with_several_workers(hooks_on: None) -> None:
 
 
 @pytest.mark.process
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_hook_golds_are_ordinary_without_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TEST_HOOKS_ENV, raising=False)
     with VerifierPool(num_workers=1, timeout_s=5.0) as pool:
@@ -136,7 +136,7 @@ def test_hook_golds_are_ordinary_without_the_environment_variable(monkeypatch: p
 
 
 @pytest.mark.process
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_worker_that_dies_while_idle_is_replaced() -> None:
     with VerifierPool(num_workers=1, timeout_s=5.0) as pool:
         assert pool.verify_batch([("Answer: 1", "1")])[0].reason == "exact"
@@ -149,7 +149,7 @@ def test_worker_that_dies_while_idle_is_replaced() -> None:
 
 
 @pytest.mark.process
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_empty_batch_close_and_errors() -> None:
     pool = VerifierPool(num_workers=1, timeout_s=5.0, pattern=r"####\s*(\d+)")
     assert pool.verify_batch([]) == []
@@ -190,5 +190,7 @@ def test_importing_the_verifier_and_checking_integers_stays_light() -> None:
         "assert verify('Answer: \\\\frac{3}{4}', '0.75').reason == 'numeric'\n"
         "print(sorted(m for m in ('sympy', 'torch', 'numpy') if m in sys.modules))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
     assert out.stdout.strip() == "[]"

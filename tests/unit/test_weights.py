@@ -51,7 +51,7 @@ def test_chunked_transfer_reassembles_bit_identically(server: WeightServer, tmp_
     payload = payload_of(0, version=3)
     assert payload.total_bytes > 10 * CHUNK
     server.publish(payload)
-    version, path = fetch_weights_zmq(server.address, have_version=-1, timeout=5.0, dest_dir=tmp_path)
+    version, path = fetch_weights_zmq(server.address, have_version=-1, timeout=60.0, dest_dir=tmp_path)
     assert version == 3 and path is not None
     assert path.name == "v00000003.safetensors"
     assert path.read_bytes() == payload.data
@@ -60,7 +60,7 @@ def test_chunked_transfer_reassembles_bit_identically(server: WeightServer, tmp_
     for name, tensor in load(payload.data).items():
         assert torch.equal(load_file(path)[name], tensor)
     # Asking again with the version we now hold transfers nothing.
-    assert fetch_weights_zmq(server.address, have_version=3, timeout=5.0, dest_dir=tmp_path) == (3, None)
+    assert fetch_weights_zmq(server.address, have_version=3, timeout=60.0, dest_dir=tmp_path) == (3, None)
     assert list(tmp_path.glob(".*")) == []  # no temp files left behind
 
 
@@ -70,19 +70,19 @@ def test_checksum_mismatch_is_detected_and_nothing_is_kept(server: WeightServer,
     corrupted[len(corrupted) // 2] ^= 0xFF
     server.publish(WeightsPayload(1, bytes(corrupted), good.checksum, good.num_tensors))
     with pytest.raises(ChecksumMismatch, match="version 1"):
-        fetch_weights_zmq(server.address, have_version=-1, timeout=5.0, dest_dir=tmp_path)
+        fetch_weights_zmq(server.address, have_version=-1, timeout=60.0, dest_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_late_joiner_gets_the_current_version(server: WeightServer, tmp_path: Path) -> None:
-    assert fetch_weights_zmq(server.address, have_version=-1, timeout=5.0, dest_dir=tmp_path) == (-1, None)
+    assert fetch_weights_zmq(server.address, have_version=-1, timeout=60.0, dest_dir=tmp_path) == (-1, None)
     payloads = [payload_of(seed, version=v) for v, seed in enumerate((0, 1, 2))]
     for p in payloads:
         server.publish(p)
-    version, path = fetch_weights_zmq(server.address, have_version=-1, timeout=5.0, dest_dir=tmp_path)
+    version, path = fetch_weights_zmq(server.address, have_version=-1, timeout=60.0, dest_dir=tmp_path)
     assert version == 2 and path is not None and path.read_bytes() == payloads[2].data
     # A generator holding version 0 (the initial weights) also moves to the current one.
-    version, path = fetch_weights_zmq(server.address, have_version=0, timeout=5.0, dest_dir=tmp_path / "g2")
+    version, path = fetch_weights_zmq(server.address, have_version=0, timeout=60.0, dest_dir=tmp_path / "g2")
     assert (
         version == 2
         and path is not None
