@@ -56,9 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--k, --max-prompts and --max-tokens must be >= 1")
     sets = _eval_sets(cfg, args, max_tokens)
     if not sets:
-        raise ConfigError(
-            "no data.sources entry has an eval_path; give one an eval_path or pass --data FILE"
-        )
+        raise ConfigError("no data.sources entry has an eval_path; give one an eval_path or pass --data FILE")
     sampling = {
         "k": k,
         "n": args.n,
@@ -117,7 +115,9 @@ def _load(cfg: Config, model: str, data: Path, data_source: Any) -> list[Any]:
 
     from stream_dapo.data.dataset import LazyPrompts
 
-    prompts = LazyPrompts(data, AutoTokenizer.from_pretrained(model), cfg.model.max_prompt_len, data_sources=data_source)
+    prompts = LazyPrompts(
+        data, AutoTokenizer.from_pretrained(model), cfg.model.max_prompt_len, data_sources=data_source
+    )
     return [p for p in (prompts[i] for i in range(len(prompts))) if p is not None]
 
 

@@ -75,7 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="builtin",
         help="math's equivalence checker (default builtin; math-verify needs `pip install -e '.[math-verify]'`)",
     )
-    parser.add_argument("--timeout-s", type=float, default=None, help="limit of the call (default: the reward's)")
+    parser.add_argument(
+        "--timeout-s", type=float, default=None, help="limit of the call (default: the reward's)"
+    )
 
 
 def _read_row(path: str) -> dict[str, Any]:
@@ -115,7 +117,11 @@ def _spec(args: argparse.Namespace) -> RewardSpec:
     if args.source is not None:
         raise ConfigError("--source needs --config FILE (the config that defines the source)")
     name = args.reward or ("math" if args.backend == "builtin" else "math-verify")
-    math_options = {"pattern": args.pattern, "tail_chars": args.tail_chars, "max_input_chars": args.max_input_chars}
+    math_options = {
+        "pattern": args.pattern,
+        "tail_chars": args.tail_chars,
+        "max_input_chars": args.max_input_chars,
+    }
     spec = parse_reward(name, setting="--reward")
     if spec.kind == "code":
         from stream_dapo.config.schema import VerifierConfig
@@ -140,7 +146,9 @@ def run(args: argparse.Namespace) -> int:
         if args.timeout_s is not None:
             spec = dataclasses.replace(spec, timeout_s=args.timeout_s)
         row = _read_row(args.row) if args.row else {}
-        reward_model = row.get("reward_model") if isinstance(row.get("reward_model"), dict) else {}
+        reward_model = row.get("reward_model")
+        if not isinstance(reward_model, dict):
+            reward_model = {}
         gold = args.gold if args.gold is not None else reward_model.get("ground_truth")
         if gold is None:
             raise ConfigError("no gold answer: give --gold, or --row with reward_model.ground_truth")

@@ -79,7 +79,9 @@ class MixedStream(Iterator[PromptItem]):
         state: MixState | None = None,
     ) -> None:
         if set(streams) != set(weights):
-            raise ValueError(f"streams {sorted(streams)} and weights {sorted(weights)} name different sources")
+            raise ValueError(
+                f"streams {sorted(streams)} and weights {sorted(weights)} name different sources"
+            )
         self.names = list(streams)
         self._streams = dict(streams)
         self._budgets = dict(budgets or {})

@@ -144,7 +144,9 @@ class MixCursor:
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("ignoring the prompt positions in %s (%s): starting every source at epoch 0", self.path, exc)
+            log.warning(
+                "ignoring the prompt positions in %s (%s): starting every source at epoch 0", self.path, exc
+            )
             return None
         streams: dict[str, StreamState] = {}
         for name, layout in self.layouts.items():
@@ -158,7 +160,9 @@ class MixCursor:
             counts = {}
         return MixState(counts=counts, streams=streams)
 
-    def stream(self, prompts: dict[str, Any], weights: dict[str, float], budgets: dict[str, int | None]) -> Any:
+    def stream(
+        self, prompts: dict[str, Any], weights: dict[str, float], budgets: dict[str, int | None]
+    ) -> Any:
         """The ``MixedStream`` over every source's shard, resumed where it fits."""
         from stream_dapo.data.mixing import MixedStream
 

@@ -136,7 +136,9 @@ class ConfiguredCollaborators:
 
             def progress(rows: int, fraction: float, path: str = path) -> None:
                 alive()
-                log.info("indexing the prompts of %s: %d rows, %.0f%% of the file", path, rows, 100 * fraction)
+                log.info(
+                    "indexing the prompts of %s: %d rows, %.0f%% of the file", path, rows, 100 * fraction
+                )
 
             items = LazyPrompts(
                 path, tokenizer, cfg.model.max_prompt_len, progress=progress, data_sources=source.data_source
@@ -145,10 +147,14 @@ class ConfiguredCollaborators:
             key = path if source.data_source is None else f"{path}?data_source={','.join(source.data_source)}"
             # A seed of its own per source: two sources over one file do not serve it in one order.
             seed = cfg.data.seed + int(hashlib.sha256(source.name.encode()).hexdigest()[:8], 16)
-            layouts[source.name] = ShardLayout.of(key, len(items), seed, cfg.generator.num_generators, self.index)
+            layouts[source.name] = ShardLayout.of(
+                key, len(items), seed, cfg.generator.num_generators, self.index
+            )
             weights[source.name] = source.weight
             budgets[source.name] = source.max_response_len
-        cursor = MixCursor(Path(cfg.run.out_dir) / "generators" / f"{self.generator_id}.sources.json", layouts)
+        cursor = MixCursor(
+            Path(cfg.run.out_dir) / "generators" / f"{self.generator_id}.sources.json", layouts
+        )
         return cursor.stream(prompts, weights, budgets), cursor
 
     def start_verifier(self) -> VerifierPool:

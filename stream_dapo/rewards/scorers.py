@@ -102,7 +102,9 @@ def load_user_function(spec: RewardSpec) -> Callable[..., Any]:
             a missing or non-callable name, or a signature that cannot take the four arguments.
     """
     target, setting = spec.target, spec.setting
-    module = _import_file(Path(target), setting) if target.endswith(".py") else _import_module(target, setting)
+    module = (
+        _import_file(Path(target), setting) if target.endswith(".py") else _import_module(target, setting)
+    )
     fn = getattr(module, spec.function, None)
     if fn is None:
         names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -135,7 +137,9 @@ def result_of_user_value(value: Any, spec: RewardSpec) -> VerifyResult:
     score = value
     if isinstance(value, dict):
         if "score" not in value:
-            return _failed(spec, "reward_not_number", f"a dict without 'score' ({sorted(map(str, value))[:8]})")
+            return _failed(
+                spec, "reward_not_number", f"a dict without 'score' ({sorted(map(str, value))[:8]})"
+            )
         score = value["score"]
         for key, item in value.items():
             if key != "score" and isinstance(item, (int, float)) and not isinstance(item, bool):
@@ -167,7 +171,9 @@ def _math_scorer(spec: RewardSpec) -> Scorer:
     backend = "builtin" if spec.kind == "math" else "math-verify"
     options = dict(spec.math)
 
-    def score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> VerifyResult:
+    def score(
+        data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]
+    ) -> VerifyResult:
         result = verify(solution_str, ground_truth, backend=backend, **options)
         if spec.correct_threshold is None and spec.failure_score == -1.0:
             return result
@@ -184,7 +190,9 @@ def _code_scorer(spec: RewardSpec) -> Scorer:
 
     settings = CodeSettings(**spec.code)
 
-    def score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> VerifyResult:
+    def score(
+        data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]
+    ) -> VerifyResult:
         verdict = score_code(solution_str, ground_truth, settings)
         everything = verdict.total > 0 and verdict.passed == verdict.total
         if everything:
@@ -204,10 +212,15 @@ def _code_scorer(spec: RewardSpec) -> Scorer:
 def _python_scorer(spec: RewardSpec) -> Scorer:
     fn = load_user_function(spec)
 
-    def score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]) -> VerifyResult:
+    def score(
+        data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]
+    ) -> VerifyResult:
         try:
             value = fn(
-                data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info
+                data_source=data_source,
+                solution_str=solution_str,
+                ground_truth=ground_truth,
+                extra_info=extra_info,
             )
         except Exception as exc:  # the user's bug on one sample: a defined reward, counted
             log.debug("reward %s raised %s: %s", spec.label, type(exc).__name__, exc)

@@ -80,7 +80,9 @@ class RewardSpec:
         if self.correct_threshold is not None and not math.isfinite(self.correct_threshold):
             raise ConfigError(f"correct_threshold must be a finite number, got {self.correct_threshold}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise ConfigError(f"a reward's timeout_s must be a positive number of seconds, got {self.timeout_s}")
+            raise ConfigError(
+                f"a reward's timeout_s must be a positive number of seconds, got {self.timeout_s}"
+            )
 
     @property
     def label(self) -> str:

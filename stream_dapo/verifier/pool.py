@@ -340,7 +340,9 @@ class VerifierPool:
             raise
 
     @classmethod
-    def from_config(cls, config: VerifierConfig, rewards: dict[str, RewardSpec] | None = None) -> VerifierPool:
+    def from_config(
+        cls, config: VerifierConfig, rewards: dict[str, RewardSpec] | None = None
+    ) -> VerifierPool:
         """The pool a ``[verifier]`` config section describes (workers, timeout, pattern, limits,
         backend), with ``rewards`` beside its default one."""
         return cls(
@@ -391,7 +393,9 @@ class VerifierPool:
                         f"(it has {', '.join(sorted(self._rewards))})"
                     )
                 if not isinstance(item.response, str) or not isinstance(item.gold, str):
-                    raise TypeError(f"item {index}: response and gold must be str; decode token ids to text first")
+                    raise TypeError(
+                        f"item {index}: response and gold must be str; decode token ids to text first"
+                    )
                 wire.append((item.reward, item.response, item.gold, item.data_source, item.extra_info))
                 # Refuse over-long math inputs here: shipping a megabyte to a worker only to refuse it is waste.
                 limit = spec.math.get("max_input_chars", self._max_input_chars)

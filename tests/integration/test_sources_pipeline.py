@@ -38,7 +38,9 @@ def _rows(path: Path, data_source: str, seed: int) -> Path:
     return path
 
 
-def test_two_sources_train_in_their_proportions_each_with_its_reward(tmp_path: Path, warm_model: Path) -> None:
+def test_two_sources_train_in_their_proportions_each_with_its_reward(
+    tmp_path: Path, warm_model: Path
+) -> None:
     reward = tmp_path / "my_reward.py"
     reward.write_text(REWARD)
     config = tmp_path / "mix.toml"
@@ -86,21 +88,30 @@ failure_score = 0.0
     mine_count = value("stream_dapo_generator_source_response_length_tokens_count", source="mine")
     assert mine_count > 0
     # Its own budget: every response of "mine" within 32 tokens (the bucket edge), whatever the run's 64.
-    assert value("stream_dapo_generator_source_response_length_tokens_bucket", source="mine", le="32.0") == mine_count
+    assert (
+        value("stream_dapo_generator_source_response_length_tokens_bucket", source="mine", le="32.0")
+        == mine_count
+    )
     # Its scores are the function's: 0, 0.25 or 1, never the verifier's -1.
     assert value("stream_dapo_generator_source_score_bucket", source="mine", le="-0.5") == 0
     assert value("stream_dapo_generator_source_score_bucket", source="verified", le="-1.0") > 0 or value(
         "stream_dapo_generator_source_correct_total", source="verified"
     ) == value("stream_dapo_generator_source_samples_total", source="verified")
 
-    groups = [json.loads(line) for p in (out / "generators").glob("*.groups.jsonl") for line in p.read_text().splitlines()]
+    groups = [
+        json.loads(line)
+        for p in (out / "generators").glob("*.groups.jsonl")
+        for line in p.read_text().splitlines()
+    ]
     assert {g["source"] for g in groups} == {"verified", "mine"}
     means = [g["mean_score"] for g in groups if g["source"] == "mine"]
     # The mean of four scores from {0, 0.25, 1}: a multiple of 1/16 in [0, 1].
     assert means and all(0 <= x <= 1 and abs(16 * x - round(16 * x)) < 1e-4 for x in means)
 
 
-def test_a_reward_file_that_does_not_import_stops_the_run_before_any_service(tmp_path: Path, warm_model: Path) -> None:
+def test_a_reward_file_that_does_not_import_stops_the_run_before_any_service(
+    tmp_path: Path, warm_model: Path
+) -> None:
     reward = tmp_path / "broken.py"
     reward.write_text("import not_a_module_anywhere\n")
     config = tmp_path / "mix.toml"

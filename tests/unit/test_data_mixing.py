@@ -17,8 +17,10 @@ from stream_dapo.generator.prompts import MixCursor, ShardLayout
 
 
 def items(prefix: str, n: int) -> list[PromptItem]:
-    return [PromptItem(f"{prefix}{i}", [{"role": "user", "content": f"{prefix}{i}"}], [i + 1], str(i), prefix)
-            for i in range(n)]
+    return [
+        PromptItem(f"{prefix}{i}", [{"role": "user", "content": f"{prefix}{i}"}], [i + 1], str(i), prefix)
+        for i in range(n)
+    ]
 
 
 def test_integer_weights_are_exact_over_every_window() -> None:
@@ -109,8 +111,16 @@ def test_a_mixed_stream_needs_matching_sources() -> None:
 def _write_rows(path: Path, rows: list[tuple[str, str]]) -> Path:
     with path.open("w") as f:
         for i, (data_source, gold) in enumerate(rows):
-            f.write(json.dumps({"data_source": data_source, "prompt": [{"role": "user", "content": f"q{i}"}],
-                                "reward_model": {"ground_truth": gold}}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "data_source": data_source,
+                        "prompt": [{"role": "user", "content": f"q{i}"}],
+                        "reward_model": {"ground_truth": gold},
+                    }
+                )
+                + "\n"
+            )
     return path
 
 
@@ -169,9 +179,17 @@ partial_credit = true
 """
     )
     words, concise, code = data_sources(load_config([config], []))
-    assert (words.name, words.weight, words.reward.kind, words.reward.timeout_s) == ("words", 3.0, "math", 7.0)
+    assert (words.name, words.weight, words.reward.kind, words.reward.timeout_s) == (
+        "words",
+        3.0,
+        "math",
+        7.0,
+    )
     assert (concise.reward.kind, concise.reward.function, concise.reward.failure_score) == (
-        "python", "compute_score", -2.0)
+        "python",
+        "compute_score",
+        -2.0,
+    )
     assert concise.max_response_len == 48 and concise.reward.setting == "data.sources[concise].reward"
     assert code.reward.partial_credit and code.reward.timeout_s == 10.0 * 16 + 5.0
     (default,) = data_sources(load_config([], []))
@@ -197,11 +215,16 @@ def test_source_names_and_rewards_are_checked(tmp_path: Path) -> None:
     for body, message in (
         ('name = "a b"\ntrain_path = "a.jsonl"', "use 1-63 letters"),
         ('name = "a"\ntrain_path = "a.jsonl"\nreward = "nope"', "names no reward"),
-        ('name = "a"\ntrain_path = "a.jsonl"\npartial_credit = true', "partial_credit is for reward = 'code'"),
+        (
+            'name = "a"\ntrain_path = "a.jsonl"\npartial_credit = true',
+            "partial_credit is for reward = 'code'",
+        ),
     ):
         config.write_text(f"[[data.sources]]\n{body}\n")
         with pytest.raises(ConfigError, match=message):
             load_config([config], [])
-    config.write_text('[[data.sources]]\nname = "a"\ntrain_path = "a.jsonl"\n[[data.sources]]\nname = "a"\ntrain_path = "b.jsonl"\n')
+    config.write_text(
+        '[[data.sources]]\nname = "a"\ntrain_path = "a.jsonl"\n[[data.sources]]\nname = "a"\ntrain_path = "b.jsonl"\n'
+    )
     with pytest.raises(ConfigError, match="must be unique"):
         load_config([config], [])

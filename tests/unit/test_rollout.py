@@ -262,7 +262,11 @@ def scored(*scores: float, threshold: float = 0.5) -> list[VerifyResult]:
 def no_shaping(*, dynamic_sampling: bool = True) -> RolloutSettings:
     return RolloutSettings(
         shaping=RewardShaping(
-            soft_overlong=False, max_response_len=L_MAX, overlong_cache_len=0, overlong_factor=1.0, overlong_filter=False
+            soft_overlong=False,
+            max_response_len=L_MAX,
+            overlong_cache_len=0,
+            overlong_factor=1.0,
+            overlong_filter=False,
         ),
         dynamic_sampling=dynamic_sampling,
     )
@@ -289,7 +293,9 @@ def test_scores_that_all_clear_the_bar_but_differ_are_still_trained_on() -> None
 @pytest.mark.parametrize(
     ("scores", "reason"), [((0.7,) * 4, FilterReason.ALL_CORRECT), ((0.25,) * 4, FilterReason.ALL_WRONG)]
 )
-def test_equal_real_scores_are_filtered_whatever_their_value(scores: tuple[float, ...], reason: FilterReason) -> None:
+def test_equal_real_scores_are_filtered_whatever_their_value(
+    scores: tuple[float, ...], reason: FilterReason
+) -> None:
     out = build_group(group(MIXED), scored(*scores), no_shaping(), "generator-0")
     assert not out.accepted and out.decision.reason is reason
     np.testing.assert_allclose(out.scores, scores)  # the scores are kept for the figures

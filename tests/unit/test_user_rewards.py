@@ -83,7 +83,11 @@ def test_reward_names_parse_to_their_kind() -> None:
     assert parse_reward("math-verify").kind == "math-verify"
     assert parse_reward("code").kind == "code"
     file_spec = parse_reward("rewards/mine.py:compute_score")
-    assert (file_spec.kind, file_spec.target, file_spec.function) == ("python", "rewards/mine.py", "compute_score")
+    assert (file_spec.kind, file_spec.target, file_spec.function) == (
+        "python",
+        "rewards/mine.py",
+        "compute_score",
+    )
     assert parse_reward("python:rewards/mine.py:f").target == "rewards/mine.py"
     module_spec = parse_reward("my_pkg.rewards:score")
     assert (module_spec.target, module_spec.function) == ("my_pkg.rewards", "score")
@@ -101,9 +105,14 @@ def test_what_a_user_function_returns_becomes_a_score_or_a_named_failure() -> No
     assert (with_extras.reward, with_extras.extras, with_extras.reason) == (-0.25, {"format": 1.0}, "scored")
     assert not with_extras.correct  # score > 0 is correct for a user's function by default
     assert result_of_user_value(0.01, s).correct
-    for value, reason in ((math.nan, "reward_nan"), (math.inf, "reward_nan"), ("1", "reward_not_number"),
-                          (None, "reward_not_number"), ({"value": 1}, "reward_not_number"),
-                          ([1.0], "reward_not_number")):
+    for value, reason in (
+        (math.nan, "reward_nan"),
+        (math.inf, "reward_nan"),
+        ("1", "reward_not_number"),
+        (None, "reward_not_number"),
+        ({"value": 1}, "reward_not_number"),
+        ([1.0], "reward_not_number"),
+    ):
         result = result_of_user_value(value, s)
         assert (result.reward, result.reason, result.correct) == (-2.0, reason, False)
 
@@ -141,7 +150,9 @@ def test_a_module_reward_is_found_on_the_path(tmp_path: Path, monkeypatch: pytes
     pkg = tmp_path / "team_rewards"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "gsm.py").write_text("def score(data_source, solution_str, ground_truth, extra_info):\n    return 0.5\n")
+    (pkg / "gsm.py").write_text(
+        "def score(data_source, solution_str, ground_truth, extra_info):\n    return 0.5\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_user_function(parse_reward("team_rewards.gsm:score"))("", "", "", {}) == 0.5
 
@@ -207,10 +218,16 @@ def test_a_reward_that_cannot_load_stops_the_pool_with_its_message(user_file: Pa
 
 @pytest.mark.process
 @pytest.mark.timeout(120)
-def test_the_start_up_probe_calls_each_function_once_on_its_first_row(user_file: Path, tmp_path: Path) -> None:
+def test_the_start_up_probe_calls_each_function_once_on_its_first_row(
+    user_file: Path, tmp_path: Path
+) -> None:
     rows = tmp_path / "rows.jsonl"
-    row = {"prompt": [{"role": "user", "content": "q"}], "reward_model": {"ground_truth": "a b"},
-           "data_source": "mine", "extra_info": {"bonus": True}}
+    row = {
+        "prompt": [{"role": "user", "content": "q"}],
+        "reward_model": {"ground_truth": "a b"},
+        "data_source": "mine",
+        "extra_info": {"bonus": True},
+    }
     rows.write_text(json.dumps(row) + "\n")
 
     def source(name: str, fn: str, **settings: object) -> DataSource:
