@@ -183,6 +183,11 @@ class GroupQueue:
             self.apply_lease(learner_version, chosen, dropped, smax, request_id)
         else:
             self.note_version(learner_version)
+            if request_id is not None:
+                # An empty answer is this request's answer too: a late copy of it (the learner
+                # retried, then read the first reply) must not lease groups that arrived meanwhile,
+                # which nobody would wait for. Not journaled: an empty poll changes no group.
+                self._last_lease = (request_id, [])
         return ServeResult(groups, dropped, staleness, held=held)
 
     def _choose(

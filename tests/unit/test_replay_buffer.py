@@ -546,6 +546,19 @@ def test_a_retried_batch_request_gets_the_same_lease_not_a_second_one() -> None:
     assert (stats["served"], stats["retried_requests"]) == (4, 1)
 
 
+def test_a_late_copy_of_an_empty_batch_request_leases_nothing() -> None:
+    """Regression: the buffer answered a batch request "empty" and forgot its id; groups arrived, a
+    late copy of the same request leased them, and the learner, which had read the first reply and
+    moved on, dropped that lease's reply: the groups stayed leased until the learner restarted."""
+    buf = ReplayBuffer(policy())
+    assert buf.serve(0, max_groups=2, request_id=11).groups == []
+    buf.add_groups("gen-0", [make_group(g) for g in "abc"])
+    late = buf.serve(0, max_groups=2, request_id=11)
+    assert late.groups == [] and late.retried
+    assert buf.leased_ids() == [] and buf.waiting_ids() == ["a", "b", "c"]
+    assert [g.group_id for g in buf.serve(0, max_groups=2, request_id=12).groups] == ["a", "b"]
+
+
 def test_a_retried_lease_returns_only_what_is_still_leased_and_a_hello_forgets_it() -> None:
     buf = ReplayBuffer(policy())
     buf.add_groups("gen-0", [make_group(g) for g in "abcd"])
