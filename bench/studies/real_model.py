@@ -84,12 +84,17 @@ def prepare(config: Path, overrides: Sequence[str]) -> dict[str, str]:
     cfg = _load(config, overrides)
     check_data(cfg)
     prepare_model(cfg)
-    sets = {"heldout": str(cfg.data.eval_path)}
+    if cfg.data.sources:  # each source's eval file, scored with its own reward (`_reward_of`)
+        from stream_dapo.config.sources import data_sources
+
+        sets = {s.name: str(s.eval_path) for s in data_sources(cfg) if s.eval_path is not None}
+    else:
+        sets = {"heldout": str(cfg.data.eval_path)}
     if cfg.data.word_problems is not None:
         from stream_dapo.data.word_problems import ensure_word_problem_data
 
         sets["probe"] = str(ensure_word_problem_data(cfg.data.word_problems).probe)
-    sets["train"] = str(cfg.data.train_path)
+    sets["train"] = str(train_file(cfg))
     if cfg.data.gsm_symbolic is not None:
         files = ensure_gsm_symbolic_data(cfg.data.gsm_symbolic)
         if cfg.data.word_problems is not None:
@@ -98,12 +103,30 @@ def prepare(config: Path, overrides: Sequence[str]) -> dict[str, str]:
     return sets
 
 
+def train_file(cfg: Any) -> Path:
+    """data.train_path, or the first source's train file."""
+    return Path(cfg.data.sources[0].train_path if cfg.data.sources else cfg.data.train_path)
+
+
+def _reward_of(cfg: Any, name: str) -> tuple[str, int]:
+    """The pool's reward and the response budget for eval set ``name``: a source's own for a
+    source's eval set, the built-in verifier and algo.max_response_len for every other set."""
+    from stream_dapo.config.sources import data_sources
+    from stream_dapo.verifier.pool import DEFAULT_REWARD
+
+    for source in data_sources(cfg) if cfg.data.sources else []:
+        if source.name == name:
+            return source.name, source.max_response_len or cfg.algo.max_response_len
+    return DEFAULT_REWARD, cfg.algo.max_response_len
+
+
 def evaluate_model(
     config: Path, overrides: Sequence[str], model: str, data: dict[str, str], seed: int
 ) -> dict:
     """Every eval set, sampled and greedy, on one vLLM engine."""
     from transformers import AutoTokenizer
 
+    from stream_dapo.config.sources import reward_specs
     from stream_dapo.data.dataset import load_prompts
     from stream_dapo.generator.vllm_utils import running_llm
     from stream_dapo.tools.evaluate import evaluate
@@ -121,9 +144,10 @@ def evaluate_model(
             max_model_len=cfg.model.max_prompt_len + cfg.algo.max_response_len,
             seed=seed,
         ) as llm,
-        VerifierPool.from_config(cfg.verifier) as pool,
+        VerifierPool.from_config(cfg.verifier, rewards=reward_specs(cfg) if cfg.data.sources else None) as pool,
     ):
         for name, path in data.items():
+            reward, budget = _reward_of(cfg, name)
             prompts = load_prompts(path, tokenizer, cfg.model.max_prompt_len)[0][: cfg.eval.max_prompts]
             for mode, k, temperature in (
                 ("sampled", cfg.eval.k, cfg.eval.temperature),
@@ -136,9 +160,10 @@ def evaluate_model(
                     k=k,
                     temperature=temperature,
                     top_p=cfg.eval.top_p if temperature else 1.0,
-                    max_tokens=cfg.algo.max_response_len,
+                    max_tokens=budget,
                     seed=seed,
                     verifier=pool,
+                    reward=reward,
                 )
                 r["seconds"] = round(time.perf_counter() - t0, 1)
                 out[f"{name}_{mode}"] = r
@@ -434,9 +459,10 @@ def report(
         for mode in ("sampled", "greedy"):
             label = f"{name}_{mode}"
             before, after = start[label], final[label]
+            shown = [*keys, *(["mean_score"] if "mean_score" in before and "mean_score" in after else [])]
             sets[label] = {
-                "before": {k: before[k] for k in keys},
-                "after": {k: after[k] for k in keys},
+                "before": {k: before[k] for k in shown},
+                "after": {k: after[k] for k in shown},
                 "gain_points": round(100 * (after["avg_at_k"] - before["avg_at_k"]), 2),
                 "num_prompts": before["num_prompts"],
                 "k": before["k"],
@@ -783,7 +809,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         eval_keys(data, _eval_settings(cfg, final_dir, args.eval_seed)),
     )
     rep = {
-        "what": f"SmolLM2-135M-Instruct trained by the whole pipeline on {Path(cfg.data.train_path).parent.name}, "
+        "what": f"SmolLM2-135M-Instruct trained by the whole pipeline on {train_file(cfg).parent.name}, "
         "before and after RL",
         "machine": machine_info(),
         "cores": os.cpu_count(),
@@ -806,7 +832,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     }
     rep["training"]["throughput"]["learner_planned_gib"] = planned_learner_gib(cfg)
-    rep["training"]["group_outcomes"] = group_outcomes(work / "run", Path(cfg.data.train_path))
+    rep["training"]["group_outcomes"] = group_outcomes(work / "run", train_file(cfg))
     save_json(args.json or RESULTS / f"real_model_{tag}seed{args.seed}.json", rep)
     print_report(rep)
     return 0

@@ -174,15 +174,23 @@ def config_to_toml(cfg: Config) -> str:
     data = cfg.model_dump(mode="json")
     out: list[str] = []
 
-    def emit(table: Mapping[str, Any], name: str) -> None:
-        scalars = {k: v for k, v in table.items() if not isinstance(v, Mapping) and v is not None}
+    def is_tables(value: Any) -> bool:
+        return isinstance(value, list) and bool(value) and all(isinstance(v, Mapping) for v in value)
+
+    def emit(table: Mapping[str, Any], name: str, header: str = "[{}]") -> None:
+        scalars = {
+            k: v for k, v in table.items() if not isinstance(v, Mapping) and not is_tables(v) and v is not None
+        }
         if name:
-            out.append(f"\n[{name}]")
+            out.append("\n" + header.format(name))
         for key, value in scalars.items():
             out.append(f"{key} = {json.dumps(value)}")
         for key, value in table.items():
             if isinstance(value, Mapping):
                 emit(value, f"{name}.{key}" if name else key)
+            elif is_tables(value):  # [[data.sources]]: an array of tables, one header each
+                for item in value:
+                    emit(item, f"{name}.{key}" if name else key, "[[{}]]")
 
     emit(data, "")
     return "\n".join(out).lstrip("\n") + "\n"

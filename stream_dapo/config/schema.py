@@ -434,7 +434,7 @@ class CodeSandboxConfig(_Section):
     read the host's files and open sockets): an explicit opt-in, warned about at every start."""
     extract: Literal["last_block", "whole"] = "last_block"
     """Which program is run: the response's last fenced ```python block, or the whole response."""
-    cpu_s: float = Field(5.0, gt=0.0)
+    cpu_s: int = Field(5, ge=1)
     """CPU seconds of one program run (one test case for stdin/stdout tests)."""
     wall_s: float = Field(10.0, gt=0.0)
     """Wall seconds of one program run."""

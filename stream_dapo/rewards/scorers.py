@@ -187,8 +187,14 @@ def _math_scorer(spec: RewardSpec) -> Scorer:
 
 def _code_scorer(spec: RewardSpec) -> Scorer:
     from stream_dapo.verifier.code import CodeSettings, score_code
+    from stream_dapo.verifier.sandbox import SandboxLimits, sandbox_problem
 
-    settings = CodeSettings(**spec.code)
+    options = dict(spec.code)
+    limits = SandboxLimits(**options.pop("limits", {}))
+    settings = CodeSettings(limits=limits, **options)
+    problem = sandbox_problem(settings.isolation)
+    if problem is not None:
+        raise ConfigError(f"{spec.setting} = code: {problem}")
 
     def score(
         data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]

@@ -18,7 +18,7 @@ from stream_dapo.data.synthetic import generate_split, problem_to_row
 from stream_dapo.runtime.metrics import final_metrics_path
 from stream_dapo.testing.services import tiny_overrides
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info):
@@ -68,12 +68,12 @@ failure_score = 0.0
     logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((out / "logs").glob("*.log")))
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}\n{logs}"
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["groups_trained_twice"] == 0 and summary["groups_trained"] >= 12
+    assert summary["groups_trained_twice"] == 0 and summary["groups_trained"] >= 6  # 3 steps x 2 groups
 
     (cursor,) = (out / "generators").glob("*.sources.json")
     counts = json.loads(cursor.read_text())["counts"]
     assert set(counts) == {"verified", "mine"} and abs(counts["verified"] - counts["mine"]) <= 1
-    assert counts["verified"] + counts["mine"] >= 12
+    assert counts["verified"] + counts["mine"] >= 6
 
     (final,) = (p for p in (out / "final-metrics").glob("generator-*.json"))
     assert final == final_metrics_path(out, final.stem)

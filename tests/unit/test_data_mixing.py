@@ -228,3 +228,14 @@ def test_source_names_and_rewards_are_checked(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="must be unique"):
         load_config([config], [])
+
+
+def test_a_config_with_sources_round_trips_through_its_toml(tmp_path: Path) -> None:
+    """The launcher hands every service the resolved config as TOML: sources are an array of tables."""
+    from stream_dapo.config import config_to_toml
+
+    cfg = load_config([Path(__file__).resolve().parents[2] / "configs" / "smollm2-words-mix-cpu.toml"], [])
+    written = tmp_path / "config.toml"
+    written.write_text(config_to_toml(cfg))
+    assert written.read_text().count("[[data.sources]]") == 2
+    assert load_config([written], []) == cfg
