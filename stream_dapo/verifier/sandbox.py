@@ -39,7 +39,8 @@ would. When the interpreter lives where other users cannot read it (pyenv under 
 the program keeps ``CAP_DAC_READ_SEARCH`` so that it can start at all, which lets it *read* every
 file of the host. As a non-root user, the program runs as that user: ``RLIMIT_NPROC`` is set to the
 user's current process count plus ``max_processes`` (so it shares that budget with whatever else
-the user starts meanwhile), and a ``setsid()`` escape is not killed. The caller warns at every start
+the user starts meanwhile), a ``setsid()`` escape is not killed, and ``kill(-1)`` from the program
+reaches every process of that user, the trainer's included. The caller warns at every start
 when this mode is chosen.
 
 A program reads private input on fd ``PRIVATE_FD`` (3, a memory file, empty unless the caller gives
@@ -455,11 +456,11 @@ def run_program(
                 spec["nproc"] = _tasks_of(os.getuid()) + limits.max_processes
         spec["cwd"] = cwd
         spec["env"] = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8"}
-        return _supervise(argv, env, tmpdir, json.dumps(spec).encode(), limits, started, uid, isolation)
+        return _supervise(argv, env, tmpdir, json.dumps(spec).encode(), limits, started)
     finally:
         if tmpdir is not None:
             if uid is not None:
-                _kill_uid(uid)
+                _kill_uid(uid)  # the launcher does it too, unless it was killed with the group
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
@@ -470,8 +471,6 @@ def _supervise(
     spec: bytes,
     limits: SandboxLimits,
     started: float,
-    uid: int | None,
-    isolation: str,
 ) -> SandboxResult:
     """Start the sandbox, feed it the spec, read its output under the limits, and classify the end."""
     status_r, status_w = os.pipe()
@@ -560,8 +559,6 @@ def _supervise(
     finally:
         sel.close()
         _killpg(proc.pid)  # before the wait: the unreaped leader keeps the group id from being reused
-        if uid is not None and isolation == "rlimits" and killed_for is not None:
-            _kill_uid(uid)  # the launcher, killed with the group, could not do it
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             stream.close()
         os.close(status_r)

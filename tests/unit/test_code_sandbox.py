@@ -32,8 +32,9 @@ def can_sandbox() -> Callable[[str], None]:
     def check(isolation: str) -> None:
         if isolation not in problems:
             problems[isolation] = sandbox_problem(isolation)
-        if problems[isolation] is not None:
-            pytest.skip(problems[isolation])
+        problem = problems[isolation]
+        if problem is not None:
+            pytest.skip(problem)
 
     return check
 
