@@ -144,7 +144,9 @@ def evaluate_model(
             max_model_len=cfg.model.max_prompt_len + cfg.algo.max_response_len,
             seed=seed,
         ) as llm,
-        VerifierPool.from_config(cfg.verifier, rewards=reward_specs(cfg) if cfg.data.sources else None) as pool,
+        VerifierPool.from_config(
+            cfg.verifier, rewards=reward_specs(cfg) if cfg.data.sources else None
+        ) as pool,
     ):
         for name, path in data.items():
             reward, budget = _reward_of(cfg, name)

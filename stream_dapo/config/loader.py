@@ -179,7 +179,9 @@ def config_to_toml(cfg: Config) -> str:
 
     def emit(table: Mapping[str, Any], name: str, header: str = "[{}]") -> None:
         scalars = {
-            k: v for k, v in table.items() if not isinstance(v, Mapping) and not is_tables(v) and v is not None
+            k: v
+            for k, v in table.items()
+            if not isinstance(v, Mapping) and not is_tables(v) and v is not None
         }
         if name:
             out.append("\n" + header.format(name))

@@ -264,3 +264,48 @@ def test_user_file_example_is_verls_shape() -> None:
     half = fn("word_problems", "word " * 88 + "\nAnswer: 7", "7", {})  # 90 words: 30 over the 60
     assert half["score"] == 0.5
     assert fn("word_problems", "word " * 88 + "\nAnswer: 7", "7", {"word_budget": 100})["score"] == 1.0
+
+
+@pytest.mark.process
+@pytest.mark.timeout(300)
+def test_the_code_reward_in_the_pool_contains_hostile_programs_and_goes_on() -> None:
+    """The verifier pool, as a generator uses it: a fork bomb, a program that kills its parents, one
+    that sleeps past the wall limit and one that floods stdout each score the failure score with a
+    named reason, and the same pool then scores a correct program 1."""
+    from stream_dapo.config.schema import CodeSandboxConfig, VerifierConfig
+    from stream_dapo.config.sources import code_options
+    from stream_dapo.data.humaneval import load_problems
+
+    problem = load_problems()[2]  # truncate_number: return number % 1.0
+    gold = json.dumps({"entry_point": problem["entry_point"], "test": problem["test"]})
+    good = f"```python\n{problem['prompt']}{problem['canonical_solution']}\n```"
+    verifier = VerifierConfig(code=CodeSandboxConfig(wall_s=3.0, cpu_s=2, max_processes=8))
+    code = parse_reward("code", code=code_options(verifier), timeout_s=60.0, failure_score=-1.0)
+    partial = parse_reward("code", code=code_options(verifier), timeout_s=60.0, partial_credit=True)
+    hostile = {
+        "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        "kill_parents": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\n",
+        "sleeps": "import time\ntime.sleep(3600)\n",
+        "floods": "while True:\n    print('x' * 1000)\n",
+        "exits_early": "import sys\nsys.exit(0)\n",
+    }
+    items = [ScoreItem("code", f"```python\n{src}```", gold) for src in hostile.values()]
+    apps = json.dumps({"inputs": ["1 2\n", "3 4\n", "5 5\n"], "outputs": ["3\n", "7\n", "11\n"]})
+    adder = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    with VerifierPool(num_workers=1, rewards={"code": code, "partial": partial}) as pool:
+        results = pool.score_batch(
+            [
+                *items,
+                ScoreItem("code", good, gold),
+                ScoreItem("partial", adder, apps),
+                ScoreItem("code", adder, apps),
+            ]
+        )
+    verdicts = dict(zip(hostile, results, strict=False))
+    assert all(r.reward == -1.0 and not r.correct for r in verdicts.values()), verdicts
+    assert verdicts["sleeps"].reason == "code_timeout" and verdicts["floods"].reason == "code_output_limit"
+    assert verdicts["exits_early"].reason == "code_early_exit"
+    good_result, partial_result, strict_result = results[len(hostile) :]
+    assert (good_result.reward, good_result.reason, good_result.correct) == (1.0, "code_passed", True)
+    assert partial_result.reward == pytest.approx(2 / 3) and not partial_result.correct  # 5 + 5 is not 11
+    assert strict_result.reward == -1.0 and strict_result.extras["tests_total"] == 3.0
