@@ -426,6 +426,35 @@ def group_outcomes(run_dir: Path, train_path: Path, key: str = "steps") -> dict 
     return {"key": key, "by_value": dict(sorted(out.items()))}
 
 
+def source_outcomes(run_dir: Path) -> dict | None:
+    """Per data source, from the generators' group logs: groups judged, kept, all wrong, all correct,
+    and the mean score of its first and last 25% of groups (in the order they were judged). None
+    when the log names no source (a run from before sources)."""
+    rows = [r for log in sorted((run_dir / "generators").glob("*.groups.jsonl")) for r in read_group_log(log)]
+    if not rows or "source" not in rows[0]:
+        return None
+    rows.sort(key=lambda r: r.get("t", 0.0))
+    out: dict[str, dict] = {}
+    for name in sorted({r["source"] for r in rows}):
+        mine = [r for r in rows if r["source"] == name]
+        quarter = max(1, len(mine) // 4)
+        scores = [r.get("mean_score") for r in mine]
+
+        def mean(values: list) -> float | None:
+            values = [v for v in values if v is not None]
+            return round(sum(values) / len(values), 4) if values else None
+
+        out[name] = {
+            "groups": len(mine),
+            "kept": sum(int(r["kept"]) for r in mine),
+            "all_wrong": sum(r["outcome"] == "all_wrong" for r in mine),
+            "all_correct": sum(r["outcome"] == "all_correct" for r in mine),
+            "mean_score_first_quarter": mean(scores[:quarter]),
+            "mean_score_last_quarter": mean(scores[-quarter:]),
+        }
+    return out
+
+
 def group_outcomes_line(go: dict | None) -> list[str]:
     """One sentence per value of the key: what dynamic sampling did with its groups."""
     if not go:
@@ -768,6 +797,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="SET",
         help="evaluate this eval set again before and after (e.g. heldout), even if its figures are kept",
     )
+    parser.add_argument(
+        "--sets",
+        default=None,
+        metavar="A,B",
+        help="evaluate only these eval sets (e.g. the sources' names: words,concise); default: all",
+    )
     args = parser.parse_args(argv)
     if args.render:
         reports = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("real_model_*seed*.json"))]
@@ -782,6 +817,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     overrides = [*args.overrides, f"learner.seed={args.seed}", f"generator.seed={args.seed}"]
     data = prepare(args.config, overrides)
+    if args.sets:
+        wanted = args.sets.split(",")
+        unknown = sorted(set(wanted) - set(data))
+        if unknown:
+            raise SystemExit(f"--sets {args.sets}: no eval set {', '.join(unknown)} (sets: {', '.join(data)})")
+        data = {name: path for name, path in data.items() if name in wanted}
     cfg = _load(args.config, overrides)
     print(f"seed {args.seed}: evaluating the start model {cfg.model.path} ...", flush=True)
     start = _cached_evals(
@@ -835,6 +876,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     rep["training"]["throughput"]["learner_planned_gib"] = planned_learner_gib(cfg)
     rep["training"]["group_outcomes"] = group_outcomes(work / "run", train_file(cfg))
+    rep["training"]["by_source"] = source_outcomes(work / "run")
     save_json(args.json or RESULTS / f"real_model_{tag}seed{args.seed}.json", rep)
     print_report(rep)
     return 0

@@ -237,6 +237,35 @@ def generator_totals(snap: Mapping[str, Mapping[str, float]]) -> dict[str, float
     }
 
 
+def source_totals(
+    snap: Mapping[str, Mapping[str, float]], names: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    """Per data source, the generators' cumulative counts: samples, correct ones, the score's sum,
+    groups finished and kept, truncated samples, reward failures and response tokens (what
+    metrics.jsonl's ``sources`` holds; the run report plots their per-step ratios)."""
+    gens = [v for k, v in snap.items() if k.startswith("generator")]
+    gm = catalogue(GeneratorMetrics)
+    names_of = {
+        "samples": sample_name(gm.source_samples),
+        "correct": sample_name(gm.source_correct),
+        "score_sum": sample_name(gm.source_score, "_sum"),
+        "groups": sample_name(gm.source_groups),
+        "truncated": sample_name(gm.source_truncated),
+        "reward_failures": sample_name(gm.reward_failures),
+        "response_tokens": sample_name(gm.source_response_length, "_sum"),
+    }
+    out: dict[str, dict[str, float]] = {}
+    for name in names:
+        figures = {
+            key: sum(metric_sum(g, metric, source=name) for g in gens) for key, metric in names_of.items()
+        }
+        figures["groups_kept"] = sum(
+            metric_sum(g, names_of["groups"], source=name, outcome="mixed") for g in gens
+        )
+        out[name] = {key: round(value, 4) for key, value in figures.items()}
+    return out
+
+
 STARVING_FILTERED_FRAC = 0.9
 """Dynamic sampling that drops this share of groups leaves the learner next to nothing to train on."""
 
@@ -393,6 +422,8 @@ class LiveView:
             "buffer_waiting": int(metric_sum(buf, sample_name(bm.depth), state="waiting")),
             "dropped_stale": int(metric_sum(buf, sample_name(bm.dropped_stale))),
         }
+        if self.cfg.data.sources:
+            row["sources"] = source_totals(snap, [s.name for s in self.cfg.data.sources])
         total = self.cfg.learner.total_steps
         eta = (elapsed / step * (total - step)) if step > 0 else None
         row["eta_s"] = round(eta) if eta is not None else None

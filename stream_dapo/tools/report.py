@@ -178,6 +178,34 @@ class RunData:
             prev = row
         return xs, ys
 
+    def source_names(self) -> list[str]:
+        """The data sources the launcher's rows report (runs with [[data.sources]])."""
+        names: dict[str, None] = {}
+        for row in self.live:
+            for name in row.get("sources") or {}:
+                names[name] = None
+        return list(names)
+
+    def source_ratio(
+        self, source: str, num: str, den: str, scale: float = 1.0
+    ) -> tuple[list[float], list[float]]:
+        """d(num) / d(den) of one source's cumulative counts between consecutive learner steps."""
+        xs, ys = [], []
+        prev: dict[str, Any] | None = None
+        for row in self.per_step_live():
+            figures = (row.get("sources") or {}).get(source)
+            if figures is None:
+                continue
+            if prev is not None and float(figures[den]) > float(prev[den]):
+                xs.append(float(row["step"]))
+                ys.append(
+                    scale
+                    * (float(figures[num]) - float(prev[num]))
+                    / (float(figures[den]) - float(prev[den]))
+                )
+            prev = figures
+        return xs, ys
+
     def filtered_share(self, reason: str) -> tuple[list[float], list[float]]:
         """% of the groups finished since the previous learner step that dynamic sampling dropped for
         `reason` (all_wrong / all_correct); needs the by-reason counts of newer runs' metrics.jsonl."""
@@ -464,6 +492,46 @@ def smoothing_window(n: int) -> int:
     return max(1, n // 20)
 
 
+def source_figures(runs: Sequence[RunData]) -> list[Figure]:
+    """One figure per data source of runs with [[data.sources]]: its accuracy and mean score, and the
+    share of its groups dynamic sampling dropped, per learner step."""
+    names: dict[str, None] = {}
+    for run in runs:
+        names.update(dict.fromkeys(run.source_names()))
+    figures = []
+    for name in names:
+
+        def ratio(num: str, den: str, scale: float = 1.0, source: str = name) -> Series:
+            return lambda run: run.source_ratio(source, num, den, scale)
+
+        def dropped(run: RunData, source: str = name) -> tuple[list[float], list[float]]:
+            xs, kept = run.source_ratio(source, "groups_kept", "groups", 100.0)
+            return xs, [100.0 - k for k in kept]
+
+        figures.append(
+            Figure(
+                f"source_{name}",
+                f"Source {name}",
+                (
+                    Panel(
+                        "Accuracy and mean score",
+                        "% correct; mean score x 100",
+                        (
+                            Line("% correct", ratio("correct", "samples", 100.0)),
+                            Line("mean score x 100", ratio("score_sum", "samples", 100.0), "--"),
+                        ),
+                    ),
+                    Panel("Filtered groups", "% of its groups dropped", (Line("dropped", dropped),)),
+                ),
+                f"Every response of source {name} the generators scored between consecutive learner steps "
+                "(the filtered groups included): the share its reward counts correct, its mean score (the "
+                "reward's own scale, before overlong shaping), and the share of its groups that dynamic "
+                "sampling dropped (equal scores).",
+            )
+        )
+    return figures
+
+
 def _plot_figure(fig_spec: Figure, runs: Sequence[RunData], path: Path) -> list[str]:
     """Draw one PNG; returns the labels of the runs that had no data for it (empty: all had)."""
     import matplotlib.pyplot as plt
@@ -640,7 +708,7 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path) -> Path:
         lines += [f"![evaluation]({PLOTS_DIR}/eval.png)", ""]
     else:
         lines += ["No evaluation in these runs (run.eval_before_after = false or --no-eval).", ""]
-    for spec in FIGURES:
+    for spec in [*FIGURES, *source_figures(runs)]:
         png = plots / f"{spec.name}.png"
         missing = _plot_figure(spec, runs, png)
         lines += [f"## {spec.title}", "", spec.about, ""]

@@ -162,3 +162,42 @@ def test_command_line_errors_name_the_fix(tmp_path: Path) -> None:
         report_cli(argparse.Namespace(run_dirs=[tmp_path / "empty"], out=tmp_path / "out"))
     with pytest.raises(ConfigError, match="is not a directory"):
         report_cli(argparse.Namespace(run_dirs=[tmp_path / "missing"], out=tmp_path / "out"))
+
+
+def test_each_source_gets_its_figure_from_the_cumulative_counts(tmp_path: Path) -> None:
+    """metrics.jsonl's `sources` (the launcher's per-source totals) give per-step ratios: step 1 -> 2
+    adds 8 samples of "words" with 6 correct and a score sum moving from -2 to 2 (mean +0.5), and
+    2 groups of which 1 kept (50% dropped)."""
+    from stream_dapo.tools.launch import source_totals
+    from stream_dapo.tools.report import source_figures
+
+    snap = {
+        "generator-0": {
+            'stream_dapo_generator_source_samples_total{source="words"}': 8.0,
+            'stream_dapo_generator_source_correct_total{source="words"}': 5.0,
+            'stream_dapo_generator_source_score_sum{source="words"}': 2.0,
+            'stream_dapo_generator_source_groups_total{outcome="mixed",source="words"}': 1.0,
+            'stream_dapo_generator_source_groups_total{outcome="all_wrong",source="words"}': 1.0,
+            'stream_dapo_generator_reward_failures_total{reason="timeout",source="words"}': 1.0,
+            'stream_dapo_generator_source_samples_total{source="mine"}': 4.0,
+        },
+        "generator-1": {'stream_dapo_generator_source_samples_total{source="words"}': 8.0},
+    }
+    totals = source_totals(snap, ["words", "mine", "absent"])
+    assert totals["words"]["samples"] == 16.0 and totals["words"]["groups"] == 2.0
+    assert totals["words"]["groups_kept"] == 1.0 and totals["words"]["reward_failures"] == 1.0
+    assert totals["mine"]["samples"] == 4.0 and totals["absent"]["samples"] == 0.0
+
+    run_dir = make_run(tmp_path, "a")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    counts = [(0, 0, 0.0, 0, 0), (8, 2, -2.0, 2, 1), (16, 8, 2.0, 4, 2), (16, 8, 2.0, 4, 2), (24, 10, 2.0, 6, 4)]
+    for row, (n, c, s, g, k) in zip(rows[1:], counts, strict=True):
+        row["sources"] = {"words": {"samples": n, "correct": c, "score_sum": s, "groups": g, "groups_kept": k}}
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = RunData.load(run_dir, "a")
+    assert run.source_names() == ["words"]
+    assert run.source_ratio("words", "correct", "samples", 100.0) == ([2.0, 4.0], [75.0, 25.0])
+    assert run.source_ratio("words", "score_sum", "samples") == ([2.0, 4.0], [0.5, 0.0])
+    (figure,) = source_figures([run])
+    assert figure.name == "source_words"
+    assert figure.panels[1].lines[0].series(run) == ([2.0, 4.0], [50.0, 0.0])
