@@ -63,16 +63,7 @@ def dynamic_sampling_filter(correct: np.ndarray, enabled: bool = True) -> Filter
                 "verdict, not on the shaped reward"
             )
         arr = arr.astype(np.bool_)
-    group_size = int(arr.size)
-    num_correct = int(arr.sum())
-    if num_correct == 0:
-        reason = FilterReason.ALL_WRONG
-    elif num_correct == group_size:
-        reason = FilterReason.ALL_CORRECT
-    else:
-        reason = FilterReason.MIXED
-    keep = reason is FilterReason.MIXED or not enabled
-    return FilterDecision(keep=keep, reason=reason, num_correct=num_correct, group_size=group_size)
+    return score_filter(np.where(arr, 1.0, -1.0), arr, enabled)  # DAPO's +1 / -1 scores
 
 
 def score_filter(scores: np.ndarray, correct: np.ndarray, enabled: bool = True) -> FilterDecision:

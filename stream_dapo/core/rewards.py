@@ -181,15 +181,7 @@ def shape_rewards(
         truncated: [S] bool, True where generation stopped at the length limit.
         shaping: the switches and parameters.
     """
-    ok = _as_bool_array(correct, "correct")
-    cut = _as_bool_array(truncated, "truncated")
-    lens = np.asarray(lengths)
-    if ok.ndim != 1 or lens.shape != ok.shape or cut.shape != ok.shape:
-        raise ValueError(
-            "correct, lengths and truncated must be 1-D arrays of the same length (one entry per "
-            f"sample); got shapes {ok.shape}, {lens.shape}, {cut.shape}"
-        )
-    return shape_scores(outcome_rewards(ok), lens, cut, shaping)
+    return shape_scores(outcome_rewards(_as_bool_array(correct, "correct")), lengths, truncated, shaping)
 
 
 def shape_scores(
@@ -208,7 +200,7 @@ def shape_scores(
     lens = np.asarray(lengths)
     if outcome.ndim != 1 or lens.shape != outcome.shape or cut.shape != outcome.shape:
         raise ValueError(
-            "scores, lengths and truncated must be 1-D arrays of the same length (one entry per "
+            "correct (or scores), lengths and truncated must be 1-D arrays of the same length (one entry per "
             f"sample); got shapes {outcome.shape}, {lens.shape}, {cut.shape}"
         )
     if not np.isfinite(outcome).all():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,14 +51,35 @@ class ShardLayout:
         )
 
 
+class _PositionFile:
+    """A position file written atomically, at most every SAVE_EVERY_S unless forced, only when the
+    position changed; a failure to write is logged, never fatal (the next save tries again)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._saved_at = float("-inf")
+        self._saved: Any = None
+
+    def save(self, state: Any, doc: Callable[[], dict[str, Any]], force: bool) -> None:
+        now = time.monotonic()
+        if state == self._saved or (not force and now - self._saved_at < SAVE_EVERY_S):
+            return
+        self._saved_at = now
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.path, json.dumps(doc()))
+            self._saved = state
+        except OSError as exc:
+            log.warning("cannot save the prompt position to %s: %s", self.path, exc)
+
+
 class PromptCursor:
     """Loads and saves one generator's position in its shard."""
 
     def __init__(self, path: Path, layout: ShardLayout) -> None:
         self.path = path
         self.layout = layout
-        self._saved_at = float("-inf")
-        self._saved: StreamState | None = None
+        self._file = _PositionFile(path)
 
     def load(self) -> StreamState | None:
         try:
@@ -105,17 +127,11 @@ class PromptCursor:
 
     def save(self, state: StreamState, *, force: bool = False) -> None:
         """Write the position (at most every SAVE_EVERY_S unless `force`); a failure is logged, not fatal."""
-        now = time.monotonic()
-        if state == self._saved or (not force and now - self._saved_at < SAVE_EVERY_S):
-            return
-        self._saved_at = now
-        doc = {"layout": asdict(self.layout), "epoch": state.epoch, "position": state.position}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self.path, json.dumps(doc))
-            self._saved = state
-        except OSError as exc:
-            log.warning("cannot save the prompt position to %s: %s", self.path, exc)
+        self._file.save(
+            state,
+            lambda: {"layout": asdict(self.layout), "epoch": state.epoch, "position": state.position},
+            force,
+        )
 
 
 class MixCursor:
@@ -130,8 +146,7 @@ class MixCursor:
     def __init__(self, path: Path, layouts: dict[str, ShardLayout]) -> None:
         self.path = path
         self.layouts = layouts
-        self._saved_at = float("-inf")
-        self._saved: Any = None
+        self._file = _PositionFile(path)
 
     def load(self) -> Any:
         """The saved ``MixState`` fitted to these layouts, or None."""
@@ -176,20 +191,14 @@ class MixCursor:
 
     def save(self, state: Any, *, force: bool = False) -> None:
         """Write the positions (at most every SAVE_EVERY_S unless `force`); a failure is logged."""
-        now = time.monotonic()
-        if state == self._saved or (not force and now - self._saved_at < SAVE_EVERY_S):
-            return
-        self._saved_at = now
-        doc = {
-            "counts": state.counts,
-            "sources": {
-                name: {"layout": asdict(self.layouts[name]), **asdict(stream)}
-                for name, stream in state.streams.items()
+        self._file.save(
+            state,
+            lambda: {
+                "counts": state.counts,
+                "sources": {
+                    name: {"layout": asdict(self.layouts[name]), **asdict(stream)}
+                    for name, stream in state.streams.items()
+                },
             },
-        }
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(self.path, json.dumps(doc))
-            self._saved = state
-        except OSError as exc:
-            log.warning("cannot save the prompt positions to %s: %s", self.path, exc)
+            force,
+        )
