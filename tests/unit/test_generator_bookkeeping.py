@@ -271,13 +271,12 @@ def test_the_in_flight_report_lists_each_unsent_group_by_its_start_version() -> 
         engine.add_group(Prompt("a", [1]))
         engine.version = 3
         engine.add_group(Prompt("b", [2]))
-        assert sorted(engine.start_versions()) == [0, 3] and svc._in_flight_versions() == [0, 3]
-        svc._verify(run_to_end(engine))
-        assert engine.num_in_flight == 0 and sorted(svc._in_flight_versions()) == [0, 3]
-        for _, future in svc._verifying:
-            future.result()
-        start, _ = svc._verifying.popleft()  # its outcome was taken (and sent)
-        assert svc._in_flight_versions() == [3 - start]
+        assert sorted(engine.start_versions()) == [0, 3] and svc.in_flight_versions() == [0, 3]
+        svc.verify(run_to_end(engine))
+        assert engine.num_in_flight == 0 and sorted(svc.in_flight_versions()) == [0, 3]
+        svc.verifying.wait()
+        taken = next(svc.verifying.done())  # its outcome was taken (and sent)
+        assert len(svc.verifying) == 1 and svc.in_flight_versions() == [3 - taken.start_version]
     finally:
         svc.engine = None
         svc.close()
@@ -411,30 +410,55 @@ def test_an_unknown_kv_mode_is_refused_with_the_choices() -> None:
         make_engine(FakeEngine(), kv_on_update="later")
 
 
+class RecordingSource:
+    """A `WeightSource` that finds `published` when polled and, instead of loading, records
+    (version, groups in flight) and relabels the engine."""
+
+    first_version = 0
+    startup = "look"
+    latest_seen = -1
+
+    def __init__(self) -> None:
+        self.published: WeightUpdate | None = None
+        self.loaded: list[tuple[int, int]] = []
+
+    def __call__(self, have: int) -> WeightUpdate | None:
+        return self.published if self.published is not None and self.published.version != have else None
+
+    def join(self, engine: Any) -> None:
+        pass
+
+    def load(self, engine: Any, update: WeightUpdate) -> float:
+        self.loaded.append((update.version, engine.num_in_flight))
+        engine.version = update.version
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
+
 def between_groups_service(mode: str, tmp_path: Path) -> tuple[Any, RolloutEngine, list[tuple[int, int]]]:
     """A generator service on the fake engine, with 1 credit, an update to v1 waiting to be taken,
-    and `_load_weights` recording (version, groups in flight) instead of loading."""
+    and a weight source recording (version, groups in flight) instead of loading."""
     from stream_dapo.config import load_config
     from stream_dapo.generator.root import build_generator
 
-    svc = build_generator(load_config(overrides=[f'generator.kv_on_update="{mode}"'], environ={}))
+    source = RecordingSource()
+    cfg = load_config(
+        overrides=[f'generator.kv_on_update="{mode}"', "generator.weight_poll_s=60"], environ={}
+    )
+    svc = build_generator(cfg, weights=source)  # type: ignore[arg-type]
     engine = make_engine(FakeEngine(), max_response_len=4)
     svc.engine = engine
     svc.prompts = iter([Prompt(f"p{i}", [1, 2]) for i in range(10)])  # type: ignore[assignment]
-    loaded: list[tuple[int, int]] = []
-
-    def load(update: WeightUpdate) -> None:
-        loaded.append((update.version, engine.num_in_flight))
-        engine.version = update.version
-
-    svc._load_weights = load  # type: ignore[method-assign]
-    svc.credits.held = 1
-    svc._start_groups()
+    svc.intake.load_initial(engine)  # nothing published yet: version 0 (the watcher polls every 60 s)
+    svc.link.credits.held = 1
+    svc.start_groups()
     assert engine.num_in_flight == 1
-    svc.watcher = WeightWatcher(lambda have: WeightUpdate(1, tmp_path / "v1", 10), poll_s=60.0, have=0)
-    svc.watcher.poll_once()
-    svc.credits.held = 2
-    return svc, engine, loaded
+    source.published = WeightUpdate(1, tmp_path / "v1", 10)
+    assert svc.intake.watcher is not None and svc.intake.watcher.poll_once() is not None
+    svc.link.credits.held = 2
+    return svc, engine, source.loaded
 
 
 def test_between_groups_swaps_only_once_the_groups_in_flight_finished_and_starts_none_meanwhile(
@@ -442,15 +466,16 @@ def test_between_groups_swaps_only_once_the_groups_in_flight_finished_and_starts
 ) -> None:
     svc, engine, loaded = between_groups_service("between-groups", tmp_path)
     try:
-        svc._apply_new_weights()
-        svc._start_groups()
+        svc.intake.apply_new()
+        svc.start_groups()
         assert loaded == [] and engine.num_in_flight == 1, "no swap, and no group on superseded weights"
         (group,) = run_to_end(engine)
         assert {v for s in group.samples for v in s.versions.tolist()} == {0}
-        svc._apply_new_weights()
+        svc.intake.apply_new()
         assert loaded == [(1, 0)]
-        svc._start_groups()
-        assert engine.num_in_flight == 2 and svc.credits.held == 0
+        assert svc.registry.get_sample_value("stream_dapo_generator_policy_version") == 1
+        svc.start_groups()
+        assert engine.num_in_flight == 2 and svc.link.credits.held == 0
         assert svc.registry.get_sample_value("stream_dapo_generator_weight_hold_seconds_total") >= 0.0
     finally:
         svc.engine = None
@@ -462,15 +487,15 @@ def test_recompute_swaps_with_groups_in_flight_and_counts_samples_spanning_versi
 ) -> None:
     svc, engine, loaded = between_groups_service("recompute", tmp_path)
     try:
-        svc._apply_new_weights()
+        svc.intake.apply_new()
         assert loaded == [(1, 1)], "swapped at once, the group still running"
-        svc._start_groups()
+        svc.start_groups()
         assert engine.num_in_flight == 3
         engine.step()
         engine.update_weights(weights_file, version=2)  # the next tokens of all three are v2's
         finished = run_to_end(engine)
         for group in finished:
-            svc._count_finished(group)
+            svc.count_finished(group)
         assert svc.registry.get_sample_value("stream_dapo_generator_multi_version_samples_total") == 9
     finally:
         svc.engine = None
@@ -680,16 +705,16 @@ def test_a_message_the_generator_does_not_expect_is_counted_as_rejected() -> Non
 
     svc = build_generator(load_config(environ={}))
     try:
-        svc._on_buffer_message(Message(m.EMPTY, m.Empty("ready")))  # the learner's reply, not ours
-        req = svc.credits.request(in_flight=0, now=0.0)
+        svc.link.on_message(Message(m.EMPTY, m.Empty("ready")))  # the learner's reply, not ours
+        req = svc.link.credits.request(in_flight=0, now=0.0)
         assert req is not None
-        svc._on_buffer_message(Message(m.CREDIT, m.Credit(2, 0), req.request_id))
-        svc._on_buffer_message(Message(m.CREDIT, m.Credit(2, 0), req.request_id))
+        svc.link.on_message(Message(m.CREDIT, m.Credit(2, 0), req.request_id))
+        svc.link.on_message(Message(m.CREDIT, m.Credit(2, 0), req.request_id))
         rejected = svc.registry.get_sample_value(
             "stream_dapo_generator_messages_rejected_total", {"reason": "unexpected_type"}
         )
         assert rejected == 1.0
-        assert svc.credits.held == 2, "the second reply to the same request is not a second grant"
+        assert svc.link.credits.held == 2, "the second reply to the same request is not a second grant"
         assert svc.registry.get_sample_value("stream_dapo_generator_stale_credit_replies_total") == 1.0
     finally:
         svc.close()
@@ -773,12 +798,13 @@ def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_so
     payload = serialize_weights({"w": torch.ones(2)}, 7)
     SharedDirPublisher(tmp_path).publish(payload)
     svc = build_generator(cfg)
-    svc.engine = cast(RolloutEngine, FileEngine())
+    engine = FileEngine()
+    svc.engine = cast(RolloutEngine, engine)
     try:
-        svc._load_initial_weights()
-        assert svc.engine.version == 7
-        assert svc.engine.image == payload.data  # type: ignore[attr-defined]
-        assert svc.weights is not None and svc.weights.latest_seen == 7
+        svc.intake.load_initial(cast(RolloutEngine, engine))
+        assert engine.version == 7
+        assert engine.image == payload.data
+        assert svc.intake.source is not None and svc.intake.source.latest_seen == 7
         sample = svc.registry.get_sample_value
         assert sample("stream_dapo_generator_weight_received_bytes_total") == payload.total_bytes
         assert sample("stream_dapo_generator_weight_delta_ratio") == 1.0  # a whole file, no delta
@@ -830,11 +856,12 @@ def test_the_generator_takes_its_settings_and_collaborators_from_its_composition
 
     settings = dataclasses.replace(generator_settings(cfg, 2), out_dir=str(tmp_path / "out"))
     svc = GeneratorService(settings, WeightsFromElsewhere(cfg, settings))
-    svc.engine = cast(RolloutEngine, FileEngine())
+    engine = FileEngine()
+    svc.engine = cast(RolloutEngine, engine)
     try:
-        svc._start_metrics()
-        svc._load_initial_weights()
-        assert svc.engine.version == 9, "the injected source's version, not the config's (3)"
+        svc.start_metrics()
+        svc.intake.load_initial(cast(RolloutEngine, engine))
+        assert engine.version == 9, "the injected source's version, not the config's (3)"
     finally:
         svc.engine = None
         svc.close()
@@ -867,15 +894,14 @@ class BrokenWeightSource:
         raise OSError(9, "Bad file descriptor")
 
 
-def _stoppable_generator(tmp_path: Path, weights: Any) -> Any:
+def _stoppable_generator(tmp_path: Path, weights: Any, *overrides: str) -> Any:
     from stream_dapo.config import load_config
     from stream_dapo.generator.root import build_generator
 
-    cfg = load_config(overrides=["metrics.generator_port=0", f'run.out_dir="{tmp_path}"'], environ={})
-    svc = build_generator(cfg)
-    svc.engine = cast(RolloutEngine, ClosingEngine())
-    svc.weights = weights
-    return svc
+    cfg = load_config(
+        overrides=["metrics.generator_port=0", f'run.out_dir="{tmp_path}"', *overrides], environ={}
+    )
+    return build_generator(cfg, engine=cast(RolloutEngine, ClosingEngine()), weights=weights)
 
 
 def test_a_generator_writes_its_final_metrics_and_closes_its_engine_when_a_shutdown_step_fails(
@@ -907,20 +933,32 @@ def test_the_weight_source_stays_open_while_the_watcher_is_inside_a_poll(tmp_pat
 
     polling, let_go = threading.Event(), threading.Event()
 
-    def poll(have: int) -> WeightUpdate | None:
-        polling.set()
-        let_go.wait()
-        return None
-
     class Source(BrokenWeightSource):
+        """Nothing published at start-up; the watcher's first poll then waits for let_go."""
+
+        first_version = 0
+        startup = "look"
+        latest_seen = -1
+        polls = 0
+
+        def __call__(self, have: int) -> WeightUpdate | None:
+            self.polls += 1
+            if self.polls > 1:  # the watcher's, not the start-up look
+                polling.set()
+                let_go.wait()
+            return None
+
+        def join(self, engine: Any) -> None:
+            pass
+
         def close(self) -> None:
             self.closes += 1
 
     weights = Source()
-    svc = _stoppable_generator(tmp_path, weights)
-    svc.watcher = WeightWatcher(poll, poll_s=0.0, have=0)
-    svc.watcher.stop_wait_s = 0.0  # it cannot end before let_go: no need to wait for it
-    svc.watcher.start()
+    svc = _stoppable_generator(tmp_path, weights, "generator.weight_poll_s=0.01")
+    svc.intake.load_initial(svc.engine)
+    watcher = svc.intake.watcher
+    watcher.stop_wait_s = 0.0  # it cannot end before let_go: no need to wait for it
     assert polling.wait(10)
     try:
         svc.close()
@@ -928,5 +966,5 @@ def test_the_weight_source_stays_open_while_the_watcher_is_inside_a_poll(tmp_pat
         assert svc.engine.closed
     finally:
         let_go.set()
-    svc.watcher.stop_wait_s = 60.0
-    assert svc.watcher.stop(), "once its poll returns the watcher ends"
+    watcher.stop_wait_s = 60.0
+    assert watcher.stop(), "once its poll returns the watcher ends"
