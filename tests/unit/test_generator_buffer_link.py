@@ -4,7 +4,7 @@ sampling refusal, credits, a group sent, numbered and acknowledged, the filtered
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -45,14 +45,15 @@ def buffer() -> Iterator[Endpoint]:
         ctx.destroy(linger=0)
 
 
-def make_link(buffer: Endpoint, *overrides: str) -> tuple[BufferLink, GeneratorMetrics, Health]:
+def make_link(buffer: Endpoint, *overrides: str) -> tuple[BufferLink, Callable[[str], float | None], Health]:
     port = int(buffer.address.rsplit(":", 1)[1])
     cfg = load_config(
         overrides=[f"transport.samples_port={port}", "transport.timeout_s=5", *overrides], environ={}
     )
     from prometheus_client import CollectorRegistry
 
-    metrics, health = GeneratorMetrics(CollectorRegistry()), Health()
+    registry = CollectorRegistry()
+    metrics, health = GeneratorMetrics(registry), Health()
     link = BufferLink(
         "generator-0",
         "host pid 1 (ab)",
@@ -65,7 +66,7 @@ def make_link(buffer: Endpoint, *overrides: str) -> tuple[BufferLink, GeneratorM
         rollouts=lambda: dict.fromkeys(m.ROLLOUT_FIELDS, 0),
         in_flight_versions=lambda: [2],
     )
-    return link, metrics, health
+    return link, registry.get_sample_value, health
 
 
 def answer_hello(buffer: Endpoint, reply: m.Body) -> threading.Thread:
@@ -90,7 +91,7 @@ def recv(buffer: Endpoint) -> tuple[bytes | None, Message]:
 def test_the_link_says_hello_asks_for_credits_sends_a_numbered_group_and_takes_its_ack(
     buffer: Endpoint,
 ) -> None:
-    link, metrics, _ = make_link(buffer, "generator.max_groups_in_flight=2")
+    link, sample, _ = make_link(buffer, "generator.max_groups_in_flight=2")
     try:
         hello = answer_hello(buffer, m.Credit(0, 5))
         link.connect()
@@ -109,7 +110,7 @@ def test_the_link_says_hello_asks_for_credits_sends_a_numbered_group_and_takes_i
         assert isinstance(body, m.Groups)
         assert [(g.group_id, g.seq) for g in body.groups] == [("a", 0)]
         assert body.in_flight_versions == [2] and body.holder == "host pid 1 (ab)" and body.acked_below == 0
-        assert "a" in link.unacked and metrics.groups_sent._value.get() == 1
+        assert "a" in link.unacked and sample("stream_dapo_generator_groups_sent_total") == 1
 
         link.report_filtered()  # nothing redeemed without a group: nothing to say
         link.credits.redeem_without_group()
@@ -121,15 +122,18 @@ def test_the_link_says_hello_asks_for_credits_sends_a_numbered_group_and_takes_i
 
         buffer.send(m.Ack(accepted=["a"]), to=peer)
         link.read(timeout_ms=5000)
-        assert len(link.unacked) == 0 and metrics.groups_acked._value.get() == 1
+        assert len(link.unacked) == 0 and sample("stream_dapo_generator_groups_acked_total") == 1
         link.update_gauges()
-        assert metrics.unacked_groups._value.get() == 0 and metrics.credits_available._value.get() == 1
+        assert (
+            sample("stream_dapo_generator_unacked_groups") == 0
+            and sample("stream_dapo_generator_credits_available") == 1
+        )
     finally:
         link.close()
 
 
 def test_an_unacknowledged_group_is_resent_and_the_drain_returns_unused_credits(buffer: Endpoint) -> None:
-    link, metrics, _ = make_link(buffer)
+    link, sample, _ = make_link(buffer)
     try:
         hello = answer_hello(buffer, m.Credit(0, 0))
         link.connect()
@@ -141,7 +145,7 @@ def test_an_unacknowledged_group_is_resent_and_the_drain_returns_unused_credits(
         link.resend_unacked()
         peer, msg = recv(buffer)
         assert isinstance(msg.body, m.Groups) and [g.group_id for g in msg.body.groups] == ["a"]
-        assert metrics.groups_sent._value.get() == 2 and link.unacked.resent == 1
+        assert sample("stream_dapo_generator_groups_sent_total") == 2 and link.unacked.resent == 1
         link.return_credits(aborted=2)
         assert link.credits.held == 0 and link.credits.filtered_total == 5
         buffer.send(m.Ack(accepted=["a"]), to=peer)

@@ -4,6 +4,7 @@ steps (held back while groups run under kv_on_update = "between-groups"), a refu
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -57,11 +58,14 @@ class Source:
         self.closed = True
 
 
-def make_intake(source: Source, mode: str = "recompute") -> tuple[WeightIntake, GeneratorMetrics, Health]:
+def make_intake(
+    source: Source, mode: str = "recompute"
+) -> tuple[WeightIntake, Callable[[str], float | None], Health]:
     cfg = load_config(
         overrides=[f'generator.kv_on_update="{mode}"', "generator.weight_poll_s=60"], environ={}
     )
-    metrics, health = GeneratorMetrics(CollectorRegistry()), Health()
+    registry = CollectorRegistry()
+    metrics, health = GeneratorMetrics(registry), Health()
 
     def build(relay_metrics: Any) -> Any:
         raise AssertionError("the injected source is used")
@@ -77,21 +81,21 @@ def make_intake(source: Source, mode: str = "recompute") -> tuple[WeightIntake, 
         health=health,
         stop=threading.Event(),
     )
-    return intake, metrics, health
+    return intake, registry.get_sample_value, health
 
 
 def test_a_starting_generator_loads_the_published_version_before_the_first_prompt() -> None:
     source, engine = Source(), Engine()
     source.published = WeightUpdate(3, None, 100, fetch_seconds=0.5)
-    intake, metrics, health = make_intake(source)
+    intake, sample, health = make_intake(source)
     try:
         intake.load_initial(cast(RolloutEngine, engine))
         assert engine.version == 3 and source.loaded == [(3, 0)]
-        assert metrics.policy_version._value.get() == 3 and health.detail["policy_version"] == 3
-        assert metrics.weight_sync_bytes._value.get() == 100
-        assert metrics.weight_sync_seconds._sum.get() == 0.75  # fetch + load
+        assert sample("stream_dapo_generator_policy_version") == 3 and health.detail["policy_version"] == 3
+        assert sample("stream_dapo_generator_weight_sync_bytes_total") == 100
+        assert sample("stream_dapo_generator_weight_sync_seconds_sum") == 0.75  # fetch + load
         intake.update_gauges()
-        assert metrics.weights_behind._value.get() == 0
+        assert sample("stream_dapo_generator_weights_behind_versions") == 0
     finally:
         intake.close()
     assert source.closed
@@ -99,7 +103,7 @@ def test_a_starting_generator_loads_the_published_version_before_the_first_promp
 
 def test_between_groups_holds_an_update_until_the_groups_in_flight_finished() -> None:
     source, engine = Source(), Engine()
-    intake, metrics, _ = make_intake(source, "between-groups")
+    intake, sample, _ = make_intake(source, "between-groups")
     try:
         intake.load_initial(cast(RolloutEngine, engine))  # nothing published: the initial model
         assert engine.version == 0 and not intake.holding
@@ -112,7 +116,7 @@ def test_between_groups_holds_an_update_until_the_groups_in_flight_finished() ->
         engine.num_in_flight = 0
         intake.apply_new()
         assert source.loaded == [(1, 0)] and not intake.holding
-        assert metrics.weight_hold_seconds._value.get() >= 0.0
+        assert sample("stream_dapo_generator_weight_hold_seconds_total") >= 0.0
     finally:
         intake.close()
 
