@@ -319,7 +319,22 @@ def format_status(row: Mapping[str, Any], total_steps: int) -> str:
         f"reward {row['reward']:+.3f} acc {row['accuracy']:.3f} | "
         f"stale-p95 {'-' if stale is None else f'{stale:g}'} filtered {row['filtered_frac']:.0%} "
         f"buffer {row['buffer_waiting']} | {format_duration(row['t'])} elapsed, ETA {format_duration(row['eta_s'])}"
+        + _sources_status(row.get("sources"))
     )
+
+
+def _sources_status(sources: Mapping[str, Mapping[str, float]] | None) -> str:
+    """ " | words acc 0.41 score +0.18, concise ...": each source's accuracy and mean score so far."""
+    if not sources:
+        return ""
+    parts = []
+    for name, figures in sources.items():
+        n = figures.get("samples", 0.0)
+        if n:
+            parts.append(f"{name} acc {figures['correct'] / n:.2f} score {figures['score_sum'] / n:+.2f}")
+        else:
+            parts.append(f"{name} -")
+    return " | " + ", ".join(parts)
 
 
 def rewrites_in_place(stream: IO[str]) -> bool:

@@ -155,3 +155,14 @@ def test_a_sigkilled_service_is_named_as_the_likely_oom_kill_with_the_knobs() ->
     hint = exit_hint(-9)
     assert "out-of-memory killer" in hint and "learner.micro_batch_tokens" in hint and "plan --memory" in hint
     assert exit_hint(1) == exit_hint(0) == exit_hint(None) == ""
+
+
+def test_the_status_line_shows_each_sources_accuracy_and_mean_score() -> None:
+    sources = {
+        "words": {"samples": 40.0, "correct": 10.0, "score_sum": -20.0},
+        "concise": {"samples": 8.0, "correct": 2.0, "score_sum": 2.0},
+        "code": {"samples": 0.0, "correct": 0.0, "score_sum": 0.0},
+    }
+    line = format_status({**ROW, "sources": sources}, total_steps=40)
+    assert line.endswith(" | words acc 0.25 score -0.50, concise acc 0.25 score +0.25, code -")
+    assert "words" not in format_status(ROW, total_steps=40)

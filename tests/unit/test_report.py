@@ -190,9 +190,17 @@ def test_each_source_gets_its_figure_from_the_cumulative_counts(tmp_path: Path) 
 
     run_dir = make_run(tmp_path, "a")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    counts = [(0, 0, 0.0, 0, 0), (8, 2, -2.0, 2, 1), (16, 8, 2.0, 4, 2), (16, 8, 2.0, 4, 2), (24, 10, 2.0, 6, 4)]
+    counts = [
+        (0, 0, 0.0, 0, 0),
+        (8, 2, -2.0, 2, 1),
+        (16, 8, 2.0, 4, 2),
+        (16, 8, 2.0, 4, 2),
+        (24, 10, 2.0, 6, 4),
+    ]
     for row, (n, c, s, g, k) in zip(rows[1:], counts, strict=True):
-        row["sources"] = {"words": {"samples": n, "correct": c, "score_sum": s, "groups": g, "groups_kept": k}}
+        row["sources"] = {
+            "words": {"samples": n, "correct": c, "score_sum": s, "groups": g, "groups_kept": k}
+        }
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = RunData.load(run_dir, "a")
     assert run.source_names() == ["words"]

@@ -309,3 +309,66 @@ def test_the_code_reward_in_the_pool_contains_hostile_programs_and_goes_on() -> 
     assert (good_result.reward, good_result.reason, good_result.correct) == (1.0, "code_passed", True)
     assert partial_result.reward == pytest.approx(2 / 3) and not partial_result.correct  # 5 + 5 is not 11
     assert strict_result.reward == -1.0 and strict_result.extras["tests_total"] == 3.0
+
+
+def _verify(argv: list[str]) -> int:
+    import argparse
+
+    from stream_dapo.cli.verify import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+@pytest.mark.process
+@pytest.mark.timeout(120)
+def test_verify_scores_with_a_users_file_a_row_or_a_configs_source(
+    user_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    row = tmp_path / "row.json"
+    row.write_text(
+        json.dumps(
+            {
+                "data_source": "mine",
+                "prompt": [{"role": "user", "content": "q"}],
+                "reward_model": {"ground_truth": "a b c d"},
+                "extra_info": {"bonus": 1},
+            }
+        )
+    )
+    assert _verify(["--reward", f"{user_file}:compute_score", "--row", str(row), "--text", "a b"]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert (verdict["score"], verdict["reason"], verdict["extras"]) == (0.5, "scored", {"words": 4.0})
+    assert verdict["seconds"] >= 0
+    assert _verify(["--reward", f"python:{user_file}:by_source", "--row", str(row), "--text", "x"]) == 0
+    assert json.loads(capsys.readouterr().out)["score"] == 2.0  # data_source and extra_info from the row
+    config = tmp_path / "mix.toml"
+    config.write_text(
+        f'[[data.sources]]\nname = "mine"\ntrain_path = "x.jsonl"\nreward = "{user_file}:raises"\n'
+        '[[data.sources]]\nname = "words"\ntrain_path = "x.jsonl"\n'
+    )
+    assert _verify(["--config", str(config), "--source", "words", "--gold", "7", "--text", "Answer: 7"]) == 0
+    assert json.loads(capsys.readouterr().out)["reason"] == "exact"
+    assert _verify(["--config", str(config), "--source", "mine", "--gold", "7", "--text", "x"]) == 0
+    assert json.loads(capsys.readouterr().out)["reason"] == "reward_error"
+
+
+@pytest.mark.process
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--reward", "nonsense", "--gold", "1", "--text", "x"], "names no reward"),
+        (["--reward", "/nope/r.py:f", "--gold", "1", "--text", "x"], "does not exist"),
+        (["--text", "x"], "no gold answer"),
+        (["--row", "/nope/row.json", "--text", "x"], "no such file"),
+        (["--source", "a", "--gold", "1", "--text", "x"], "--source needs --config"),
+    ],
+)
+def test_verify_refuses_what_it_cannot_use_with_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _verify(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
