@@ -9,8 +9,8 @@ Each socket gets `--messages` messages over real ZeroMQ sockets, from a real ser
     batches  the buffer's learner-facing ROUTER      `stream-dapo buffer` in its own process
     weights  the learner's weight server (ROUTER)    `WeightServer` publishing a small state dict,
                                                      in its own process, with the learner's metrics
-    credits  what a generator reads from the buffer  `GeneratorService`'s buffer client (its DEALER,
-                                                     decode, `_on_buffer_message`, metrics) in its own
+    credits  what a generator reads from the buffer  `GeneratorService`'s `BufferLink` (its DEALER,
+                                                     decode, `on_message`, metrics) in its own
                                                      process; only the vLLM engine is left out (a stub
                                                      with nothing in flight), and this script plays
                                                      the buffer's ROUTER
@@ -1265,7 +1265,7 @@ def host_weights(port: int, metrics_port: int, info: Path) -> int:
 
 class _NoEngine:
     """Stands in for the vLLM engine: nothing in flight, version 0. The fuzzed path (socket, decode,
-    `_on_buffer_message`, metrics) never reaches the engine."""
+    `BufferLink.on_message`, metrics) never reaches the engine."""
 
     num_in_flight = 0
     version = 0
@@ -1309,8 +1309,8 @@ def host_generator(config: Path, info: Path) -> int:
     the loop steps that do not need an engine."""
     import threading
 
+    from stream_dapo.generator.buffer_link import IDLE_POLL_MS
     from stream_dapo.generator.root import build_generator
-    from stream_dapo.generator.service import IDLE_POLL_MS
 
     cfg = load_config([config], environ={})
     svc = build_generator(
@@ -1323,8 +1323,8 @@ def host_generator(config: Path, info: Path) -> int:
     )
     svc.start()  # metrics, buffer hello, heartbeat: the service's own start-up
     pending = make_group()
-    svc._send(m.Groups(svc.generator_id, [pending]))
-    svc.unacked.sent(pending, time.monotonic())
+    svc.link.send(m.Groups(svc.generator_id, [pending]))
+    svc.link.unacked.sent(pending, time.monotonic())
     assert svc.metrics_server is not None
     _write_info(info, {"pending": pending.group_id, "metrics_port": svc.metrics_server.port})
     stop = threading.Event()
@@ -1332,10 +1332,10 @@ def host_generator(config: Path, info: Path) -> int:
     try:
         while not stop.is_set():  # GeneratorService.serve without engine steps (no groups to start)
             svc.health.beat()
-            svc._read_buffer(timeout_ms=IDLE_POLL_MS)
-            svc._ask_for_credits()
-            svc._resend_unacked()
-            svc._update_gauges()
+            svc.link.read(timeout_ms=IDLE_POLL_MS)
+            svc.link.ask_for_credits(in_flight=0)  # the stand-in engine never has a group in flight
+            svc.link.resend_unacked()
+            svc.update_gauges()
     finally:
         svc.close()
     return 0

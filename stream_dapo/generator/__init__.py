@@ -5,8 +5,10 @@
 - ``engine``: ``RolloutEngine``, continuous group generation on vLLM with per-token behaviour versions
   and in-place weight swaps;
 - ``worker_ext``: the methods injected into vLLM's workers (weight loading, fingerprint, NCCL);
-- ``service``: the ``stream-dapo generator`` service (credits, acks and resends, weight polling,
-  metrics, drain).
+- ``service``: the ``stream-dapo generator`` service (lifecycle, loop, metrics, drain), over
+  ``buffer_link`` (hello, credits, lease, acks and resends), ``weight_intake`` (the late-joiner load,
+  weight polling and the swap between steps) and ``verify_queue``; ``root`` composes it from the
+  configuration.
 
 Importing this package does not import vLLM; ``RolloutEngine.start`` does.
 """

@@ -1,7 +1,7 @@
 """A generator's side of admission: the credits it holds and asks for (`CreditLedger`), the groups
 it sent and the buffer has not acknowledged (`UnackedGroups`), and the heartbeat that keeps its
 credit lease (`Heartbeat`). The ledger and the unacknowledged set are pure and unit-tested; the
-service feeds them the buffer's replies.
+buffer link (``buffer_link.py``) feeds them the buffer's replies.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def test_the_generator_service_exits_on_the_refusal_with_the_buffers_message(tmp
         generator = build_generator(gen_cfg, 0)  # nothing started: only its hello is under test
         try:
             with pytest.raises(StartupError, match=r"generator\.temperature = 0\.7 there, 1\.0 here"):
-                generator._connect_buffer()
+                generator.link.connect()
         finally:
             generator.close()
 

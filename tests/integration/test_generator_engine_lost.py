@@ -95,7 +95,7 @@ def test_an_engine_that_dies_with_the_stop_signal_is_drained_around_not_a_crash(
             service.close()
     assert engine.steps == 3, "the drain did not step the dead engine again"
     assert engine.aborts == [False], "the groups were forgotten without calling into the dead engine"
-    assert service.credits.held == 0
+    assert service.link.credits.held == 0
     assert service.metrics.groups_aborted._value.get() == IN_FLIGHT
     assert "the engine stopped with the stop signal" in caplog.text
     assert "drained (2 groups aborted)" in caplog.text

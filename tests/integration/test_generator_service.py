@@ -189,23 +189,27 @@ def test_generator_service_end_to_end(tmp_path: Path) -> None:
     try:
         wait_for(lambda: service.health.ready or errors, 240, "start-up")
         assert not errors, errors
-        assert service._engine.version == 3, "the published version is loaded before the first prompt"
+        assert service.engine is not None and service.engine.version == 3, (
+            "the published version is loaded before the first prompt"
+        )
         assert buffer.hellos == 1
 
         wait_for(lambda: len(buffer.received) >= 2, 120, "two groups")
         first = buffer.received[0].group_id  # its ack was lost
-        assert first in service.unacked
+        assert first in service.link.unacked
         buffer.restart()
         wait_for(
             lambda: [g.group_id for g in buffer.received].count(first) == 2, 60, "the resend after reconnect"
         )
         weights.publish(serialize_weights(state_dict(m0), 4))
-        wait_for(lambda: service._engine.version == 4, 60, "the version-4 update")
+        wait_for(
+            lambda: service.engine is not None and service.engine.version == 4, 60, "the version-4 update"
+        )
         wait_for(
             lambda: (
                 buffer.granted == CREDIT_BUDGET
                 and len({g.group_id for g in buffer.received}) == CREDIT_BUDGET
-                and len(service.unacked) == 0
+                and len(service.link.unacked) == 0
                 and not errors
             ),
             120,
@@ -244,7 +248,7 @@ def test_generator_service_end_to_end(tmp_path: Path) -> None:
     assert "stream_dapo_generator_groups_acked_total 6.0" in text
     # Every group is sent once, plus once per resend (the reconnect's, and any timeout's); a send
     # that raced the buffer's restart may never have arrived, so the buffer received at most that.
-    sent = CREDIT_BUDGET + service.unacked.resent
+    sent = CREDIT_BUDGET + service.link.unacked.resent
     assert f"stream_dapo_generator_groups_sent_total {float(sent)}" in text
     assert len(buffer.received) <= sent
     assert "stream_dapo_generator_policy_version 4.0" in text

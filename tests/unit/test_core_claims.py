@@ -48,7 +48,7 @@ def test_the_generator_warns_before_starting_its_engine_on_a_taken_core(
     generator = build_generator(cfg, 1)
     try:
         with caplog.at_level(logging.WARNING, logger="stream_dapo.generator"):
-            generator._claim_cores()
+            generator.claim_cores()
         assert "generator-1 binds its vLLM threads to cores '0'" in caplog.text
         assert "core 0 by generator-0 (host pid 11 (ab))" in caplog.text
         assert generator.health.detail["core_conflicts"] == [0]

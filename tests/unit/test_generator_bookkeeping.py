@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pytest
@@ -271,13 +271,12 @@ def test_the_in_flight_report_lists_each_unsent_group_by_its_start_version() -> 
         engine.add_group(Prompt("a", [1]))
         engine.version = 3
         engine.add_group(Prompt("b", [2]))
-        assert sorted(engine.start_versions()) == [0, 3] and svc._in_flight_versions() == [0, 3]
-        svc._verify(run_to_end(engine))
-        assert engine.num_in_flight == 0 and sorted(svc._in_flight_versions()) == [0, 3]
-        for _, future in svc._verifying:
-            future.result()
-        start, _ = svc._verifying.popleft()  # its outcome was taken (and sent)
-        assert svc._in_flight_versions() == [3 - start]
+        assert sorted(engine.start_versions()) == [0, 3] and svc.in_flight_versions() == [0, 3]
+        svc.verify(run_to_end(engine))
+        assert engine.num_in_flight == 0 and sorted(svc.in_flight_versions()) == [0, 3]
+        svc.verifying.wait()
+        taken = next(svc.verifying.done())  # its outcome was taken (and sent)
+        assert len(svc.verifying) == 1 and svc.in_flight_versions() == [3 - taken.start_version]
     finally:
         svc.engine = None
         svc.close()
@@ -411,30 +410,55 @@ def test_an_unknown_kv_mode_is_refused_with_the_choices() -> None:
         make_engine(FakeEngine(), kv_on_update="later")
 
 
+class RecordingSource:
+    """A `WeightSource` that finds `published` when polled and, instead of loading, records
+    (version, groups in flight) and relabels the engine."""
+
+    first_version = 0
+    startup = "look"
+    latest_seen = -1
+
+    def __init__(self) -> None:
+        self.published: WeightUpdate | None = None
+        self.loaded: list[tuple[int, int]] = []
+
+    def __call__(self, have: int) -> WeightUpdate | None:
+        return self.published if self.published is not None and self.published.version != have else None
+
+    def join(self, engine: Any) -> None:
+        pass
+
+    def load(self, engine: Any, update: WeightUpdate) -> float:
+        self.loaded.append((update.version, engine.num_in_flight))
+        engine.version = update.version
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
+
 def between_groups_service(mode: str, tmp_path: Path) -> tuple[Any, RolloutEngine, list[tuple[int, int]]]:
     """A generator service on the fake engine, with 1 credit, an update to v1 waiting to be taken,
-    and `_load_weights` recording (version, groups in flight) instead of loading."""
+    and a weight source recording (version, groups in flight) instead of loading."""
     from stream_dapo.config import load_config
     from stream_dapo.generator.root import build_generator
 
-    svc = build_generator(load_config(overrides=[f'generator.kv_on_update="{mode}"'], environ={}))
+    source = RecordingSource()
+    cfg = load_config(
+        overrides=[f'generator.kv_on_update="{mode}"', "generator.weight_poll_s=60"], environ={}
+    )
+    svc = build_generator(cfg, weights=source)  # type: ignore[arg-type]
     engine = make_engine(FakeEngine(), max_response_len=4)
     svc.engine = engine
     svc.prompts = iter([Prompt(f"p{i}", [1, 2]) for i in range(10)])  # type: ignore[assignment]
-    loaded: list[tuple[int, int]] = []
-
-    def load(update: WeightUpdate) -> None:
-        loaded.append((update.version, engine.num_in_flight))
-        engine.version = update.version
-
-    svc._load_weights = load  # type: ignore[method-assign]
-    svc.credits.held = 1
-    svc._start_groups()
+    svc.intake.load_initial(engine)  # nothing published yet: version 0 (the watcher polls every 60 s)
+    svc.link.credits.held = 1
+    svc.start_groups()
     assert engine.num_in_flight == 1
-    svc.watcher = WeightWatcher(lambda have: WeightUpdate(1, tmp_path / "v1", 10), poll_s=60.0, have=0)
-    svc.watcher.poll_once()
-    svc.credits.held = 2
-    return svc, engine, loaded
+    source.published = WeightUpdate(1, tmp_path / "v1", 10)
+    assert svc.intake.watcher is not None and svc.intake.watcher.poll_once() is not None
+    svc.link.credits.held = 2
+    return svc, engine, source.loaded
 
 
 def test_between_groups_swaps_only_once_the_groups_in_flight_finished_and_starts_none_meanwhile(
@@ -442,15 +466,16 @@ def test_between_groups_swaps_only_once_the_groups_in_flight_finished_and_starts
 ) -> None:
     svc, engine, loaded = between_groups_service("between-groups", tmp_path)
     try:
-        svc._apply_new_weights()
-        svc._start_groups()
+        svc.intake.apply_new()
+        svc.start_groups()
         assert loaded == [] and engine.num_in_flight == 1, "no swap, and no group on superseded weights"
         (group,) = run_to_end(engine)
         assert {v for s in group.samples for v in s.versions.tolist()} == {0}
-        svc._apply_new_weights()
+        svc.intake.apply_new()
         assert loaded == [(1, 0)]
-        svc._start_groups()
-        assert engine.num_in_flight == 2 and svc.credits.held == 0
+        assert svc.registry.get_sample_value("stream_dapo_generator_policy_version") == 1
+        svc.start_groups()
+        assert engine.num_in_flight == 2 and svc.link.credits.held == 0
         assert svc.registry.get_sample_value("stream_dapo_generator_weight_hold_seconds_total") >= 0.0
     finally:
         svc.engine = None
@@ -462,15 +487,15 @@ def test_recompute_swaps_with_groups_in_flight_and_counts_samples_spanning_versi
 ) -> None:
     svc, engine, loaded = between_groups_service("recompute", tmp_path)
     try:
-        svc._apply_new_weights()
+        svc.intake.apply_new()
         assert loaded == [(1, 1)], "swapped at once, the group still running"
-        svc._start_groups()
+        svc.start_groups()
         assert engine.num_in_flight == 3
         engine.step()
         engine.update_weights(weights_file, version=2)  # the next tokens of all three are v2's
         finished = run_to_end(engine)
         for group in finished:
-            svc._count_finished(group)
+            svc.count_finished(group)
         assert svc.registry.get_sample_value("stream_dapo_generator_multi_version_samples_total") == 9
     finally:
         svc.engine = None
@@ -672,29 +697,6 @@ def test_weight_watcher_hands_over_the_newest_version_and_polls_relative_to_it()
     assert watcher.poll_once() == WeightUpdate(4, Path("/w/v4"), 10)
 
 
-def test_a_message_the_generator_does_not_expect_is_counted_as_rejected() -> None:
-    from stream_dapo.config import load_config
-    from stream_dapo.generator.root import build_generator
-    from stream_dapo.transport import messages as m
-    from stream_dapo.transport.codec import Message
-
-    svc = build_generator(load_config(environ={}))
-    try:
-        svc._on_buffer_message(Message(m.EMPTY, m.Empty("ready")))  # the learner's reply, not ours
-        req = svc.credits.request(in_flight=0, now=0.0)
-        assert req is not None
-        svc._on_buffer_message(Message(m.CREDIT, m.Credit(2, 0), req.request_id))
-        svc._on_buffer_message(Message(m.CREDIT, m.Credit(2, 0), req.request_id))
-        rejected = svc.registry.get_sample_value(
-            "stream_dapo_generator_messages_rejected_total", {"reason": "unexpected_type"}
-        )
-        assert rejected == 1.0
-        assert svc.credits.held == 2, "the second reply to the same request is not a second grant"
-        assert svc.registry.get_sample_value("stream_dapo_generator_stale_credit_replies_total") == 1.0
-    finally:
-        svc.close()
-
-
 # --------------------------------------------------------------------------------------------------
 # Heartbeat
 # --------------------------------------------------------------------------------------------------
@@ -743,190 +745,3 @@ def test_heartbeats_carry_the_running_total_and_an_expired_lease_is_reported() -
         beat.stop()
         buffer.close()
         ctx.term()
-
-
-def test_a_starting_generator_loads_the_shared_dir_version_through_its_weight_source(tmp_path: Path) -> None:
-    """The late-joiner rule through the `WeightSource` interface: the service asks the source the
-    factory built for weights.method, and the source hands the file's bytes to the engine, from memory."""
-    import torch
-
-    from stream_dapo.config import load_config
-    from stream_dapo.generator.root import build_generator
-    from stream_dapo.weights import SharedDirPublisher, serialize_weights
-
-    class FileEngine:
-        version = 0
-        image = b""
-
-        def update_weights_from_image(self, image: Any, version: int) -> float:
-            self.version, self.image = version, bytes(image)
-            return 0.0
-
-    cfg = load_config(
-        overrides=[
-            "weights.method=shared_dir",
-            f'weights.shared_dir="{tmp_path}"',
-            "generator.weight_poll_s=60",
-        ],
-        environ={},
-    )
-    payload = serialize_weights({"w": torch.ones(2)}, 7)
-    SharedDirPublisher(tmp_path).publish(payload)
-    svc = build_generator(cfg)
-    svc.engine = cast(RolloutEngine, FileEngine())
-    try:
-        svc._load_initial_weights()
-        assert svc.engine.version == 7
-        assert svc.engine.image == payload.data  # type: ignore[attr-defined]
-        assert svc.weights is not None and svc.weights.latest_seen == 7
-        sample = svc.registry.get_sample_value
-        assert sample("stream_dapo_generator_weight_received_bytes_total") == payload.total_bytes
-        assert sample("stream_dapo_generator_weight_delta_ratio") == 1.0  # a whole file, no delta
-        assert svc.registry.get_sample_value("stream_dapo_generator_policy_version") == 7
-    finally:
-        svc.engine = None
-        svc.close()
-
-
-def test_the_generator_takes_its_settings_and_collaborators_from_its_composition_root(tmp_path: Path) -> None:
-    """`build_generator(cfg)` composes; the service reads only its settings and asks its
-    collaborators for what was not injected (issue 39: narrow inputs), so a caller can hand it
-    another weight source or another output directory without touching the config."""
-    import dataclasses
-
-    import torch
-
-    from stream_dapo.config import load_config
-    from stream_dapo.generator.root import ConfiguredCollaborators, generator_settings
-    from stream_dapo.generator.service import GeneratorService
-    from stream_dapo.runtime.ports import read_bound_ports
-    from stream_dapo.weights import SharedDirPublisher, WeightSource, serialize_weights
-    from stream_dapo.weights.shared_dir import SharedDirWeightSource
-
-    class FileEngine:
-        version = 0
-
-        def update_weights_from_image(self, image: Any, version: int) -> float:
-            self.version = version
-            return 0.0
-
-    named, elsewhere = tmp_path / "named", tmp_path / "elsewhere"
-    cfg = load_config(
-        overrides=[
-            "weights.method=shared_dir",
-            f'weights.shared_dir="{named}"',
-            "generator.weight_poll_s=60",
-            "metrics.generator_port=0",
-            f'run.out_dir="{tmp_path / "run"}"',
-        ],
-        environ={},
-    )
-    SharedDirPublisher(named).publish(serialize_weights({"w": torch.ones(2)}, 3))
-    SharedDirPublisher(elsewhere).publish(serialize_weights({"w": torch.zeros(2)}, 9))
-
-    class WeightsFromElsewhere(ConfiguredCollaborators):
-        def weight_source(self, relay_metrics: Any) -> WeightSource:
-            return SharedDirWeightSource(elsewhere)
-
-    settings = dataclasses.replace(generator_settings(cfg, 2), out_dir=str(tmp_path / "out"))
-    svc = GeneratorService(settings, WeightsFromElsewhere(cfg, settings))
-    svc.engine = cast(RolloutEngine, FileEngine())
-    try:
-        svc._start_metrics()
-        svc._load_initial_weights()
-        assert svc.engine.version == 9, "the injected source's version, not the config's (3)"
-    finally:
-        svc.engine = None
-        svc.close()
-    assert read_bound_ports(tmp_path / "out", "generator-2") is not None, "ports under the injected out_dir"
-    assert read_bound_ports(cfg.run.out_dir, "generator-2") is None, "not under the one the config names"
-
-
-# --------------------------------------------------------------------------------------------------
-# Shutdown
-# --------------------------------------------------------------------------------------------------
-
-
-class ClosingEngine:
-    """Only what `GeneratorService.close` asks of an engine."""
-
-    closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class BrokenWeightSource:
-    """A weight source whose close fails the way the zmq source's did (EBADF from its shared memory)."""
-
-    def __init__(self) -> None:
-        self.closes = 0
-
-    def close(self) -> None:
-        self.closes += 1
-        raise OSError(9, "Bad file descriptor")
-
-
-def _stoppable_generator(tmp_path: Path, weights: Any) -> Any:
-    from stream_dapo.config import load_config
-    from stream_dapo.generator.root import build_generator
-
-    cfg = load_config(overrides=["metrics.generator_port=0", f'run.out_dir="{tmp_path}"'], environ={})
-    svc = build_generator(cfg)
-    svc.engine = cast(RolloutEngine, ClosingEngine())
-    svc.weights = weights
-    return svc
-
-
-def test_a_generator_writes_its_final_metrics_and_closes_its_engine_when_a_shutdown_step_fails(
-    tmp_path: Path,
-) -> None:
-    """Regression: a real-model async run's generator wrote no final-metrics file (its figures in
-    async_vs_sync_smollm2-words.json came out null): its weight source's close raised EBADF, which
-    ended close() before the final metrics were written and before its engine was closed."""
-    import json
-
-    from stream_dapo.runtime.metrics import final_metrics_path
-
-    weights = BrokenWeightSource()
-    svc = _stoppable_generator(tmp_path, weights)
-    engine = svc.engine
-    svc.metrics.samples.inc(24)
-    with pytest.raises(OSError, match="Bad file descriptor"):
-        svc.close()
-    assert weights.closes == 1
-    assert engine.closed, "the engine is closed although the weight source failed to"
-    final = json.loads(final_metrics_path(tmp_path, "generator-0").read_text())
-    assert final["stream_dapo_generator_samples_total"] == 24.0
-
-
-def test_the_weight_source_stays_open_while_the_watcher_is_inside_a_poll(tmp_path: Path) -> None:
-    """A poll waits up to transport.timeout_s for a learner that has exited; close() must not close
-    the socket and shared memory that poll is using (the watcher thread got ENOTSOCK, close() EBADF)."""
-    import threading
-
-    polling, let_go = threading.Event(), threading.Event()
-
-    def poll(have: int) -> WeightUpdate | None:
-        polling.set()
-        let_go.wait()
-        return None
-
-    class Source(BrokenWeightSource):
-        def close(self) -> None:
-            self.closes += 1
-
-    weights = Source()
-    svc = _stoppable_generator(tmp_path, weights)
-    svc.watcher = WeightWatcher(poll, poll_s=0.0, have=0)
-    svc.watcher.stop_wait_s = 0.0  # it cannot end before let_go: no need to wait for it
-    svc.watcher.start()
-    assert polling.wait(10)
-    try:
-        svc.close()
-        assert weights.closes == 0, "closed under the watcher's poll"
-        assert svc.engine.closed
-    finally:
-        let_go.set()
-    svc.watcher.stop_wait_s = 60.0
-    assert svc.watcher.stop(), "once its poll returns the watcher ends"

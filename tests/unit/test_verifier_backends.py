@@ -142,7 +142,7 @@ def test_the_generator_scores_with_the_configured_backend() -> None:
         load_config(overrides=["verifier.backend=math-verify", "verifier.workers=1"], environ={})
     )
     try:
-        svc._start_verifier()
+        svc.start_verifier()
         assert svc.verifier is not None
         [result] = svc.verifier.verify_batch([("\\boxed{\\{2,1\\}}", "\\{1,2\\}")])
         assert result.correct and result.reason == "math_verify"
