@@ -821,7 +821,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         wanted = args.sets.split(",")
         unknown = sorted(set(wanted) - set(data))
         if unknown:
-            raise SystemExit(f"--sets {args.sets}: no eval set {', '.join(unknown)} (sets: {', '.join(data)})")
+            raise SystemExit(
+                f"--sets {args.sets}: no eval set {', '.join(unknown)} (sets: {', '.join(data)})"
+            )
         data = {name: path for name, path in data.items() if name in wanted}
     cfg = _load(args.config, overrides)
     print(f"seed {args.seed}: evaluating the start model {cfg.model.path} ...", flush=True)
