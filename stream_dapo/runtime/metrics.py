@@ -98,9 +98,11 @@ class GeneratorMetrics:
         )
         self.source_score = Histogram(
             p + "source_score",
-            "The reward's score per response before overlong shaping, by data source (mean = _sum / _count).",
+            "The reward's score per response before overlong shaping, by data source (mean = _sum / _count; "
+            'le="0.0" counts every score at or below 0, a -1 included).',
             ["source"],
-            buckets=(-1, -0.5, 0, 0.25, 0.5, 0.75, 1),
+            # No negative bound: prometheus_client leaves a histogram's _sum out when it has one.
+            buckets=(0, 0.25, 0.5, 0.75, 1),
             registry=registry,
         )
         self.source_groups = Counter(

@@ -92,11 +92,21 @@ failure_score = 0.0
         value("stream_dapo_generator_source_response_length_tokens_bucket", source="mine", le="32.0")
         == mine_count
     )
-    # Its scores are the function's: 0, 0.25 or 1, never the verifier's -1.
-    assert value("stream_dapo_generator_source_score_bucket", source="mine", le="-0.5") == 0
-    assert value("stream_dapo_generator_source_score_bucket", source="verified", le="-1.0") > 0 or value(
-        "stream_dapo_generator_source_correct_total", source="verified"
-    ) == value("stream_dapo_generator_source_samples_total", source="verified")
+
+    # Its scores are the function's, 0, 0.25 or 1: none in (0.25, 0.75], and the sum is what those
+    # counts give. The verifier's are +1 / -1: the sum is (count - at or below 0) - (at or below 0).
+    def bucket(source: str, le: str) -> float:
+        return value("stream_dapo_generator_source_score_bucket", source=source, le=le)
+
+    assert bucket("mine", "0.75") == bucket("mine", "0.25")
+    mine_sum = 0.25 * (bucket("mine", "0.25") - bucket("mine", "0.0")) + (mine_count - bucket("mine", "0.75"))
+    assert value("stream_dapo_generator_source_score_sum", source="mine") == pytest.approx(mine_sum)
+    verified_count = value("stream_dapo_generator_source_score_count", source="verified")
+    wrong = bucket("verified", "0.0")
+    assert value("stream_dapo_generator_source_score_sum", source="verified") == pytest.approx(
+        verified_count - 2 * wrong
+    )
+    assert verified_count - wrong == value("stream_dapo_generator_source_correct_total", source="verified")
 
     groups = [
         json.loads(line)
