@@ -573,6 +573,12 @@ def json_tables(obj: dict[str, Any]) -> str:
 
 EXTERNAL = (
     (
+        "Two sources in one run, one scored by a user's reward function (SmolLM2-135M word problems)",
+        "sources-mix-smollm2.md",
+        "python -m bench.studies.real_model --config configs/smollm2-words-mix-cpu.toml --seed 0 "
+        "--budget-s 3600 --sets words,concise (its JSON: real_model_smollm2-words-mix-cpu_seed0.json)",
+    ),
+    (
         "Ablation (the paper's Table 1 ladder)",
         "ablation/ablation.md",
         "stream-dapo ablate --out docs/results/ablation",
