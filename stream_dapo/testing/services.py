@@ -138,6 +138,25 @@ def tiny_qwen2(seed: int = 0, tied: bool = True):  # -> transformers.Qwen2ForCau
     return Qwen2ForCausalLM(cfg).float()
 
 
+def wire_group(gid: str):  # -> stream_dapo.transport.messages.Group (imported lazily)
+    """A one-sample group of two response tokens, correct, advantage 0.5, from generator-0: for tests
+    of what carries groups (acks, resends), not of what is in them."""
+    import numpy as np
+
+    from stream_dapo.transport.messages import Group, Sample
+
+    s = Sample(
+        tokens=np.array([1, 2], dtype=np.int32),
+        logprobs=np.array([-0.1, -0.2], dtype=np.float32),
+        versions=np.array([0, 0], dtype=np.int32),
+        reward=1.0,
+        correct=True,
+        truncated=False,
+        advantage=0.5,
+    )
+    return Group(gid, "p", "generator-0", "1", np.array([3], dtype=np.int32), 1.0, [s])
+
+
 def random_group(
     rng, gid: str, prompt_len: int, lengths: list[int], advantages: list[float], weights: list[float]
 ):  # -> stream_dapo.transport.messages.Group (imported lazily)

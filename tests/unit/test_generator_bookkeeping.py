@@ -19,8 +19,8 @@ import pytest
 from stream_dapo.generator.credits import CreditLedger, CreditRequest, UnackedGroups
 from stream_dapo.generator.engine import GroupAssembler, RolloutEngine, WeightUpdateError, versions_from_spans
 from stream_dapo.generator.weight_watcher import WeightWatcher
+from stream_dapo.testing.services import wire_group
 from stream_dapo.transport import messages as m
-from stream_dapo.transport.messages import Group, Sample
 from stream_dapo.weights import WeightUpdate
 
 # RolloutEngine builds vLLM's SamplingParams: importing vLLM takes seconds and runs `file` (cpuinfo).
@@ -593,19 +593,6 @@ def test_an_expired_lease_drops_held_credits_and_resends_the_pending_request_at_
 # --------------------------------------------------------------------------------------------------
 # Unacknowledged groups
 # --------------------------------------------------------------------------------------------------
-
-
-def wire_group(gid: str) -> Group:
-    s = Sample(
-        tokens=np.array([1, 2], dtype=np.int32),
-        logprobs=np.array([-0.1, -0.2], dtype=np.float32),
-        versions=np.array([0, 0], dtype=np.int32),
-        reward=1.0,
-        correct=True,
-        truncated=False,
-        advantage=0.5,
-    )
-    return Group(gid, "p", "generator-0", "1", np.array([3], dtype=np.int32), 1.0, [s])
 
 
 def test_unacked_groups_are_resent_after_the_timeout_until_acknowledged() -> None:

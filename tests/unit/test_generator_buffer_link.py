@@ -7,7 +7,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 import zmq
 
@@ -15,23 +14,10 @@ from stream_dapo.config import load_config
 from stream_dapo.generator.buffer_link import BufferLink
 from stream_dapo.generator.errors import StartupError
 from stream_dapo.runtime.metrics import GeneratorMetrics, Health
+from stream_dapo.testing.services import wire_group
 from stream_dapo.transport import messages as m
 from stream_dapo.transport.codec import Message
-from stream_dapo.transport.messages import Group, Sample
 from stream_dapo.transport.sockets import Endpoint, open_endpoint
-
-
-def wire_group(gid: str) -> Group:
-    s = Sample(
-        tokens=np.array([1, 2], dtype=np.int32),
-        logprobs=np.array([-0.1, -0.2], dtype=np.float32),
-        versions=np.array([0, 0], dtype=np.int32),
-        reward=1.0,
-        correct=True,
-        truncated=False,
-        advantage=0.5,
-    )
-    return Group(gid, "p", "generator-0", "1", np.array([3], dtype=np.int32), 1.0, [s])
 
 
 @pytest.fixture
